@@ -1,0 +1,251 @@
+// Package agent wires the agent together: configuration, the cgroup subtree,
+// the slot topology and assignments, the standalone runtime, the supervisor,
+// the admin socket and systemd. cmd/cellvisor runs it; the demo runs it
+// in-process.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"cellvisor/cgroup"
+	"cellvisor/config"
+	"cellvisor/runtime"
+	"cellvisor/supervisor"
+	"cellvisor/systemd"
+)
+
+// Version is set at build time.
+var Version = "dev"
+
+// AdminSocket is the admin socket path for a configuration.
+func AdminSocket(c config.Agent) string { return filepath.Join(c.RunDir, "admin.sock") }
+
+// Agent is a prepared agent, ready to Run.
+type Agent struct {
+	cfg     config.Agent
+	log     *zap.Logger
+	cg      cgroup.Manager
+	sup     *supervisor.Supervisor
+	admin   *supervisor.AdminServer
+	limitsN string
+}
+
+// CellLimits converts the configured per-cell limits.
+func CellLimits(c config.Agent) cgroup.Limits {
+	q, p := cgroup.CPULimits(c.Limits.CPU)
+	return cgroup.Limits{MemoryBytes: int64(c.Limits.Memory), CPUQuotaUS: q, CPUPeriodUS: p, PIDs: c.Limits.PIDs}
+}
+
+// New prepares the agent: it detects cgroups, places itself in its leaf,
+// loads or creates the topology and assignments, builds the standalone
+// runtime and binds the admin socket. Any error means nothing was started.
+func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: log}
+	for _, d := range []string{cfg.StateDir, cfg.RunDir} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	topo, created, err := runtime.LoadOrCreate(runtime.Layout{
+		Slots: cfg.Slots, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase,
+		Address: cfg.Ports.Address, StateDir: cfg.StateDir, RunDir: cfg.RunDir,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		log.Info("topology created", zap.Int("slots", len(topo.Slots)), zap.Int("http_base", topo.HTTPBase), zap.Int("https_base", topo.HTTPSBase))
+	}
+	assign, err := runtime.LoadOrCreateAssignments(cfg.StateDir, topo)
+	if err != nil {
+		return nil, err
+	}
+	a.cg, err = cgroup.New(cgroup.Options{Root: cfg.Cgroup.Root, Subtree: cfg.Cgroup.Subtree})
+	if err != nil {
+		return nil, err
+	}
+	var refusal error
+	if a.cg.Mode() == cgroup.ModeUnenforced {
+		if cfg.Enforced() {
+			refusal = fmt.Errorf("cell limits cannot be enforced (%v); set limits.enforce: false to run cells without limits", a.cg.Reason())
+			log.Error("refusing to start cells", zap.Error(refusal))
+		} else {
+			log.Warn("running cells WITHOUT resource limits (limits.enforce is false)", zap.NamedError("reason", a.cg.Reason()))
+		}
+	} else if cfg.AgentPlaced() {
+		q, p := cgroup.CPULimits(cfg.AgentLimits.CPU)
+		l := cgroup.Limits{MemoryBytes: int64(cfg.AgentLimits.Memory), CPUQuotaUS: q, CPUPeriodUS: p}
+		if err := a.cg.PlaceSelf(l); err != nil {
+			return nil, fmt.Errorf("place agent in its own leaf cgroup: %w", err)
+		}
+		a.limitsN = fmt.Sprintf("%s memory, %g CPU", cfg.AgentLimits.Memory, cfg.AgentLimits.CPU)
+	}
+	log.Info("cgroups", zap.String("mode", string(a.cg.Mode())), zap.String("subtree", a.cg.Path()))
+	if cfg.DomainsDir != "" {
+		if err := buildStandalone(cfg, topo, assign, log); err != nil {
+			return nil, err
+		}
+	}
+	a.sup, err = supervisor.New(supervisor.Options{
+		Binary:       cfg.OpenResty.Binary,
+		Topology:     topo,
+		Assignments:  assign,
+		Cgroups:      a.cg,
+		Limits:       CellLimits(cfg),
+		Refusal:      refusal,
+		Policy:       supervisor.Policy{Initial: cfg.Restart.InitialDelay.D(), Max: cfg.Restart.MaxDelay.D(), HealthyAfter: cfg.Restart.HealthyAfter.D()},
+		ReadyTimeout: cfg.OpenResty.ReadyTimeout.D(),
+		StopTimeout:  cfg.OpenResty.StopTimeout.D(),
+		ProbeHost:    probeHost(cfg.Ports.Address),
+		Logger:       log,
+		Version:      Version,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.admin, err = supervisor.ListenAdmin(AdminSocket(cfg), a.Status, log.Named("admin"))
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// probeHost is the loopback address that reaches listeners bound to addr.
+func probeHost(addr string) string {
+	switch addr {
+	case "", "0.0.0.0":
+		return "127.0.0.1"
+	case "::":
+		return "::1"
+	}
+	return addr
+}
+
+// Status reports the agent.
+func (a *Agent) Status() supervisor.Status {
+	st := a.sup.Status()
+	st.AgentLimits = a.limitsN
+	return st
+}
+
+// Ready is closed once every cell had its first outcome.
+func (a *Agent) Ready() <-chan struct{} { return a.sup.Ready() }
+
+// Run runs until ctx is cancelled, then stops every cell and returns.
+func (a *Agent) Run(ctx context.Context) error {
+	n := systemd.New(a.log)
+	adminCtx, stopAdmin := context.WithCancel(context.Background())
+	adminDone := make(chan error, 1)
+	go func() { adminDone <- a.admin.Serve(adminCtx) }()
+	supDone := make(chan error, 1)
+	go func() { supDone <- a.sup.Run(ctx) }()
+	go n.Watchdog(ctx, func() bool { return true })
+	select {
+	case <-a.sup.Ready():
+		n.Ready()
+		n.Status(a.summary())
+		a.log.Info("agent ready", zap.String("summary", a.summary()))
+	case <-ctx.Done():
+	}
+	<-ctx.Done()
+	n.Stopping()
+	a.log.Info("stopping cells")
+	err := <-supDone
+	stopAdmin()
+	if aerr := <-adminDone; aerr != nil && !errors.Is(aerr, context.Canceled) {
+		err = errors.Join(err, aerr)
+	}
+	if a.cfg.Cgroup.Subtree != "" {
+		if rerr := a.cg.Remove(); rerr != nil {
+			a.log.Debug("remove cgroup subtree", zap.Error(rerr))
+		}
+	}
+	return err
+}
+
+func (a *Agent) summary() string {
+	st := a.sup.Status()
+	counts := map[supervisor.State]int{}
+	for _, s := range st.Slots {
+		counts[s.State]++
+	}
+	return fmt.Sprintf("%d slots: %d ready, %d degraded, %d stopped; cgroups %s",
+		len(st.Slots), counts[supervisor.StateReady], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], st.CgroupMode)
+}
+
+// buildStandalone compiles the local domains directory into a release for
+// every assigned slot and switches to it if its content changed. A bad
+// domains directory refuses to start, naming the file.
+func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) error {
+	domains, err := runtime.LoadDomainsDir(cfg.DomainsDir)
+	if err != nil {
+		return fmt.Errorf("domains_dir %s: %w", cfg.DomainsDir, err)
+	}
+	pools, err := runtime.CompilePools(domains)
+	if err != nil {
+		return err
+	}
+	for _, s := range topo.Slots {
+		pool := assign[s.Name]
+		if pool == "" {
+			continue
+		}
+		var seq int64 = 1
+		if cur, err := runtime.Current(s); err == nil {
+			seq = cur.Sequence + 1
+		}
+		r, err := runtime.BuildRelease(RenderParams(cfg, s, pool, seq), pools[pool])
+		if err != nil {
+			return err
+		}
+		meta, changed, err := runtime.Activate(s, r)
+		if err != nil {
+			return err
+		}
+		if changed {
+			log.Info("release activated", zap.String("cell", s.Name), zap.String("pool", pool), zap.Int64("sequence", meta.Sequence))
+		}
+	}
+	return nil
+}
+
+// RenderParams are the render inputs for a slot from the configuration.
+func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runtime.RenderParams {
+	p := runtime.RenderParams{
+		Slot:                  s,
+		Pool:                  pool,
+		Sequence:              seq,
+		Address:               cfg.Ports.Address,
+		Modules:               cfg.OpenResty.Modules,
+		WorkerConnections:     cfg.OpenResty.WorkerConnections,
+		WorkerShutdownTimeout: int(cfg.OpenResty.WorkerShutdownTimeout.D().Seconds()),
+		CacheMaxBytes:         int64(cfg.Limits.Cache),
+		RequestMaxBytes:       int64(cfg.Limits.RequestTmp),
+	}
+	if os.Geteuid() == 0 {
+		// Cells run as the agent's user; as root that needs saying, or
+		// nginx would switch its workers to nobody.
+		if u, err := user.Current(); err == nil {
+			p.User = u.Username + " " + groupName(u)
+		}
+	}
+	return p
+}
+
+func groupName(u *user.User) string {
+	if g, err := user.LookupGroupId(u.Gid); err == nil {
+		return g.Name
+	}
+	return strings.TrimSpace(u.Gid)
+}

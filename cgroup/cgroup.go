@@ -1,0 +1,154 @@
+// Package cgroup creates, limits, measures, kills and removes the per-cell
+// cgroups under the agent's own delegated subtree, and places the agent in its
+// own limited leaf beside them. It speaks cgroup v2 (cells are cloned straight
+// into their cgroup) and, on hybrid hosts, the v1 memory, cpu and pids
+// controllers (cells are exec'd from inside their cgroups by a tiny re-exec of
+// the agent, see ExecInit). It never creates a cgroup outside the subtree and
+// never moves a process in the name=systemd hierarchy. Only supervisor and
+// cmd/cellvisor import it.
+package cgroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"regexp"
+)
+
+// Mode is how cell limits are enforced on this host.
+type Mode string
+
+// Modes, as shown in status.
+const (
+	ModeV2         Mode = "v2"
+	ModeV1Hybrid   Mode = "v1-hybrid"
+	ModeUnenforced Mode = "unenforced"
+)
+
+// AgentLeaf is the name of the agent's own leaf cgroup inside the subtree.
+const AgentLeaf = "agent"
+
+// ErrNotEmpty is returned when a group still holds processes after a kill.
+var ErrNotEmpty = errors.New("cgroup still has processes")
+
+// cellName matches the groups this package creates for cells; anything else
+// under the subtree is not ours and is left alone.
+var cellName = regexp.MustCompile(`^cell-[0-9]{2}$`)
+
+// IsCellName reports whether name is a cell group name (cell-NN).
+func IsCellName(name string) bool { return cellName.MatchString(name) }
+
+// Limits are hard resource limits for one group.
+type Limits struct {
+	// MemoryBytes is the memory limit (memory.max / memory.limit_in_bytes).
+	MemoryBytes int64 `json:"memory_bytes"`
+	// CPUQuotaUS and CPUPeriodUS are the CFS bandwidth (cpu.max / cfs_quota_us).
+	CPUQuotaUS  int64  `json:"cpu_quota_us"`
+	CPUPeriodUS uint64 `json:"cpu_period_us"`
+	// PIDs is the task limit (pids.max); 0 means unlimited.
+	PIDs int64 `json:"pids"`
+}
+
+// CPULimits converts a CPU count into quota and period (period 100ms).
+func CPULimits(cpus float64) (quotaUS int64, periodUS uint64) {
+	const period = 100000
+	return int64(cpus*period + 0.5), period
+}
+
+// Usage is a group's current resource use, read from its cgroup files.
+type Usage struct {
+	MemoryBytes   uint64 `json:"memory_bytes"`
+	MemoryLimit   uint64 `json:"memory_limit"`
+	OOMKills      uint64 `json:"oom_kills"`
+	PIDs          uint64 `json:"pids"`
+	PIDsLimit     uint64 `json:"pids_limit"`
+	PIDsRefused   uint64 `json:"pids_refused"`
+	CPUUsageNS    uint64 `json:"cpu_usage_ns"`
+	CPUThrottled  uint64 `json:"cpu_throttled_periods"`
+	CPUThrottleNS uint64 `json:"cpu_throttled_ns"`
+}
+
+// Manager owns the agent's subtree.
+type Manager interface {
+	// Mode says how limits are enforced.
+	Mode() Mode
+	// Reason says why the mode is unenforced (nil otherwise).
+	Reason() error
+	// Path is the subtree, relative to the cgroup mount (v1: the memory hierarchy).
+	Path() string
+	// PlaceSelf moves the calling process into the agent leaf with l.
+	PlaceSelf(l Limits) error
+	// Ensure creates the named group, or updates it, with l.
+	Ensure(name string, l Limits) (Group, error)
+	// Open returns an existing group without changing it.
+	Open(name string) (Group, error)
+	// List returns the cell groups present under the subtree.
+	List() ([]string, error)
+	// Remove removes the subtree itself once it is empty of cells (best effort
+	// for the agent leaf, which holds the caller).
+	Remove() error
+}
+
+// Group is one cell's cgroup.
+type Group interface {
+	Name() string
+	// Path is the group relative to the cgroup mount.
+	Path() string
+	// Prepare makes cmd start inside the group. Call after, when not nil, once
+	// cmd.Start has returned (successful or not).
+	Prepare(cmd *exec.Cmd) (after func(started bool), err error)
+	// Procs lists the processes in the group.
+	Procs() ([]int, error)
+	// Kill SIGKILLs every process in the group and waits, bounded by ctx,
+	// until the group is empty.
+	Kill(ctx context.Context) error
+	// Delete kills what is left and removes the group.
+	Delete(ctx context.Context) error
+	// Usage reads current resource use.
+	Usage() (Usage, error)
+	// Limits reads the limits back from the cgroup files.
+	Limits() (Limits, error)
+}
+
+// Options configures New.
+type Options struct {
+	// Root is the cgroup filesystem mount, or "" for /sys/fs/cgroup.
+	Root string
+	// Subtree is created below the process's own cgroup; "" uses it directly.
+	Subtree string
+	// ProcSelfCgroup is the content of /proc/self/cgroup, or nil to read it.
+	ProcSelfCgroup []byte
+}
+
+// New detects the host's cgroup layout and returns a manager for the agent's
+// subtree. Where limits cannot be enforced it returns an unenforced manager
+// whose Reason says why; it returns an error only for a malformed environment.
+func New(o Options) (Manager, error) {
+	if o.Root == "" {
+		o.Root = "/sys/fs/cgroup"
+	}
+	self, err := readSelf(o.ProcSelfCgroup)
+	if err != nil {
+		return nil, err
+	}
+	kind, err := detect(o.Root)
+	if err != nil {
+		return newNone(fmt.Errorf("detect cgroup layout under %s: %w", o.Root, err)), nil
+	}
+	switch kind {
+	case kindUnified:
+		m, err := newV2(o.Root, self, o.Subtree)
+		if err != nil {
+			return newNone(err), nil
+		}
+		return m, nil
+	case kindV1:
+		m, err := newV1(o.Root, self, o.Subtree)
+		if err != nil {
+			return newNone(err), nil
+		}
+		return m, nil
+	}
+	return newNone(fmt.Errorf("no usable cgroup hierarchy under %s", o.Root)), nil
+}

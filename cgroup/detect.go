@@ -1,0 +1,86 @@
+package cgroup
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+type hostKind int
+
+const (
+	kindNone hostKind = iota
+	kindUnified
+	kindV1
+)
+
+// detect tells a pure v2 host from a v1 (legacy or hybrid) one by the
+// filesystem types mounted at root and root/memory.
+func detect(root string) (hostKind, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return kindNone, err
+	}
+	if st.Type == unix.CGROUP2_SUPER_MAGIC {
+		return kindUnified, nil
+	}
+	for _, c := range v1Controllers {
+		if err := unix.Statfs(filepath.Join(root, c), &st); err != nil {
+			return kindNone, fmt.Errorf("v1 controller %s: %w", c, err)
+		}
+		if st.Type != unix.CGROUP_SUPER_MAGIC {
+			return kindNone, fmt.Errorf("v1 controller %s: %s is not a cgroup v1 mount", c, filepath.Join(root, c))
+		}
+	}
+	return kindV1, nil
+}
+
+// selfPaths maps a v1 controller name (and "" for the v2 hierarchy) to the
+// process's own cgroup path in it.
+type selfPaths map[string]string
+
+func readSelf(data []byte) (selfPaths, error) {
+	if data == nil {
+		var err error
+		if data, err = os.ReadFile("/proc/self/cgroup"); err != nil {
+			return nil, fmt.Errorf("read own cgroup: %w", err)
+		}
+	}
+	return parseSelf(data)
+}
+
+// parseSelf parses /proc/self/cgroup ("id:controllers:path" lines). When the
+// process already sits in the agent leaf (a restarted agent placed itself
+// there), its subtree is the leaf's parent.
+func parseSelf(data []byte) (selfPaths, error) {
+	out := selfPaths{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
+			return nil, fmt.Errorf("parse own cgroup: malformed line %q", line)
+		}
+		p := path.Clean(parts[2])
+		if path.Base(p) == AgentLeaf {
+			p = path.Dir(p)
+		}
+		if parts[1] == "" {
+			out[""] = p
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			out[c] = p
+		}
+	}
+	return out, sc.Err()
+}

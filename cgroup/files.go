@@ -1,0 +1,152 @@
+package cgroup
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// readUint reads a single-number cgroup file; "max" reads as 0.
+func readUint(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "max" {
+		return 0, nil
+	}
+	return strconv.ParseUint(s, 10, 64)
+}
+
+// readKV reads a "key value" per line cgroup file (memory.events, cpu.stat).
+func readKV(path string) (map[string]uint64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		if v, err := strconv.ParseUint(f[1], 10, 64); err == nil {
+			out[f[0]] = v
+		}
+	}
+	return out, sc.Err()
+}
+
+// readProcs reads a cgroup.procs file.
+func readProcs(path string) ([]int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, fmt.Errorf("parse %s: %w", path, err)
+		}
+		pids = append(pids, pid)
+	}
+	return pids, nil
+}
+
+func writeFile(path, value string) error {
+	return os.WriteFile(path, []byte(value), 0)
+}
+
+// waitEmpty polls list until it reports no processes, with a short backoff,
+// bounded by ctx. A kill takes effect within microseconds to milliseconds, so
+// the first polls are fast.
+func waitEmpty(ctx context.Context, list func() ([]int, error)) error {
+	delay := 200 * time.Microsecond
+	for {
+		pids, err := list()
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: %v after %v", ErrNotEmpty, pids, ctx.Err())
+		case <-t.C:
+		}
+		delay = min(delay*2, 20*time.Millisecond)
+	}
+}
+
+// killPIDs SIGKILLs each pid; a pid that is already gone is not an error.
+func killPIDs(pids []int) {
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// reapOrphans collects the exit status of killed processes that were
+// reparented to this process (it is a child subreaper). Processes that are not
+// our children are reaped by whoever their parent is.
+func reapOrphans(pids []int) {
+	for _, pid := range pids {
+		var ws syscall.WaitStatus
+		_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+	}
+}
+
+// removeDir removes an empty cgroup directory, retrying briefly on EBUSY,
+// which the kernel returns while the last exited task is still being released.
+func removeDir(ctx context.Context, dir string) error {
+	delay := 200 * time.Microsecond
+	for {
+		err := syscall.Rmdir(dir)
+		if err == nil || os.IsNotExist(err) {
+			return nil
+		}
+		if err != syscall.EBUSY && err != syscall.EAGAIN {
+			return fmt.Errorf("remove %s: %w", dir, err)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("remove %s: %w (%v)", dir, err, ctx.Err())
+		case <-t.C:
+		}
+		delay = min(delay*2, 20*time.Millisecond)
+	}
+}
+
+// listCells lists the cell-NN directories in dir.
+func listCells(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() && IsCellName(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+func join(parts ...string) string { return filepath.Join(parts...) }

@@ -1,0 +1,121 @@
+package cgroup
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+)
+
+// none is the unenforced mode: no limits, and a cell's process tree is found
+// and killed through its process group instead of a cgroup.
+type none struct{ reason error }
+
+func newNone(reason error) *none { return &none{reason: reason} }
+
+func (n *none) Mode() Mode                                  { return ModeUnenforced }
+func (n *none) Reason() error                               { return n.reason }
+func (n *none) Path() string                                { return "" }
+func (n *none) PlaceSelf(Limits) error                      { return nil }
+func (n *none) Ensure(name string, _ Limits) (Group, error) { return n.Open(name) }
+func (n *none) Open(name string) (Group, error)             { return &noneGroup{name: name}, nil }
+func (n *none) List() ([]string, error)                     { return nil, nil }
+func (n *none) Remove() error                               { return nil }
+
+type noneGroup struct {
+	name string
+	mu   sync.Mutex // guards pgid
+	pgid int
+}
+
+func (g *noneGroup) Name() string { return g.name }
+func (g *noneGroup) Path() string { return "" }
+
+// Prepare puts the cell in a new process group, remembered once started.
+func (g *noneGroup) Prepare(cmd *exec.Cmd) (func(bool), error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	return func(started bool) {
+		if started {
+			g.mu.Lock()
+			g.pgid = cmd.Process.Pid
+			g.mu.Unlock()
+		}
+	}, nil
+}
+
+func (g *noneGroup) group() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.pgid
+}
+
+// Procs scans /proc for members of the cell's process group.
+func (g *noneGroup) Procs() ([]int, error) {
+	pgid := g.group()
+	if pgid == 0 {
+		return nil, nil
+	}
+	return processGroupMembers(pgid)
+}
+
+func (g *noneGroup) Kill(ctx context.Context) error {
+	pgid := g.group()
+	if pgid == 0 {
+		return nil
+	}
+	var killed []int
+	err := waitEmpty(ctx, func() ([]int, error) {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		pids, err := g.Procs()
+		killed = append(killed, pids...)
+		return pids, err
+	})
+	reapOrphans(killed)
+	if err != nil {
+		return fmt.Errorf("kill %s: %w", g.name, err)
+	}
+	return nil
+}
+
+func (g *noneGroup) Delete(ctx context.Context) error { return g.Kill(ctx) }
+func (g *noneGroup) Usage() (Usage, error)            { return Usage{}, nil }
+func (g *noneGroup) Limits() (Limits, error)          { return Limits{}, nil }
+
+// processGroupMembers lists live (non-zombie) processes whose process group is pgid.
+func processGroupMembers(pgid int) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after the parenthesised comm: state ppid pgrp ...
+		i := bytes.LastIndexByte(st, ')')
+		if i < 0 {
+			continue
+		}
+		f := bytes.Fields(st[i+1:])
+		if len(f) < 3 || string(f[0]) == "Z" {
+			continue
+		}
+		if g, _ := strconv.Atoi(string(f[2])); g == pgid {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}

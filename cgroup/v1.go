@@ -1,0 +1,252 @@
+package cgroup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/cgroups/v3/cgroup1"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// v1Controllers are the only v1 hierarchies the agent touches. name=systemd
+// belongs to systemd and is never written.
+var v1Controllers = []string{"memory", "cpu", "pids"}
+
+// v1 manages the subtree on the v1 memory, cpu and pids hierarchies of a
+// hybrid (or legacy) host. The subtree has the same relative path under each.
+type v1 struct {
+	root string
+	base map[string]string // controller -> subtree path relative to its mount
+}
+
+func newV1(root string, self selfPaths, subtree string) (*v1, error) {
+	m := &v1{root: root, base: map[string]string{}}
+	for _, c := range v1Controllers {
+		p, ok := self[c]
+		if !ok {
+			return nil, fmt.Errorf("cgroup v1: this process is in no %s cgroup", c)
+		}
+		m.base[c] = path.Join(p, subtree)
+		dir := join(root, c, m.base[c])
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("cgroup v1: create subtree: %w", err)
+		}
+		if err := checkWritable(dir); err != nil {
+			return nil, fmt.Errorf("cgroup v1: subtree %s not delegated to this user: %w", dir, err)
+		}
+	}
+	return m, nil
+}
+
+// checkWritable tells whether this process may create groups in dir.
+func checkWritable(dir string) error {
+	probe, err := os.MkdirTemp(dir, ".probe-")
+	if err != nil {
+		return err
+	}
+	return os.Remove(probe)
+}
+
+func (m *v1) Mode() Mode    { return ModeV1Hybrid }
+func (m *v1) Reason() error { return nil }
+func (m *v1) Path() string  { return m.base["memory"] }
+
+func (m *v1) dir(c, name string) string { return join(m.root, c, m.base[c], name) }
+
+func (m *v1) hierarchy() ([]cgroup1.Subsystem, error) {
+	return []cgroup1.Subsystem{cgroup1.NewMemory(m.root), cgroup1.NewCpu(m.root), cgroup1.NewPids(m.root)}, nil
+}
+
+func (m *v1) Ensure(name string, l Limits) (Group, error) {
+	res := &specs.LinuxResources{
+		Memory: &specs.LinuxMemory{Limit: &l.MemoryBytes},
+		CPU:    &specs.LinuxCPU{Quota: &l.CPUQuotaUS, Period: &l.CPUPeriodUS},
+		Pids:   &specs.LinuxPids{Limit: &l.PIDs},
+	}
+	p := func(c cgroup1.Name) (string, error) { return path.Join(m.base[string(c)], name), nil }
+	if _, err := cgroup1.New(p, res, cgroup1.WithHierarchy(m.hierarchy)); err != nil {
+		return nil, fmt.Errorf("create v1 cgroup %s: %w", name, err)
+	}
+	return m.Open(name)
+}
+
+func (m *v1) Open(name string) (Group, error) {
+	if _, err := os.Stat(m.dir("memory", name)); err != nil {
+		return nil, fmt.Errorf("open v1 cgroup %s: %w", name, err)
+	}
+	return &v1Group{m: m, name: name}, nil
+}
+
+func (m *v1) List() ([]string, error) { return listCells(join(m.root, "memory", m.base["memory"])) }
+
+func (m *v1) PlaceSelf(l Limits) error {
+	g, err := m.Ensure(AgentLeaf, l)
+	if err != nil {
+		return err
+	}
+	pid := strconv.Itoa(os.Getpid())
+	for _, c := range v1Controllers {
+		if err := writeFile(join(g.(*v1Group).dir(c), "cgroup.procs"), pid); err != nil {
+			return fmt.Errorf("move agent into %s leaf: %w", c, err)
+		}
+	}
+	return nil
+}
+
+func (m *v1) Remove() error {
+	var errs []error
+	for _, c := range v1Controllers {
+		dir := join(m.root, c, m.base[c])
+		_ = os.Remove(join(dir, AgentLeaf)) // fails while the agent is inside: fine
+		if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type v1Group struct {
+	m    *v1
+	name string
+}
+
+func (g *v1Group) Name() string            { return g.name }
+func (g *v1Group) Path() string            { return path.Join(g.m.base["memory"], g.name) }
+func (g *v1Group) dir(c string) string     { return g.m.dir(c, g.name) }
+func (g *v1Group) file(c, f string) string { return join(g.dir(c), f) }
+
+// Prepare makes cmd start as the exec helper, which moves itself into this
+// group's memory, cpu and pids cgroups and only then execs the cell: the cell
+// never runs outside its limits. (v1 has no clone-into-cgroup.)
+func (g *v1Group) Prepare(cmd *exec.Cmd) (func(bool), error) {
+	files := make([]string, 0, len(v1Controllers))
+	for _, c := range v1Controllers {
+		files = append(files, g.file(c, "cgroup.procs"))
+	}
+	wrapExec(cmd, files)
+	return nil, nil
+}
+
+// Procs lists every process in any of the group's controllers (the exec
+// helper joins them one after another).
+func (g *v1Group) Procs() ([]int, error) {
+	seen := map[int]bool{}
+	var out []int
+	for _, c := range v1Controllers {
+		pids, err := readProcs(g.file(c, "cgroup.procs"))
+		if err != nil {
+			if os.IsNotExist(err) {
+				continue
+			}
+			return nil, err
+		}
+		for _, p := range pids {
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	return out, nil
+}
+
+// Kill first sets pids.max to 0 so nothing in the group can fork, then
+// SIGKILLs every member until the group is empty: with no forks possible the
+// loop converges even against a fork bomb. The pids limit is restored after.
+func (g *v1Group) Kill(ctx context.Context) error {
+	pidsMax := g.file("pids", "pids.max")
+	prev, err := os.ReadFile(pidsMax)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return fmt.Errorf("kill %s: %w", g.name, err)
+	}
+	if err := writeFile(pidsMax, "0"); err != nil {
+		return fmt.Errorf("kill %s: freeze forks: %w", g.name, err)
+	}
+	var killed []int
+	err = waitEmpty(ctx, func() ([]int, error) {
+		pids, err := g.Procs()
+		killPIDs(pids)
+		killed = append(killed, pids...)
+		return pids, err
+	})
+	reapOrphans(killed)
+	if rerr := writeFile(pidsMax, strings.TrimSpace(string(prev))); rerr != nil && err == nil {
+		err = fmt.Errorf("restore pids.max: %w", rerr)
+	}
+	if err != nil {
+		return fmt.Errorf("kill %s: %w", g.name, err)
+	}
+	return nil
+}
+
+func (g *v1Group) Delete(ctx context.Context) error {
+	if err := g.Kill(ctx); err != nil {
+		return err
+	}
+	var errs []error
+	for _, c := range v1Controllers {
+		errs = append(errs, removeDir(ctx, g.dir(c)))
+	}
+	return errors.Join(errs...)
+}
+
+func (g *v1Group) Usage() (Usage, error) {
+	var u Usage
+	var err error
+	read := func(f string, dst *uint64) {
+		if err == nil {
+			*dst, err = readUint(f)
+		}
+	}
+	read(g.file("memory", "memory.usage_in_bytes"), &u.MemoryBytes)
+	read(g.file("memory", "memory.limit_in_bytes"), &u.MemoryLimit)
+	read(g.file("pids", "pids.current"), &u.PIDs)
+	read(g.file("pids", "pids.max"), &u.PIDsLimit)
+	if err != nil {
+		return Usage{}, fmt.Errorf("usage %s: %w", g.name, err)
+	}
+	if kv, err := readKV(g.file("memory", "memory.oom_control")); err == nil {
+		u.OOMKills = kv["oom_kill"]
+	}
+	if kv, err := readKV(g.file("pids", "pids.events")); err == nil {
+		u.PIDsRefused = kv["max"]
+	}
+	if kv, err := readKV(g.file("cpu", "cpu.stat")); err == nil {
+		u.CPUThrottled, u.CPUThrottleNS = kv["nr_throttled"], kv["throttled_time"]
+	}
+	return u, nil
+}
+
+func (g *v1Group) Limits() (Limits, error) {
+	var l Limits
+	mem, err := readUint(g.file("memory", "memory.limit_in_bytes"))
+	if err != nil {
+		return l, err
+	}
+	quota, err := os.ReadFile(g.file("cpu", "cpu.cfs_quota_us"))
+	if err != nil {
+		return l, err
+	}
+	period, err := readUint(g.file("cpu", "cpu.cfs_period_us"))
+	if err != nil {
+		return l, err
+	}
+	pids, err := readUint(g.file("pids", "pids.max"))
+	if err != nil {
+		return l, err
+	}
+	q, err := strconv.ParseInt(strings.TrimSpace(string(quota)), 10, 64)
+	if err != nil {
+		return l, err
+	}
+	return Limits{MemoryBytes: int64(mem), CPUQuotaUS: q, CPUPeriodUS: period, PIDs: int64(pids)}, nil
+}

@@ -1,0 +1,221 @@
+package cgroup
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/containerd/cgroups/v3/cgroup2"
+	"golang.org/x/sys/unix"
+)
+
+// v2 manages the subtree on a unified (cgroup v2) host.
+type v2 struct {
+	root string
+	base string // subtree relative to root, e.g. /system.slice/cellvisor.service
+}
+
+func newV2(root string, self selfPaths, subtree string) (*v2, error) {
+	own, ok := self[""]
+	if !ok {
+		return nil, fmt.Errorf("cgroup v2: this process has no unified cgroup")
+	}
+	m := &v2{root: root, base: path.Join(own, subtree)}
+	have, err := os.ReadFile(join(root, own, "cgroup.controllers"))
+	if err != nil {
+		return nil, fmt.Errorf("cgroup v2: %w", err)
+	}
+	avail := strings.Fields(string(have))
+	for _, c := range []string{"memory", "cpu", "pids"} {
+		if !slices.Contains(avail, c) {
+			return nil, fmt.Errorf("cgroup v2: controller %s is not delegated to %s (available: %q); run under systemd with Delegate=yes", c, own, avail)
+		}
+	}
+	if err := os.MkdirAll(m.dir(""), 0o755); err != nil {
+		return nil, fmt.Errorf("cgroup v2: create subtree: %w", err)
+	}
+	if err := checkWritable(m.dir("")); err != nil {
+		return nil, fmt.Errorf("cgroup v2: subtree %s not delegated to this user: %w", m.dir(""), err)
+	}
+	return m, nil
+}
+
+func (m *v2) Mode() Mode              { return ModeV2 }
+func (m *v2) Reason() error           { return nil }
+func (m *v2) Path() string            { return m.base }
+func (m *v2) dir(name string) string  { return join(m.root, m.base, name) }
+func (m *v2) List() ([]string, error) { return listCells(m.dir("")) }
+
+func resources(l Limits) *cgroup2.Resources {
+	mem := l.MemoryBytes
+	quota, period := l.CPUQuotaUS, l.CPUPeriodUS
+	return &cgroup2.Resources{
+		Memory: &cgroup2.Memory{Max: &mem},
+		CPU:    &cgroup2.CPU{Max: cgroup2.NewCPUMax(&quota, &period)},
+		Pids:   &cgroup2.Pids{Max: l.PIDs},
+	}
+}
+
+func (m *v2) Ensure(name string, l Limits) (Group, error) {
+	if _, err := cgroup2.NewManager(m.root, path.Join(m.base, name), resources(l)); err != nil {
+		return nil, fmt.Errorf("create v2 cgroup %s: %w", name, err)
+	}
+	return m.Open(name)
+}
+
+func (m *v2) Open(name string) (Group, error) {
+	if _, err := os.Stat(m.dir(name)); err != nil {
+		return nil, fmt.Errorf("open v2 cgroup %s: %w", name, err)
+	}
+	return &v2Group{m: m, name: name}, nil
+}
+
+// PlaceSelf moves the agent into its leaf first: v2 allows controllers to be
+// enabled for children only in a cgroup without processes of its own.
+func (m *v2) PlaceSelf(l Limits) error {
+	leaf := m.dir(AgentLeaf)
+	if err := os.MkdirAll(leaf, 0o755); err != nil {
+		return fmt.Errorf("create agent leaf: %w", err)
+	}
+	if err := writeFile(join(leaf, "cgroup.procs"), strconv.Itoa(os.Getpid())); err != nil {
+		return fmt.Errorf("move agent into its leaf: %w", err)
+	}
+	if _, err := m.Ensure(AgentLeaf, l); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (m *v2) Remove() error {
+	_ = os.Remove(m.dir(AgentLeaf))
+	if err := os.Remove(m.dir("")); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
+}
+
+type v2Group struct {
+	m    *v2
+	name string
+}
+
+func (g *v2Group) Name() string         { return g.name }
+func (g *v2Group) Path() string         { return path.Join(g.m.base, g.name) }
+func (g *v2Group) file(f string) string { return join(g.m.dir(g.name), f) }
+
+// Prepare clones the cell straight into its cgroup (CLONE_INTO_CGROUP), so it
+// never runs outside its limits, not even between fork and exec.
+func (g *v2Group) Prepare(cmd *exec.Cmd) (func(bool), error) {
+	fd, err := unix.Open(g.m.dir(g.name), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open cgroup %s: %w", g.name, err)
+	}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.UseCgroupFD = true
+	cmd.SysProcAttr.CgroupFD = fd
+	return func(bool) { _ = unix.Close(fd) }, nil
+}
+
+func (g *v2Group) Procs() ([]int, error) {
+	pids, err := readProcs(g.file("cgroup.procs"))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	return pids, err
+}
+
+// Kill writes cgroup.kill (the kernel kills the whole tree, forks included),
+// falling back to freeze-signal-thaw on kernels before 5.14.
+func (g *v2Group) Kill(ctx context.Context) error {
+	before, err := g.Procs()
+	if err != nil {
+		return fmt.Errorf("kill %s: %w", g.name, err)
+	}
+	mgr, err := cgroup2.Load(g.Path(), cgroup2.WithMountpoint(g.m.root))
+	if err != nil {
+		return fmt.Errorf("kill %s: %w", g.name, err)
+	}
+	if err := mgr.Kill(); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("kill %s: %w", g.name, err)
+	}
+	err = waitEmpty(ctx, g.Procs)
+	reapOrphans(before)
+	if err != nil {
+		return fmt.Errorf("kill %s: %w", g.name, err)
+	}
+	return nil
+}
+
+func (g *v2Group) Delete(ctx context.Context) error {
+	if err := g.Kill(ctx); err != nil {
+		return err
+	}
+	return removeDir(ctx, g.m.dir(g.name))
+}
+
+func (g *v2Group) Usage() (Usage, error) {
+	var u Usage
+	var err error
+	read := func(f string, dst *uint64) {
+		if err == nil {
+			*dst, err = readUint(g.file(f))
+		}
+	}
+	read("memory.current", &u.MemoryBytes)
+	read("memory.max", &u.MemoryLimit)
+	read("pids.current", &u.PIDs)
+	read("pids.max", &u.PIDsLimit)
+	if err != nil {
+		return Usage{}, fmt.Errorf("usage %s: %w", g.name, err)
+	}
+	if kv, err := readKV(g.file("memory.events")); err == nil {
+		u.OOMKills = kv["oom_kill"]
+	}
+	if kv, err := readKV(g.file("pids.events")); err == nil {
+		u.PIDsRefused = kv["max"]
+	}
+	if kv, err := readKV(g.file("cpu.stat")); err == nil {
+		u.CPUUsageNS = kv["usage_usec"] * 1000
+		u.CPUThrottled, u.CPUThrottleNS = kv["nr_throttled"], kv["throttled_usec"]*1000
+	}
+	return u, nil
+}
+
+func (g *v2Group) Limits() (Limits, error) {
+	var l Limits
+	mem, err := readUint(g.file("memory.max"))
+	if err != nil {
+		return l, err
+	}
+	pids, err := readUint(g.file("pids.max"))
+	if err != nil {
+		return l, err
+	}
+	b, err := os.ReadFile(g.file("cpu.max"))
+	if err != nil {
+		return l, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return l, fmt.Errorf("parse cpu.max %q", b)
+	}
+	quota := int64(-1)
+	if f[0] != "max" {
+		if quota, err = strconv.ParseInt(f[0], 10, 64); err != nil {
+			return l, err
+		}
+	}
+	period, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return l, err
+	}
+	return Limits{MemoryBytes: int64(mem), CPUQuotaUS: quota, CPUPeriodUS: period, PIDs: int64(pids)}, nil
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"cellvisor/agent"
+	"cellvisor/config"
+	"cellvisor/supervisor"
+)
+
+func cmdStatus(ctx context.Context, cfgPath string, args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	out := fs.String("o", "table", "output format: table or json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+	if err != nil {
+		return err
+	}
+	switch *out {
+	case "json":
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	case "table":
+		printStatus(os.Stdout, st)
+		return nil
+	}
+	return fmt.Errorf("status: unknown output format %q (table or json)", *out)
+}
+
+func printStatus(w io.Writer, st supervisor.Status) {
+	enforced := "limits enforced"
+	if !st.Enforced {
+		enforced = "limits NOT enforced"
+	}
+	fmt.Fprintf(w, "agent pid %d, %s, up %s, cgroups %s %s, %s\n", st.PID, st.Version,
+		time.Since(st.StartedAt).Round(time.Second), st.CgroupMode, st.CgroupPath, enforced)
+	if st.AgentLimits != "" {
+		fmt.Fprintf(w, "agent limits: %s\n", st.AgentLimits)
+	}
+	if st.Refusal != "" {
+		fmt.Fprintf(w, "refusal: %s\n", st.Refusal)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tPID\tHTTP\tHTTPS\tMEMORY\tPIDS\tRESTARTS\tREASON")
+	for _, s := range st.Slots {
+		pool, pid, mem, pids := "-", "-", "-", "-"
+		if s.Pool != "" {
+			pool = s.Pool
+		}
+		if s.PID != 0 {
+			pid = fmt.Sprint(s.PID)
+		}
+		if u := s.Usage; u != nil {
+			mem = fmt.Sprintf("%s/%s", mib(u.MemoryBytes), mib(u.MemoryLimit))
+			pids = fmt.Sprintf("%d/%d", u.PIDs, u.PIDsLimit)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\n", s.Name, pool, s.State, pid,
+			s.HTTPPort, s.HTTPSPort, mem, pids, s.Restarts, s.Reason)
+	}
+	tw.Flush()
+}
+
+func mib(b uint64) string { return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20)) }

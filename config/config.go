@@ -1,0 +1,303 @@
+// Package config owns the agent's configuration file: its schema, documented
+// defaults, strict decoding and validation. It knows nothing of processes or
+// cgroups; cmd/cellvisor loads it and hands the parts to runtime, cgroup and
+// supervisor.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// DefaultPath is where the packaged agent looks for its configuration.
+const DefaultPath = "/etc/cellvisor/agent.yaml"
+
+// ErrInvalid marks a configuration that failed validation.
+var ErrInvalid = errors.New("invalid configuration")
+
+// Agent is the whole agent configuration file.
+type Agent struct {
+	// StateDir holds the topology, assignments and each slot's runtime, cache,
+	// temporary and log directories.
+	StateDir string `yaml:"state_dir"`
+	// RunDir holds sockets (admin, per-cell private) and pid files.
+	RunDir string `yaml:"run_dir"`
+	// Slots is the number of cell slots, 1–32. Fixed once the topology exists.
+	Slots int `yaml:"slots"`
+	// OpenResty chooses the binary that runs the cells.
+	OpenResty OpenResty `yaml:"openresty"`
+	// Ports are the bases from which each slot's ports are derived.
+	Ports Ports `yaml:"ports"`
+	// Limits are every cell's resource limits.
+	Limits Limits `yaml:"limits"`
+	// AgentLimits go on the agent's own leaf cgroup.
+	AgentLimits AgentLimits `yaml:"agent_limits"`
+	// Cgroup says where the agent's cgroup subtree is.
+	Cgroup Cgroup `yaml:"cgroup"`
+	// Restart is the crash-restart policy.
+	Restart Restart `yaml:"restart"`
+	// Log chooses the log format and level.
+	Log Log `yaml:"log"`
+	// DomainsDir, when set, is a local directory of domain JSON files that the
+	// agent compiles into its cells' runtime at start (standalone mode, before a
+	// control plane is configured). Empty means none.
+	DomainsDir string `yaml:"domains_dir"`
+}
+
+// OpenResty configures the cell binary.
+type OpenResty struct {
+	// Binary is the OpenResty (or nginx with the Lua module) executable.
+	Binary string `yaml:"binary"`
+	// Modules are dynamic modules to load_module before anything else, for an
+	// nginx that has the Lua module as a dynamic module (Debian's packages).
+	// Empty for an openresty binary, which has Lua built in.
+	Modules []string `yaml:"modules"`
+	// ReadyTimeout bounds the wait for a started cell's listener to accept.
+	ReadyTimeout Duration `yaml:"ready_timeout"`
+	// StopTimeout is the graceful-stop grace period (SIGQUIT) before SIGKILL.
+	StopTimeout Duration `yaml:"stop_timeout"`
+	// WorkerShutdownTimeout bounds how long old workers linger after a reload,
+	// so reloads never stack workers inside a cell's memory limit.
+	WorkerShutdownTimeout Duration `yaml:"worker_shutdown_timeout"`
+	// WorkerConnections is each cell worker's connection limit.
+	WorkerConnections int `yaml:"worker_connections"`
+}
+
+// Ports configures the per-slot listeners. Slot i (1-based) listens on
+// HTTPBase+i-1 and HTTPSBase+i-1.
+type Ports struct {
+	HTTPBase  int `yaml:"http_base"`
+	HTTPSBase int `yaml:"https_base"`
+	// Address is the address the public listeners bind; empty means all.
+	Address string `yaml:"address"`
+}
+
+// Limits are per-cell limits.
+type Limits struct {
+	// Enforce refuses to start cells where the limits cannot be enforced.
+	// Only an explicit false runs cells without limits.
+	Enforce *bool `yaml:"enforce"`
+	Memory  Bytes `yaml:"memory"`
+	// CPU is in CPUs: 0.5 means quota 50000 per period 100000.
+	CPU        float64 `yaml:"cpu"`
+	PIDs       int64   `yaml:"pids"`
+	Cache      Bytes   `yaml:"cache"`
+	RequestTmp Bytes   `yaml:"request_tmp"`
+	Logs       Bytes   `yaml:"logs"`
+}
+
+// AgentLimits are the agent's own limits.
+type AgentLimits struct {
+	Memory Bytes   `yaml:"memory"`
+	CPU    float64 `yaml:"cpu"`
+}
+
+// Cgroup locates the agent's cgroup subtree.
+type Cgroup struct {
+	// Root is the cgroup filesystem mount; "/sys/fs/cgroup" unless testing.
+	Root string `yaml:"root"`
+	// Subtree is a directory created under the agent's own cgroup to hold the
+	// agent leaf and the cells. Empty (the systemd Delegate=yes layout) uses the
+	// agent's own cgroup directly.
+	Subtree string `yaml:"subtree"`
+	// PlaceAgent moves the agent into its own limited leaf ("agent").
+	PlaceAgent *bool `yaml:"place_agent"`
+}
+
+// Restart is the crash-restart backoff policy.
+type Restart struct {
+	// InitialDelay is the delay before the second restart in a row; the first
+	// restart after a healthy period is immediate.
+	InitialDelay Duration `yaml:"initial_delay"`
+	// MaxDelay caps the delay; a crash-looping cell keeps being retried at it.
+	MaxDelay Duration `yaml:"max_delay"`
+	// HealthyAfter resets the backoff once a cell has been ready this long.
+	HealthyAfter Duration `yaml:"healthy_after"`
+}
+
+// Log configures the agent's logger.
+type Log struct {
+	// Format is "json" (journald) or "console" (the demo).
+	Format string `yaml:"format"`
+	// Level is debug, info, warn or error.
+	Level string `yaml:"level"`
+}
+
+// Default returns the shipped defaults.
+func Default() Agent {
+	t := true
+	return Agent{
+		StateDir: "/var/lib/cellvisor",
+		RunDir:   "/run/cellvisor",
+		Slots:    8,
+		OpenResty: OpenResty{
+			Binary:                "/usr/local/openresty/bin/openresty",
+			ReadyTimeout:          Duration(10 * time.Second),
+			StopTimeout:           Duration(10 * time.Second),
+			WorkerShutdownTimeout: Duration(30 * time.Second),
+			WorkerConnections:     1024,
+		},
+		Ports: Ports{HTTPBase: 10080, HTTPSBase: 10443},
+		Limits: Limits{
+			Enforce:    &t,
+			Memory:     512 * MiB,
+			CPU:        0.5,
+			PIDs:       128,
+			Cache:      256 * MiB,
+			RequestTmp: 64 * MiB,
+			Logs:       16 * MiB,
+		},
+		AgentLimits: AgentLimits{Memory: 128 * MiB, CPU: 0.25},
+		Cgroup:      Cgroup{Root: "/sys/fs/cgroup", PlaceAgent: &t},
+		Restart: Restart{
+			InitialDelay: Duration(100 * time.Millisecond),
+			MaxDelay:     Duration(2 * time.Minute),
+			HealthyAfter: Duration(30 * time.Second),
+		},
+		Log: Log{Format: "json", Level: "info"},
+	}
+}
+
+// Load reads, strictly decodes and validates a configuration file. Fields the
+// file leaves out keep their defaults.
+func Load(path string) (Agent, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Agent{}, fmt.Errorf("read config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return Agent{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes YAML over the defaults, refusing unknown fields, then validates.
+func Parse(data []byte) (Agent, error) {
+	c := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, errEOF) {
+		return Agent{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := c.Validate(); err != nil {
+		return Agent{}, err
+	}
+	return c, nil
+}
+
+// Enforced reports whether limits must be enforced (anything but an explicit false).
+func (c Agent) Enforced() bool { return c.Limits.Enforce == nil || *c.Limits.Enforce }
+
+// AgentPlaced reports whether the agent moves itself into its own leaf cgroup.
+func (c Agent) AgentPlaced() bool { return c.Cgroup.PlaceAgent == nil || *c.Cgroup.PlaceAgent }
+
+// Validate checks every field and names the first bad one with its allowed range.
+func (c Agent) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...)))
+	}
+	for field, p := range map[string]string{"state_dir": c.StateDir, "run_dir": c.RunDir, "cgroup.root": c.Cgroup.Root} {
+		if !filepath.IsAbs(p) {
+			bad(field, "must be an absolute path, got %q", p)
+		}
+	}
+	if c.DomainsDir != "" && !filepath.IsAbs(c.DomainsDir) {
+		bad("domains_dir", "must be an absolute path, got %q", c.DomainsDir)
+	}
+	if c.StateDir != "" && c.StateDir == c.RunDir {
+		bad("run_dir", "must differ from state_dir")
+	}
+	if c.Slots < 1 || c.Slots > 32 {
+		bad("slots", "must be 1–32, got %d", c.Slots)
+	}
+	if c.OpenResty.Binary == "" {
+		bad("openresty.binary", "must be set")
+	}
+	for i, m := range c.OpenResty.Modules {
+		if !filepath.IsAbs(m) {
+			bad(fmt.Sprintf("openresty.modules[%d]", i), "must be an absolute path, got %q", m)
+		}
+	}
+	if d := c.OpenResty.ReadyTimeout.D(); d < 100*time.Millisecond || d > 5*time.Minute {
+		bad("openresty.ready_timeout", "must be 100ms–5m, got %s", d)
+	}
+	if d := c.OpenResty.StopTimeout.D(); d < 0 || d > 10*time.Minute {
+		bad("openresty.stop_timeout", "must be 0–10m, got %s", d)
+	}
+	if d := c.OpenResty.WorkerShutdownTimeout.D(); d < time.Second || d > 10*time.Minute {
+		bad("openresty.worker_shutdown_timeout", "must be 1s–10m, got %s", d)
+	}
+	if n := c.OpenResty.WorkerConnections; n < 16 || n > 65536 {
+		bad("openresty.worker_connections", "must be 16–65536, got %d", n)
+	}
+	c.validatePorts(bad)
+	if m := c.Limits.Memory; m < 16*MiB {
+		bad("limits.memory", "must be at least 16MiB, got %s", m)
+	}
+	if cpu := c.Limits.CPU; cpu < 0.01 || cpu > float64(runtime.NumCPU()) {
+		bad("limits.cpu", "must be 0.01–%d (CPUs on this host), got %g", runtime.NumCPU(), cpu)
+	}
+	if p := c.Limits.PIDs; p < 8 || p > 4194304 {
+		bad("limits.pids", "must be 8–4194304, got %d", p)
+	}
+	for field, b := range map[string]Bytes{"limits.cache": c.Limits.Cache, "limits.request_tmp": c.Limits.RequestTmp, "limits.logs": c.Limits.Logs} {
+		if b < MiB {
+			bad(field, "must be at least 1MiB, got %s", b)
+		}
+	}
+	if m := c.AgentLimits.Memory; m < 32*MiB {
+		bad("agent_limits.memory", "must be at least 32MiB, got %s", m)
+	}
+	if cpu := c.AgentLimits.CPU; cpu < 0.05 || cpu > float64(runtime.NumCPU()) {
+		bad("agent_limits.cpu", "must be 0.05–%d, got %g", runtime.NumCPU(), cpu)
+	}
+	if s := c.Cgroup.Subtree; s != "" && (strings.ContainsAny(s, "/\\") || s == "." || s == ".." || s == "agent" || strings.HasPrefix(s, "cell-")) {
+		bad("cgroup.subtree", "must be a single directory name other than agent or cell-*, got %q", s)
+	}
+	r := c.Restart
+	if d := r.InitialDelay.D(); d < time.Millisecond || d > time.Minute {
+		bad("restart.initial_delay", "must be 1ms–1m, got %s", d)
+	}
+	if d := r.MaxDelay.D(); d < r.InitialDelay.D() || d > 30*time.Minute {
+		bad("restart.max_delay", "must be initial_delay–30m, got %s", d)
+	}
+	if d := r.HealthyAfter.D(); d < time.Second || d > time.Hour {
+		bad("restart.healthy_after", "must be 1s–1h, got %s", d)
+	}
+	switch c.Log.Format {
+	case "json", "console":
+	default:
+		bad("log.format", "must be json or console, got %q", c.Log.Format)
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "must be debug, info, warn or error, got %q", c.Log.Level)
+	}
+	return errors.Join(errs...)
+}
+
+func (c Agent) validatePorts(bad func(field, format string, args ...any)) {
+	p := c.Ports
+	n := max(c.Slots, 1)
+	for field, base := range map[string]int{"ports.http_base": p.HTTPBase, "ports.https_base": p.HTTPSBase} {
+		if base < 1 || base+n-1 > 65535 {
+			bad(field, "must be 1–%d for %d slots, got %d", 65535-n+1, n, base)
+		}
+	}
+	// The two ranges [base, base+n) must not overlap.
+	if p.HTTPBase < p.HTTPSBase+n && p.HTTPSBase < p.HTTPBase+n {
+		bad("ports.https_base", "range %d–%d collides with ports.http_base range %d–%d",
+			p.HTTPSBase, p.HTTPSBase+n-1, p.HTTPBase, p.HTTPBase+n-1)
+	}
+}

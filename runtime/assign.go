@@ -1,0 +1,89 @@
+package runtime
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Initial pools.
+const (
+	PoolSharedDefault     = "shared-default"
+	PoolQuarantineDefault = "quarantine-default"
+)
+
+const assignmentsFile = "assignments.json"
+
+// Assignments maps slot names to pools; unassigned slots are absent.
+type Assignments map[string]string
+
+// InitialAssignments is cell-01 → shared-default, cell-02 → quarantine-default.
+func InitialAssignments(t Topology) Assignments {
+	a := Assignments{}
+	for _, s := range t.Slots {
+		switch s.Index {
+		case 1:
+			a[s.Name] = PoolSharedDefault
+		case 2:
+			a[s.Name] = PoolQuarantineDefault
+		}
+	}
+	return a
+}
+
+// PoolClass is the service class of a pool name: shared, reserved, dedicated
+// or quarantine, from the name's prefix.
+func PoolClass(pool string) (string, bool) {
+	for _, c := range []string{"shared", "reserved", "dedicated", "quarantine"} {
+		if pool == c || strings.HasPrefix(pool, c+"-") {
+			return c, true
+		}
+	}
+	return "", false
+}
+
+// LoadOrCreateAssignments returns the persisted assignments, creating the
+// initial ones on first start.
+func LoadOrCreateAssignments(stateDir string, t Topology) (Assignments, error) {
+	path := filepath.Join(stateDir, assignmentsFile)
+	data, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		a := InitialAssignments(t)
+		return a, SaveAssignments(stateDir, t, a)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read assignments: %w", err)
+	}
+	var a Assignments
+	if err := json.Unmarshal(data, &a); err != nil {
+		return nil, fmt.Errorf("read assignments %s: %w", path, err)
+	}
+	return a, a.Check(t)
+}
+
+// Check refuses assignments to unknown slots or pools of no known class.
+func (a Assignments) Check(t Topology) error {
+	for slot, pool := range a {
+		if _, ok := t.Slot(slot); !ok {
+			return fmt.Errorf("assignment of unknown slot %q", slot)
+		}
+		if _, ok := PoolClass(pool); !ok {
+			return fmt.Errorf("assignment of %s to %q: not a shared-, reserved-, dedicated- or quarantine- pool", slot, pool)
+		}
+	}
+	return nil
+}
+
+// SaveAssignments persists assignments atomically.
+func SaveAssignments(stateDir string, t Topology, a Assignments) error {
+	if err := a.Check(t); err != nil {
+		return err
+	}
+	out, err := json.MarshalIndent(a, "", "  ")
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(filepath.Join(stateDir, assignmentsFile), append(out, '\n'), 0o644)
+}

@@ -1,0 +1,252 @@
+package runtime
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// ErrNoRelease is returned when a slot has no active release.
+var ErrNoRelease = errors.New("no active release")
+
+const (
+	releasesDir = "releases"
+	currentLink = "current"
+	metaFile    = "release.json"
+)
+
+// ReleaseMeta describes a release; it is written last into the release.
+type ReleaseMeta struct {
+	Sequence int64  `json:"sequence"`
+	Pool     string `json:"pool"`
+	// Digest is the SHA-256 of every other file's name and content.
+	Digest string `json:"digest"`
+}
+
+// Release is one complete runtime for a slot.
+type Release struct {
+	Meta  ReleaseMeta
+	Files map[string][]byte // relative path -> content
+}
+
+// releaseID names a release directory: the zero-padded sequence, so names sort.
+func releaseID(seq int64) string { return fmt.Sprintf("%012d", seq) }
+
+// BuildRelease assembles the files of a slot's release for sequence seq: its
+// pool runtime JSON, the cell Lua and the rendered nginx.conf.
+func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
+	p.ReleaseDir = filepath.Join(p.Slot.RuntimeDir(), releasesDir, releaseID(p.Sequence))
+	conf, err := RenderConf(p)
+	if err != nil {
+		return Release{}, err
+	}
+	files := map[string][]byte{
+		"nginx.conf":        conf,
+		"lua/cellvisor.lua": cellLua,
+	}
+	if p.Pool != "" {
+		if pool == nil {
+			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*Domain{}}
+		}
+		data, err := json.MarshalIndent(pool, "", " ")
+		if err != nil {
+			return Release{}, err
+		}
+		files["pools/"+p.Pool+".json"] = data
+	}
+	return Release{Meta: ReleaseMeta{Sequence: p.Sequence, Pool: p.Pool, Digest: digest(files)}, Files: files}, nil
+}
+
+// digest hashes file names and contents in name order, leaving out nginx.conf's
+// first line (which names the sequence) so equal content compares equal.
+func digest(files map[string][]byte) string {
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	h := sha256.New()
+	for _, n := range names {
+		data := files[n]
+		if n == "nginx.conf" {
+			if i := strings.IndexByte(string(data), '\n'); i >= 0 {
+				data = data[i+1:]
+			}
+		}
+		fmt.Fprintf(h, "%s\x00%d\x00", n, len(data))
+		h.Write(data)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Install writes a release into the slot's releases directory: every file is
+// written and fsynced in a staging directory, release.json last, the staging
+// directory is renamed into place and the parent fsynced. It does not switch.
+func Install(s Slot, r Release) (string, error) {
+	root := filepath.Join(s.RuntimeDir(), releasesDir)
+	final := filepath.Join(root, releaseID(r.Meta.Sequence))
+	if cur, err := Current(s); err == nil && cur.Sequence == r.Meta.Sequence {
+		return "", fmt.Errorf("install release %d for %s: it is the active release", r.Meta.Sequence, s.Name)
+	}
+	// A directory left by an install that crashed before its switch is not
+	// active (the check above) and is replaced whole.
+	if err := os.RemoveAll(final); err != nil {
+		return "", fmt.Errorf("install release %d: remove stale: %w", r.Meta.Sequence, err)
+	}
+	stage, err := os.MkdirTemp(root, ".stage-")
+	if err != nil {
+		return "", fmt.Errorf("install release %d: %w", r.Meta.Sequence, err)
+	}
+	defer os.RemoveAll(stage) // no-op once renamed
+	meta, err := json.Marshal(r.Meta)
+	if err != nil {
+		return "", err
+	}
+	names := make([]string, 0, len(r.Files))
+	for n := range r.Files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	dirs := map[string]bool{stage: true}
+	for _, n := range append(names, metaFile) {
+		data := meta
+		if n != metaFile {
+			data = r.Files[n]
+		}
+		path := filepath.Join(stage, filepath.FromSlash(n))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return "", err
+		}
+		dirs[filepath.Dir(path)] = true
+		if err := writeSynced(path, data); err != nil {
+			return "", fmt.Errorf("install release %d: %w", r.Meta.Sequence, err)
+		}
+	}
+	for d := range dirs {
+		if err := syncDir(d); err != nil {
+			return "", err
+		}
+	}
+	if err := os.Chmod(stage, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.Rename(stage, final); err != nil {
+		return "", fmt.Errorf("install release %d: %w", r.Meta.Sequence, err)
+	}
+	return final, syncDir(root)
+}
+
+func writeSynced(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// Switch points the slot's current link at release seq atomically: a new
+// link is created beside it and renamed over it (rename(2) replaces the old
+// link in one step), then the directory is fsynced.
+func Switch(s Slot, seq int64) error {
+	dir := s.RuntimeDir()
+	target := filepath.Join(releasesDir, releaseID(seq))
+	if _, err := os.Stat(filepath.Join(dir, target, metaFile)); err != nil {
+		return fmt.Errorf("switch %s to release %d: %w", s.Name, seq, err)
+	}
+	tmp := filepath.Join(dir, ".current.tmp")
+	_ = os.Remove(tmp)
+	if err := os.Symlink(target, tmp); err != nil {
+		return fmt.Errorf("switch %s to release %d: %w", s.Name, seq, err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, currentLink)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("switch %s to release %d: %w", s.Name, seq, err)
+	}
+	return syncDir(dir)
+}
+
+// Current reads the active release's metadata.
+func Current(s Slot) (ReleaseMeta, error) {
+	data, err := os.ReadFile(filepath.Join(s.RuntimeDir(), currentLink, metaFile))
+	if os.IsNotExist(err) {
+		return ReleaseMeta{}, ErrNoRelease
+	}
+	if err != nil {
+		return ReleaseMeta{}, err
+	}
+	var m ReleaseMeta
+	if err := json.Unmarshal(data, &m); err != nil {
+		return ReleaseMeta{}, fmt.Errorf("read release of %s: %w", s.Name, err)
+	}
+	return m, nil
+}
+
+// Prune removes every release but the current one and the newest older one
+// (kept for rollback), and leftover staging directories.
+func Prune(s Slot) error {
+	root := filepath.Join(s.RuntimeDir(), releasesDir)
+	cur, err := Current(s)
+	if err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(root)
+	if err != nil {
+		return err
+	}
+	var older []int64
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".stage-") {
+			os.RemoveAll(filepath.Join(root, e.Name()))
+			continue
+		}
+		seq, err := strconv.ParseInt(e.Name(), 10, 64)
+		if err == nil && seq < cur.Sequence {
+			older = append(older, seq)
+		}
+	}
+	sort.Slice(older, func(i, j int) bool { return older[i] > older[j] })
+	for i, seq := range older {
+		if i == 0 {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(root, releaseID(seq))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Activate installs r and switches to it unless the active release already
+// has the same content, in which case it returns the active metadata and false.
+func Activate(s Slot, r Release) (ReleaseMeta, bool, error) {
+	if cur, err := Current(s); err == nil && cur.Digest == r.Meta.Digest && cur.Pool == r.Meta.Pool {
+		return cur, false, nil
+	} else if err == nil && r.Meta.Sequence <= cur.Sequence {
+		return ReleaseMeta{}, false, fmt.Errorf("activate release %d for %s: active sequence is %d; sequences never go backwards", r.Meta.Sequence, s.Name, cur.Sequence)
+	}
+	if _, err := Install(s, r); err != nil {
+		return ReleaseMeta{}, false, err
+	}
+	if err := Switch(s, r.Meta.Sequence); err != nil {
+		return ReleaseMeta{}, false, err
+	}
+	if err := Prune(s); err != nil {
+		return r.Meta, true, fmt.Errorf("prune releases of %s: %w", s.Name, err)
+	}
+	return r.Meta, true, nil
+}

@@ -1,0 +1,58 @@
+package runtime
+
+import (
+	"bytes"
+	_ "embed"
+	"fmt"
+	"net"
+	"strconv"
+	"text/template"
+)
+
+//go:embed lua/cellvisor.lua
+var cellLua []byte
+
+//go:embed nginx.conf.tmpl
+var nginxTmpl string
+
+var confTemplate = template.Must(template.New("nginx.conf").Parse(nginxTmpl))
+
+// RenderParams are the inputs of a cell's nginx.conf.
+type RenderParams struct {
+	Slot Slot
+	// Pool is the slot's pool ("" renders a cell that serves no domain).
+	Pool string
+	// ReleaseDir is the concrete release directory the config belongs to.
+	ReleaseDir string
+	Sequence   int64
+	// Address the public listeners bind ("" for all addresses).
+	Address string
+	// Modules are load_module paths (nginx with dynamic Lua); empty for openresty.
+	Modules []string
+	// User, when set, renders a user directive (only meaningful as root).
+	User                  string
+	WorkerConnections     int
+	WorkerShutdownTimeout int // seconds
+	CacheMaxBytes         int64
+	RequestMaxBytes       int64
+}
+
+// Listen is the listen argument for a port.
+func (p RenderParams) Listen(port int) string {
+	if p.Address == "" {
+		return strconv.Itoa(port)
+	}
+	return net.JoinHostPort(p.Address, strconv.Itoa(port))
+}
+
+// RenderConf renders a cell's nginx.conf.
+func RenderConf(p RenderParams) ([]byte, error) {
+	if p.Slot.Name == "" || p.ReleaseDir == "" {
+		return nil, fmt.Errorf("render nginx.conf: slot and release dir are required")
+	}
+	var b bytes.Buffer
+	if err := confTemplate.Execute(&b, p); err != nil {
+		return nil, fmt.Errorf("render nginx.conf for %s: %w", p.Slot.Name, err)
+	}
+	return b.Bytes(), nil
+}

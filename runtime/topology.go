@@ -1,0 +1,209 @@
+package runtime
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+)
+
+// ErrTopologyChanged is returned when the configuration asks for a topology
+// other than the one persisted at creation.
+var ErrTopologyChanged = errors.New("topology is fixed at creation")
+
+// ErrCollision is returned when two slots, or a slot and another listener,
+// would share a port or a path.
+var ErrCollision = errors.New("topology collision")
+
+const topologyFile = "topology.json"
+
+// Layout is what the topology is derived from.
+type Layout struct {
+	Slots     int
+	HTTPBase  int
+	HTTPSBase int
+	// Address the public listeners bind ("" for all); used to probe ports.
+	Address  string
+	StateDir string
+	RunDir   string
+}
+
+// Slot is one cell slot's identity, ports and paths.
+type Slot struct {
+	Name      string `json:"name"`
+	Index     int    `json:"index"`
+	HTTPPort  int    `json:"http_port"`
+	HTTPSPort int    `json:"https_port"`
+	// Dir is <state_dir>/cells/cell-NN.
+	Dir string `json:"dir"`
+	// RunDir is <run_dir>/cell-NN (private socket, pid file).
+	RunDir string `json:"run_dir"`
+}
+
+// Paths derived from a slot's directories.
+func (s Slot) RuntimeDir() string    { return filepath.Join(s.Dir, "runtime") }
+func (s Slot) CacheDir() string      { return filepath.Join(s.Dir, "cache") }
+func (s Slot) TmpDir() string        { return filepath.Join(s.Dir, "tmp") }
+func (s Slot) RequestTmpDir() string { return filepath.Join(s.Dir, "tmp", "request") }
+func (s Slot) LogsDir() string       { return filepath.Join(s.Dir, "logs") }
+func (s Slot) PidFile() string       { return filepath.Join(s.RunDir, "nginx.pid") }
+func (s Slot) PrivateSocket() string { return filepath.Join(s.RunDir, "private.sock") }
+
+// ConfPath is the nginx.conf of the active release, through the current link.
+func (s Slot) ConfPath() string { return filepath.Join(s.RuntimeDir(), "current", "nginx.conf") }
+
+// Topology is the persisted, immutable set of slots.
+type Topology struct {
+	Version   int       `json:"version"`
+	CreatedAt time.Time `json:"created_at"`
+	HTTPBase  int       `json:"http_base"`
+	HTTPSBase int       `json:"https_base"`
+	Slots     []Slot    `json:"slots"`
+}
+
+// SlotName is the stable name of 1-based slot i.
+func SlotName(i int) string { return fmt.Sprintf("cell-%02d", i) }
+
+// Plan derives the topology for a layout without touching anything.
+func Plan(l Layout) Topology {
+	t := Topology{Version: 1, HTTPBase: l.HTTPBase, HTTPSBase: l.HTTPSBase}
+	for i := 1; i <= l.Slots; i++ {
+		name := SlotName(i)
+		t.Slots = append(t.Slots, Slot{
+			Name:      name,
+			Index:     i,
+			HTTPPort:  l.HTTPBase + i - 1,
+			HTTPSPort: l.HTTPSBase + i - 1,
+			Dir:       filepath.Join(l.StateDir, "cells", name),
+			RunDir:    filepath.Join(l.RunDir, name),
+		})
+	}
+	return t
+}
+
+// Check refuses a topology in which two slots share a port or a path.
+func (t Topology) Check() error {
+	ports := map[int]string{}
+	paths := map[string]string{}
+	for _, s := range t.Slots {
+		for _, p := range []struct {
+			port int
+			what string
+		}{{s.HTTPPort, s.Name + " http"}, {s.HTTPSPort, s.Name + " https"}} {
+			if other, ok := ports[p.port]; ok {
+				return fmt.Errorf("%w: port %d of %s is also %s", ErrCollision, p.port, p.what, other)
+			}
+			ports[p.port] = p.what
+		}
+		for _, d := range []string{s.Dir, s.RunDir} {
+			if other, ok := paths[d]; ok {
+				return fmt.Errorf("%w: path %s of %s is also used by %s", ErrCollision, d, s.Name, other)
+			}
+			paths[d] = s.Name
+		}
+	}
+	return nil
+}
+
+// Slot returns the named slot.
+func (t Topology) Slot(name string) (Slot, bool) {
+	for _, s := range t.Slots {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Slot{}, false
+}
+
+// LoadOrCreate returns the persisted topology, refusing a layout that differs
+// from it; on first start it checks the planned topology for collisions
+// (including ports already taken by another listener), creates every slot's
+// directories and persists the topology atomically.
+func LoadOrCreate(l Layout) (t Topology, created bool, err error) {
+	want := Plan(l)
+	path := filepath.Join(l.StateDir, topologyFile)
+	data, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(data, &t); err != nil {
+			return Topology{}, false, fmt.Errorf("read topology %s: %w", path, err)
+		}
+		if err := t.matches(want); err != nil {
+			return Topology{}, false, err
+		}
+		// Directories may have been removed by hand; recreate what is missing.
+		return t, false, t.MakeDirs()
+	case !os.IsNotExist(err):
+		return Topology{}, false, fmt.Errorf("read topology: %w", err)
+	}
+	if err := want.Check(); err != nil {
+		return Topology{}, false, err
+	}
+	if err := want.probePorts(l.Address); err != nil {
+		return Topology{}, false, err
+	}
+	want.CreatedAt = time.Now().UTC()
+	if err := os.MkdirAll(l.StateDir, 0o755); err != nil {
+		return Topology{}, false, fmt.Errorf("create state dir: %w", err)
+	}
+	if err := want.MakeDirs(); err != nil {
+		return Topology{}, false, err
+	}
+	out, err := json.MarshalIndent(want, "", "  ")
+	if err != nil {
+		return Topology{}, false, err
+	}
+	if err := WriteFileAtomic(path, append(out, '\n'), 0o644); err != nil {
+		return Topology{}, false, fmt.Errorf("persist topology: %w", err)
+	}
+	return want, true, nil
+}
+
+func (t Topology) matches(want Topology) error {
+	if len(t.Slots) != len(want.Slots) {
+		return fmt.Errorf("%w: this host has %d slots and the configuration asks for %d; the slot count cannot change (nothing was changed)",
+			ErrTopologyChanged, len(t.Slots), len(want.Slots))
+	}
+	if t.HTTPBase != want.HTTPBase || t.HTTPSBase != want.HTTPSBase {
+		return fmt.Errorf("%w: this host's ports start at http %d / https %d and the configuration asks for %d / %d (nothing was changed)",
+			ErrTopologyChanged, t.HTTPBase, t.HTTPSBase, want.HTTPBase, want.HTTPSBase)
+	}
+	for i, s := range t.Slots {
+		w := want.Slots[i]
+		if s.Dir != w.Dir || s.RunDir != w.RunDir {
+			return fmt.Errorf("%w: %s lives in %s and %s, the configuration asks for %s and %s (nothing was changed)",
+				ErrTopologyChanged, s.Name, s.Dir, s.RunDir, w.Dir, w.RunDir)
+		}
+	}
+	return nil
+}
+
+// probePorts refuses ports another listener already holds.
+func (t Topology) probePorts(addr string) error {
+	for _, s := range t.Slots {
+		for _, port := range []int{s.HTTPPort, s.HTTPSPort} {
+			ln, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(port)))
+			if err != nil {
+				return fmt.Errorf("%w: port %d for %s is not free: %v", ErrCollision, port, s.Name, err)
+			}
+			ln.Close()
+		}
+	}
+	return nil
+}
+
+// MakeDirs creates every slot's directories.
+func (t Topology) MakeDirs() error {
+	for _, s := range t.Slots {
+		for _, d := range []string{s.RuntimeDir(), filepath.Join(s.RuntimeDir(), "releases"), s.CacheDir(), s.RequestTmpDir(), s.LogsDir(), s.RunDir} {
+			if err := os.MkdirAll(d, 0o750); err != nil {
+				return fmt.Errorf("create %s: %w", d, err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,56 @@
+package supervisor
+
+import (
+	"time"
+
+	"cellvisor/cgroup"
+)
+
+// State is a slot's runtime state.
+type State string
+
+// Runtime states, as the seed names them.
+const (
+	StateReady    State = "ready"
+	StateDegraded State = "degraded"
+	StateDrained  State = "drained"
+	StateStopped  State = "stopped"
+)
+
+// Assignment states.
+const (
+	Assigned   = "assigned"
+	Unassigned = "unassigned"
+)
+
+// SlotStatus is one slot as the admin endpoint reports it.
+type SlotStatus struct {
+	Name       string        `json:"name"`
+	Pool       string        `json:"pool,omitempty"`
+	Assignment string        `json:"assignment"`
+	State      State         `json:"state"`
+	Reason     string        `json:"reason,omitempty"`
+	PID        int           `json:"pid,omitempty"`
+	HTTPPort   int           `json:"http_port"`
+	HTTPSPort  int           `json:"https_port"`
+	Cgroup     string        `json:"cgroup,omitempty"`
+	Limits     cgroup.Limits `json:"limits"`
+	Usage      *cgroup.Usage `json:"usage,omitempty"`
+	Restarts   int           `json:"restarts"`
+	LastExit   string        `json:"last_exit,omitempty"`
+	ReadySince *time.Time    `json:"ready_since,omitempty"`
+	Sequence   int64         `json:"sequence"`
+}
+
+// Status is the whole agent as the admin endpoint reports it.
+type Status struct {
+	Version     string       `json:"version"`
+	PID         int          `json:"pid"`
+	StartedAt   time.Time    `json:"started_at"`
+	CgroupMode  cgroup.Mode  `json:"cgroup_mode"`
+	CgroupPath  string       `json:"cgroup_path,omitempty"`
+	Enforced    bool         `json:"limits_enforced"`
+	Refusal     string       `json:"refusal,omitempty"`
+	AgentLimits string       `json:"agent_limits,omitempty"`
+	Slots       []SlotStatus `json:"slots"`
+}

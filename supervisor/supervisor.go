@@ -1,0 +1,205 @@
+// Package supervisor is the agent's core: it runs one goroutine per cell slot
+// that starts the slot's OpenResty inside its cgroup, waits for its listener,
+// reaps it, kills whatever it leaves behind and restarts it with bounded
+// backoff; it reports every slot's state and serves that on the local admin
+// socket. Deciding (the restart tracker, the state of a slot) is kept apart
+// from doing (processes, cgroups) so the first can be tested fast.
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/cgroup"
+	"cellvisor/runtime"
+)
+
+// Options configures a Supervisor.
+type Options struct {
+	// Binary is the OpenResty executable. Required; it must exist.
+	Binary string
+	// Topology and Assignments describe the slots. Required.
+	Topology    runtime.Topology
+	Assignments runtime.Assignments
+	// Cgroups is the agent's cgroup subtree. Required.
+	Cgroups cgroup.Manager
+	// Limits are every cell's limits.
+	Limits cgroup.Limits
+	// Refusal, when not nil, keeps every cell stopped and says why (limits that
+	// must be enforced cannot be).
+	Refusal error
+	// Policy is the restart backoff.
+	Policy Policy
+	// ReadyTimeout bounds the wait for a started cell's listener; zero means 10s.
+	ReadyTimeout time.Duration
+	// StopTimeout is the graceful-stop grace period; zero means 10s.
+	StopTimeout time.Duration
+	// ProbeHost is the host the readiness probe dials; "" means 127.0.0.1.
+	ProbeHost string
+	// Logger, or nil for none.
+	Logger *zap.Logger
+	// Version is reported in status.
+	Version string
+	// Jitter returns values in [0,1) for restart jitter, or nil for math/rand.
+	Jitter func() float64
+}
+
+// Supervisor runs the cells.
+type Supervisor struct {
+	o       Options
+	log     *zap.Logger
+	started time.Time
+	slots   []*slot
+
+	readyOnce sync.Once
+	ready     chan struct{}
+	pending   sync.WaitGroup
+}
+
+// New validates options and prepares the slots; it starts nothing.
+func New(o Options) (*Supervisor, error) {
+	if o.Cgroups == nil {
+		return nil, errors.New("supervisor: Cgroups is required")
+	}
+	if len(o.Topology.Slots) == 0 {
+		return nil, errors.New("supervisor: topology has no slots")
+	}
+	if err := checkBinary(o.Binary); err != nil {
+		return nil, err
+	}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = 10 * time.Second
+	}
+	if o.StopTimeout == 0 {
+		o.StopTimeout = 10 * time.Second
+	}
+	if o.ProbeHost == "" {
+		o.ProbeHost = "127.0.0.1"
+	}
+	if o.Policy == (Policy{}) {
+		o.Policy = Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Minute, HealthyAfter: 30 * time.Second}
+	}
+	if o.Jitter == nil {
+		o.Jitter = defaultJitter
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), ready: make(chan struct{})}
+	for _, spec := range o.Topology.Slots {
+		s.slots = append(s.slots, newSlot(s, spec, o.Assignments[spec.Name]))
+	}
+	return s, nil
+}
+
+// ErrBinary marks a missing or unusable OpenResty binary.
+var ErrBinary = errors.New("openresty binary unusable")
+
+func checkBinary(path string) error {
+	if path == "" {
+		return fmt.Errorf("%w: no path configured (openresty.binary)", ErrBinary)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("%w: openresty.binary %s: %v", ErrBinary, path, err)
+	}
+	if st.IsDir() || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("%w: openresty.binary %s is not an executable file", ErrBinary, path)
+	}
+	return nil
+}
+
+// Ready is closed once every slot has had its first outcome: its cell is
+// ready, failed its first start, or is not to be run.
+func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
+
+// Run cleans up what a previous agent left, runs every slot until ctx is
+// cancelled, then stops every cell gracefully and removes their cgroups. It
+// returns once no cell process is left.
+func (s *Supervisor) Run(ctx context.Context) error {
+	s.started = time.Now()
+	s.cleanupStale(ctx)
+	s.pending.Add(len(s.slots))
+	go func() {
+		s.pending.Wait()
+		s.readyOnce.Do(func() { close(s.ready) })
+	}()
+	var wg sync.WaitGroup
+	for _, c := range s.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.run(ctx)
+		}()
+	}
+	wg.Wait()
+	var errs []error
+	for _, c := range s.slots {
+		if err := c.removeGroup(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.log.Info("all cells stopped")
+	return errors.Join(errs...)
+}
+
+// cleanupStale kills processes a previous agent left in cell cgroups or pid
+// files, and removes cell cgroups that no slot owns. Adopting running cells
+// instead is future work; identifying them (pid file, cgroup, start time) is
+// already done here.
+func (s *Supervisor) cleanupStale(ctx context.Context) {
+	names, err := s.o.Cgroups.List()
+	if err != nil {
+		s.log.Warn("list cell cgroups", zap.Error(err))
+	}
+	for _, name := range names {
+		g, err := s.o.Cgroups.Open(name)
+		if err != nil {
+			continue
+		}
+		kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if pids, _ := g.Procs(); len(pids) > 0 {
+			s.log.Warn("stopping cell processes left by a previous agent", zap.String("cell", name), zap.Ints("pids", pids))
+		}
+		if _, ok := s.o.Topology.Slot(name); ok {
+			err = g.Kill(kctx)
+		} else {
+			s.log.Info("removing stale cell cgroup", zap.String("cell", name))
+			err = g.Delete(kctx)
+		}
+		cancel()
+		if err != nil {
+			s.log.Warn("clean up stale cell cgroup", zap.String("cell", name), zap.Error(err))
+		}
+	}
+	for _, c := range s.slots {
+		c.killStalePidfile()
+	}
+}
+
+// Status reports the agent and every slot.
+func (s *Supervisor) Status() Status {
+	st := Status{
+		Version:    s.o.Version,
+		PID:        os.Getpid(),
+		StartedAt:  s.started,
+		CgroupMode: s.o.Cgroups.Mode(),
+		CgroupPath: s.o.Cgroups.Path(),
+		Enforced:   s.o.Cgroups.Mode() != cgroup.ModeUnenforced,
+	}
+	if s.o.Refusal != nil {
+		st.Refusal = s.o.Refusal.Error()
+	} else if r := s.o.Cgroups.Reason(); r != nil {
+		st.Refusal = "limits not enforced (limits.enforce is false): " + r.Error()
+	}
+	for _, c := range s.slots {
+		st.Slots = append(st.Slots, c.status())
+	}
+	return st
+}
