@@ -13,18 +13,35 @@ import (
 
 // none is the unenforced mode: no limits, and a cell's process tree is found
 // and killed through its process group instead of a cgroup.
-type none struct{ reason error }
+type none struct {
+	reason error
+	mu     sync.Mutex // guards groups
+	groups map[string]*noneGroup
+}
 
-func newNone(reason error) *none { return &none{reason: reason} }
+func newNone(reason error) *none { return &none{reason: reason, groups: map[string]*noneGroup{}} }
 
 func (n *none) Mode() Mode                                  { return ModeUnenforced }
 func (n *none) Reason() error                               { return n.reason }
 func (n *none) Path() string                                { return "" }
 func (n *none) PlaceSelf(Limits) error                      { return nil }
 func (n *none) Ensure(name string, _ Limits) (Group, error) { return n.Open(name) }
-func (n *none) Open(name string) (Group, error)             { return &noneGroup{name: name}, nil }
-func (n *none) List() ([]string, error)                     { return nil, nil }
-func (n *none) Remove() error                               { return nil }
+
+// Open returns the slot's group, the same one each time, so that it keeps
+// the process group of the cell it started.
+func (n *none) Open(name string) (Group, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	g := n.groups[name]
+	if g == nil {
+		g = &noneGroup{name: name}
+		n.groups[name] = g
+	}
+	return g, nil
+}
+
+func (n *none) List() ([]string, error) { return nil, nil }
+func (n *none) Remove() error           { return nil }
 
 type noneGroup struct {
 	name string

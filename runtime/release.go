@@ -47,10 +47,7 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 	if err != nil {
 		return Release{}, err
 	}
-	files := map[string][]byte{
-		"nginx.conf":        conf,
-		"lua/cellvisor.lua": cellLua,
-	}
+	files := map[string][]byte{"lua/cellvisor.lua": cellLua}
 	if p.Pool != "" {
 		if pool == nil {
 			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*Domain{}}
@@ -61,11 +58,21 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 		}
 		files["pools/"+p.Pool+".json"] = data
 	}
-	return Release{Meta: ReleaseMeta{Sequence: p.Sequence, Pool: p.Pool, Digest: digest(files)}, Files: files}, nil
+	// The digest covers what the release does, not where it lives: nginx.conf
+	// rendered without its sequence and directory, so equal content compares
+	// equal across sequences.
+	neutral := p
+	neutral.Sequence, neutral.ReleaseDir = 0, "/release"
+	files["nginx.conf"], err = RenderConf(neutral)
+	if err != nil {
+		return Release{}, err
+	}
+	sum := digest(files)
+	files["nginx.conf"] = conf
+	return Release{Meta: ReleaseMeta{Sequence: p.Sequence, Pool: p.Pool, Digest: sum}, Files: files}, nil
 }
 
-// digest hashes file names and contents in name order, leaving out nginx.conf's
-// first line (which names the sequence) so equal content compares equal.
+// digest hashes file names and contents in name order.
 func digest(files map[string][]byte) string {
 	names := make([]string, 0, len(files))
 	for n := range files {
@@ -74,14 +81,8 @@ func digest(files map[string][]byte) string {
 	sort.Strings(names)
 	h := sha256.New()
 	for _, n := range names {
-		data := files[n]
-		if n == "nginx.conf" {
-			if i := strings.IndexByte(string(data), '\n'); i >= 0 {
-				data = data[i+1:]
-			}
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00", n, len(data))
-		h.Write(data)
+		fmt.Fprintf(h, "%s\x00%d\x00", n, len(files[n]))
+		h.Write(files[n])
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }

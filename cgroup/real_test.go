@@ -1,0 +1,274 @@
+package cgroup_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"cellvisor/cgroup"
+	"cellvisor/internal/testutil"
+)
+
+// cellLimits are the shipped per-cell limits.
+var cellLimits = cgroup.Limits{MemoryBytes: 512 << 20, CPUQuotaUS: 50000, CPUPeriodUS: 100000, PIDs: 128}
+
+// start runs argv inside g and reaps it when the test ends.
+func start(t *testing.T, g cgroup.Group, argv ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	after, err := g.Prepare(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Start()
+	if after != nil {
+		after(err == nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = g.Kill(ctx)
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+// rawLimits reads the limit files directly, per mode.
+func rawLimits(t *testing.T, m cgroup.Manager, g cgroup.Group) map[string]string {
+	t.Helper()
+	read := func(p string) string {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	root := "/sys/fs/cgroup"
+	switch m.Mode() {
+	case cgroup.ModeV2:
+		d := filepath.Join(root, g.Path())
+		return map[string]string{"memory.max": read(d + "/memory.max"), "cpu.max": read(d + "/cpu.max"), "pids.max": read(d + "/pids.max")}
+	case cgroup.ModeV1Hybrid:
+		rel := strings.TrimPrefix(g.Path(), m.Path())
+		base := func(c string) string { return filepath.Join(root, c, ownV1(t, c), filepath.Base(m.Path()), rel) }
+		return map[string]string{
+			"memory.limit_in_bytes": read(base("memory") + "/memory.limit_in_bytes"),
+			"cpu.cfs_quota_us":      read(base("cpu") + "/cpu.cfs_quota_us"),
+			"cpu.cfs_period_us":     read(base("cpu") + "/cpu.cfs_period_us"),
+			"pids.max":              read(base("pids") + "/pids.max"),
+		}
+	}
+	t.Fatalf("mode %s", m.Mode())
+	return nil
+}
+
+func ownV1(t *testing.T, controller string) string {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) == 3 {
+			for _, c := range strings.Split(f[1], ",") {
+				if c == controller {
+					return f[2]
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s cgroup", controller)
+	return ""
+}
+
+func TestCellCgroupHoldsExactLimits(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, err := m.Ensure("cell-01", cellLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rawLimits(t, m, g)
+	want := map[cgroup.Mode]map[string]string{
+		cgroup.ModeV2:       {"memory.max": "536870912", "cpu.max": "50000 100000", "pids.max": "128"},
+		cgroup.ModeV1Hybrid: {"memory.limit_in_bytes": "536870912", "cpu.cfs_quota_us": "50000", "cpu.cfs_period_us": "100000", "pids.max": "128"},
+	}[m.Mode()]
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	l, err := g.Limits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l != cellLimits {
+		t.Errorf("Limits() = %+v, want %+v", l, cellLimits)
+	}
+	names, err := m.List()
+	if err != nil || len(names) != 1 || names[0] != "cell-01" {
+		t.Errorf("List() = %v, %v; want [cell-01]", names, err)
+	}
+}
+
+// The cell is inside its cgroup from its first instruction: the exec'd
+// program itself reads its own membership.
+func TestProcessStartsInsideCgroup(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, err := m.Ensure("cell-02", cellLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/cat", "/proc/self/cgroup")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	after, err := g.Prepare(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Run()
+	if after != nil {
+		after(true)
+	}
+	if err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	controllers := map[cgroup.Mode][]string{cgroup.ModeV2: {""}, cgroup.ModeV1Hybrid: {"memory", "cpu", "pids"}}[m.Mode()]
+	for _, c := range controllers {
+		found := false
+		for _, line := range strings.Split(out.String(), "\n") {
+			f := strings.SplitN(line, ":", 3)
+			if len(f) == 3 && strings.HasSuffix(f[2], g.Path()[len(m.Path()):]) && hasController(f[1], c) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("controller %q: process not in %s:\n%s", c, g.Path(), out.String())
+		}
+	}
+}
+
+func hasController(list, c string) bool {
+	if c == "" {
+		return list == ""
+	}
+	for _, x := range strings.Split(list, ",") {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+func TestKillReachesGrandchildrenAndDeleteRemoves(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, err := m.Ensure("cell-03", cellLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := start(t, g, "/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait")
+	var pids []int
+	testutil.Eventually(t, 10*time.Second, func() error {
+		pids, err = g.Procs()
+		if err != nil {
+			return err
+		}
+		if len(pids) != 3 {
+			return errors.New("want sh and two sleeps, have " + strconv.Itoa(len(pids)))
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	for _, pid := range pids {
+		if testutil.Alive(pid) {
+			t.Errorf("pid %d survived the kill", pid)
+		}
+	}
+	if names, _ := m.List(); len(names) != 0 {
+		t.Errorf("groups left after Delete: %v", names)
+	}
+}
+
+// A fork bomb inside a cell stops at the pids limit, and Kill still empties
+// the cell (on v1 by forbidding forks first).
+func TestForkBombStopsAtPIDsLimit(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, err := m.Ensure("cell-04", cellLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start(t, g, "/bin/sh", "-c", "while :; do sleep 1000 & done")
+	testutil.Eventually(t, 30*time.Second, func() error {
+		u, err := g.Usage()
+		if err != nil {
+			return err
+		}
+		if u.PIDsRefused == 0 {
+			return errors.New("no fork refused yet; pids " + strconv.FormatUint(u.PIDs, 10))
+		}
+		return nil
+	})
+	u, err := g.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.PIDs > uint64(cellLimits.PIDs) || u.PIDsLimit != uint64(cellLimits.PIDs) {
+		t.Fatalf("pids %d of limit %d: want at most %d", u.PIDs, u.PIDsLimit, cellLimits.PIDs)
+	}
+	t.Logf("fork bomb held at %d pids, %d forks refused", u.PIDs, u.PIDsRefused)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := g.Kill(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pids, _ := g.Procs(); len(pids) != 0 {
+		t.Fatalf("left after kill: %v", pids)
+	}
+	if l, _ := g.Limits(); l.PIDs != cellLimits.PIDs {
+		t.Errorf("pids limit after kill = %d, want it restored to %d", l.PIDs, cellLimits.PIDs)
+	}
+}
+
+// A memory hog inside a cell is OOM-killed there.
+func TestMemoryHogOOMKilledInCell(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, err := m.Ensure("cell-05", cellLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// tail buffers a line without a newline whole: it grows until killed.
+	cmd := start(t, g, "/bin/sh", "-c", "head -c 2G /dev/zero | tail")
+	err = cmd.Wait()
+	u, uerr := g.Usage()
+	if uerr != nil {
+		t.Fatal(uerr)
+	}
+	if err == nil {
+		t.Fatal("the hog finished: it should have been OOM-killed")
+	}
+	if u.OOMKills == 0 {
+		t.Fatalf("no OOM kill recorded in the cell (usage %+v); hog exit: %v", u, err)
+	}
+	if u.MemoryLimit != uint64(cellLimits.MemoryBytes) {
+		t.Errorf("memory limit %d, want %d", u.MemoryLimit, cellLimits.MemoryBytes)
+	}
+	t.Logf("hog: %v; cell recorded %d OOM kill(s)", err, u.OOMKills)
+	_ = syscall.Getpid() // the test process (the "agent") is alive to run this line
+}

@@ -1,0 +1,71 @@
+package cgroup
+
+import (
+	"testing"
+)
+
+func TestParseSelf(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want selfPaths
+	}{
+		{
+			name: "hybrid host",
+			in:   "9:name=systemd:/\n4:memory:/process_api/abc\n1:cpu,cpuacct:/\n8:pids:/x\n0::/\n",
+			want: selfPaths{"name=systemd": "/", "memory": "/process_api/abc", "cpu": "/", "cpuacct": "/", "pids": "/x", "": "/"},
+		},
+		{
+			name: "v2 under systemd",
+			in:   "0::/system.slice/cellvisor.service\n",
+			want: selfPaths{"": "/system.slice/cellvisor.service"},
+		},
+		{
+			name: "restarted agent already in its leaf",
+			in:   "0::/system.slice/cellvisor.service/agent\n",
+			want: selfPaths{"": "/system.slice/cellvisor.service"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseSelf([]byte(tc.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Errorf("%q: got %q, want %q", k, got[k], v)
+				}
+			}
+		})
+	}
+	if _, err := parseSelf([]byte("garbage\n")); err == nil {
+		t.Error("malformed /proc/self/cgroup: want an error")
+	}
+}
+
+func TestCPULimits(t *testing.T) {
+	for _, tc := range []struct {
+		cpus   float64
+		quota  int64
+		period uint64
+	}{{0.5, 50000, 100000}, {0.25, 25000, 100000}, {2, 200000, 100000}} {
+		q, p := CPULimits(tc.cpus)
+		if q != tc.quota || p != tc.period {
+			t.Errorf("CPULimits(%g) = %d/%d, want %d/%d", tc.cpus, q, p, tc.quota, tc.period)
+		}
+	}
+}
+
+func TestNewOnNonCgroupRootIsUnenforced(t *testing.T) {
+	m, err := New(Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Mode() != ModeUnenforced || m.Reason() == nil {
+		t.Fatalf("mode %s reason %v: want unenforced with a reason", m.Mode(), m.Reason())
+	}
+}

@@ -1,0 +1,75 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestDefaultsAreValidAndShipTheSeedLimits(t *testing.T) {
+	c, err := Parse([]byte("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Slots != 8 || c.Limits.Memory != 512*MiB || c.Limits.CPU != 0.5 || c.Limits.PIDs != 128 ||
+		c.Limits.Cache != 256*MiB || c.Limits.RequestTmp != 64*MiB || c.Limits.Logs != 16*MiB ||
+		c.AgentLimits.Memory != 128*MiB || c.AgentLimits.CPU != 0.25 || !c.Enforced() {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+func TestParseOverridesAndUnits(t *testing.T) {
+	c, err := Parse([]byte("slots: 4\nlimits:\n  memory: 1GiB\n  enforce: false\nrestart:\n  max_delay: 5m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Slots != 4 || c.Limits.Memory != GiB || c.Enforced() || c.Restart.MaxDelay.D().Minutes() != 5 {
+		t.Errorf("got %+v", c)
+	}
+	if c.Limits.PIDs != 128 {
+		t.Errorf("unset field lost its default: pids %d", c.Limits.PIDs)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	tests := []struct{ name, yaml, field string }{
+		{"slot count zero", "slots: 0", "slots"},
+		{"slot count over 32", "slots: 33", "slots"},
+		{"relative state dir", "state_dir: var/lib", "state_dir"},
+		{"unknown field", "slot: 8", "field slot not found"},
+		{"bad size", "limits:\n  memory: lots", "bad size"},
+		{"memory too small", "limits:\n  memory: 1MiB", "limits.memory"},
+		{"cpu zero", "limits:\n  cpu: 0", "limits.cpu"},
+		{"pids too small", "limits:\n  pids: 2", "limits.pids"},
+		{"port range past 65535", "ports:\n  http_base: 65530", "ports.http_base"},
+		{"http and https ranges collide", "ports:\n  http_base: 8000\n  https_base: 8004", "collides"},
+		{"bad duration", "restart:\n  max_delay: soon", "bad duration"},
+		{"max delay below initial", "restart:\n  initial_delay: 1s\n  max_delay: 10ms", "restart.max_delay"},
+		{"bad log format", "log:\n  format: xml", "log.format"},
+		{"subtree with slash", "cgroup:\n  subtree: a/b", "cgroup.subtree"},
+		{"relative module", "openresty:\n  modules: [lua.so]", "openresty.modules[0]"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err %v, want ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tc.field) {
+				t.Errorf("error %q does not name %q", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestBytesRoundTrip(t *testing.T) {
+	for in, want := range map[string]Bytes{"512MiB": 512 * MiB, "64M": 64 * MiB, "1GiB": GiB, "4096": 4 * KiB, "7": 7} {
+		got, err := ParseBytes(in)
+		if err != nil || got != want {
+			t.Errorf("ParseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	if _, err := ParseBytes("-1MiB"); err == nil {
+		t.Error("negative size accepted")
+	}
+}

@@ -1,0 +1,153 @@
+// Package testutil holds what tests that need real parts share: checks that
+// skip with the reason printed when this host lacks root, cgroups or
+// OpenResty; a fresh cgroup subtree per test; free loopback port ranges.
+// Only tests import it.
+package testutil
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"cellvisor/cgroup"
+	"cellvisor/runtime"
+)
+
+// RequireRoot skips unless the test runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (creates cgroups and runs cells); run as root to exercise this test")
+	}
+}
+
+// RequireOpenResty skips unless an OpenResty-compatible binary is installed;
+// it returns the binary and the dynamic modules it needs.
+func RequireOpenResty(t testing.TB) (string, []string) {
+	t.Helper()
+	bin, mods, err := runtime.FindOpenResty()
+	if err != nil {
+		t.Skipf("needs OpenResty or nginx with the Lua module: %v (make deps installs it)", err)
+	}
+	return bin, mods
+}
+
+// RequireCgroups skips unless limits can be enforced here, and returns a
+// manager for a fresh subtree below this process's cgroup that is removed
+// (with anything left in it) when the test ends.
+func RequireCgroups(t testing.TB) cgroup.Manager {
+	t.Helper()
+	RequireRoot(t)
+	name := "cvtest-" + randHex(4)
+	m, err := cgroup.New(cgroup.Options{Subtree: name})
+	if err != nil {
+		t.Fatalf("cgroups: %v", err)
+	}
+	if m.Mode() == cgroup.ModeUnenforced {
+		t.Skipf("cell limits cannot be enforced on this host: %v", m.Reason())
+	}
+	t.Cleanup(func() { RemoveSubtree(t, m) })
+	return m
+}
+
+// RemoveSubtree kills and removes every cell group in m, then the subtree.
+func RemoveSubtree(t testing.TB, m cgroup.Manager) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	names, err := m.List()
+	if err != nil {
+		t.Errorf("list cgroups: %v", err)
+	}
+	for _, n := range names {
+		g, err := m.Open(n)
+		if err == nil {
+			err = g.Delete(ctx)
+		}
+		if err != nil {
+			t.Errorf("remove cgroup %s: %v", n, err)
+		}
+	}
+	if err := m.Remove(); err != nil {
+		t.Errorf("remove cgroup subtree: %v", err)
+	}
+}
+
+// PortBase returns a base port such that n consecutive ports from it are
+// free on 127.0.0.1 now. Bases are drawn at random from 20000–59999 so that
+// packages testing in parallel rarely meet.
+func PortBase(t testing.TB, n int) int {
+	t.Helper()
+	for try := 0; try < 100; try++ {
+		r, err := rand.Int(rand.Reader, big.NewInt(40000-int64(n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := 20000 + int(r.Int64())
+		if portsFree(base, n) {
+			return base
+		}
+	}
+	t.Fatalf("no %d consecutive free ports found", n)
+	return 0
+}
+
+func portsFree(base, n int) bool {
+	for p := base; p < base+n; p++ {
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			return false
+		}
+		ln.Close()
+	}
+	return true
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// Eventually polls cond until it returns nil or the timeout passes, and
+// fails the test with cond's last error. Use it to await a condition, never
+// to wait a fixed time.
+func Eventually(t testing.TB, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	delay := time.Millisecond
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s: %v", timeout, err)
+		}
+		time.Sleep(delay)
+		delay = min(delay*2, 50*time.Millisecond)
+	}
+}
+
+// Alive reports whether pid is a live (non-zombie) process.
+func Alive(pid int) bool {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	for i := len(st) - 1; i >= 0; i-- {
+		if st[i] == ')' {
+			return i+2 < len(st) && st[i+2] != 'Z' && st[i+2] != 'X'
+		}
+	}
+	return false
+}

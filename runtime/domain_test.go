@@ -1,0 +1,71 @@
+package runtime
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const goodDomain = `{"domain":"shop.example.com","pool":"shared-default","revision":3,
+ "hostnames":["shop.example.com","*.shop.example.com"],
+ "origins":[{"name":"app","url":"http://127.0.0.1:9000"}],
+ "routes":[{"prefix":"/","origin":"app"},{"prefix":"/health","respond":{"status":200,"body":"ok"}}],
+ "cache":{"ttl_seconds":60}}`
+
+func TestDecodeDomain(t *testing.T) {
+	d, err := DecodeDomain([]byte(goodDomain))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Revision != 3 || len(d.Hostnames) != 2 || d.Routes[1].Respond.Body != "ok" {
+		t.Errorf("decoded %+v", d)
+	}
+	bad := map[string]string{
+		"unknown field":      strings.Replace(goodDomain, `"revision"`, `"rev":1,"revision"`, 1),
+		"truncated":          goodDomain[:40],
+		"trailing data":      goodDomain + "{}",
+		"upper-case host":    strings.Replace(goodDomain, `"shop.example.com","*`, `"Shop.example.com","*`, 1),
+		"unknown pool":       strings.Replace(goodDomain, "shared-default", "premium", 1),
+		"zero revision":      strings.Replace(goodDomain, `"revision":3`, `"revision":0`, 1),
+		"unknown origin":     strings.Replace(goodDomain, `"origin":"app"`, `"origin":"db"`, 1),
+		"origin with path":   strings.Replace(goodDomain, `:9000"`, `:9000/x"`, 1),
+		"relative prefix":    strings.Replace(goodDomain, `"prefix":"/health"`, `"prefix":"health"`, 1),
+		"bad status":         strings.Replace(goodDomain, `"status":200`, `"status":42`, 1),
+		"wildcard as domain": strings.Replace(goodDomain, `"domain":"shop.example.com"`, `"domain":"*.example.com"`, 1),
+	}
+	for name, doc := range bad {
+		if _, err := DecodeDomain([]byte(doc)); !errors.Is(err, ErrBadDomain) {
+			t.Errorf("%s: err %v, want ErrBadDomain", name, err)
+		}
+	}
+}
+
+func TestDomainsDirRefusesTwoDomainsForOneHostname(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a.json"), []byte(goodDomain), 0o644)
+	other := strings.Replace(goodDomain, `"domain":"shop.example.com"`, `"domain":"other.example.com"`, 1)
+	os.WriteFile(filepath.Join(dir, "b.json"), []byte(other), 0o644)
+	if _, err := LoadDomainsDir(dir); err == nil || !strings.Contains(err.Error(), "claimed by") {
+		t.Fatalf("err %v, want a hostname claimed twice", err)
+	}
+}
+
+func FuzzDecodeDomain(f *testing.F) {
+	f.Add([]byte(goodDomain))
+	f.Add([]byte(`{"domain":"a.b","pool":"shared-x","revision":1,"hostnames":["a.b"],"routes":[{"prefix":"/","respond":{"status":200,"body":""}}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := DecodeDomain(data)
+		if err != nil {
+			return
+		}
+		// Whatever decodes must be valid and compile.
+		if err := d.Validate(); err != nil {
+			t.Fatalf("decoded but invalid: %v", err)
+		}
+		if _, err := CompilePools([]Domain{d}); err != nil {
+			t.Fatalf("decoded but does not compile: %v", err)
+		}
+	})
+}

@@ -1,0 +1,120 @@
+package runtime
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func testParams(s Slot, seq int64) RenderParams {
+	return RenderParams{Slot: s, Pool: PoolSharedDefault, Sequence: seq, Address: "127.0.0.1",
+		Modules:           []string{"/usr/share/nginx/modules/ndk_http_module.so", "/usr/share/nginx/modules/ngx_http_lua_module.so"},
+		WorkerConnections: 1024, WorkerShutdownTimeout: 30, CacheMaxBytes: 256 << 20, RequestMaxBytes: 64 << 20}
+}
+
+func TestRenderGolden(t *testing.T) {
+	s := Plan(Layout{Slots: 3, HTTPBase: 10080, HTTPSBase: 10443, StateDir: "/var/lib/cellvisor", RunDir: "/run/cellvisor"}).Slots[2]
+	p := testParams(s, 7)
+	p.ReleaseDir = "/var/lib/cellvisor/cells/cell-03/runtime/releases/000000000007"
+	got, err := RenderConf(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden := filepath.Join("testdata", "cell-03.nginx.conf.golden")
+	if *update {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test ./runtime -update)", err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("rendered nginx.conf differs from %s (go test ./runtime -update to accept):\n%s", golden, got)
+	}
+}
+
+func slotFor(t *testing.T) Slot {
+	s := Plan(Layout{Slots: 1, HTTPBase: 1, HTTPSBase: 2, StateDir: t.TempDir(), RunDir: t.TempDir()}).Slots[0]
+	if err := (Topology{Slots: []Slot{s}}).MakeDirs(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestActivateSwitchesAtomicallyKeepsPreviousAndPrunes(t *testing.T) {
+	s := slotFor(t)
+	if _, err := Current(s); err != ErrNoRelease {
+		t.Fatalf("fresh slot: %v, want ErrNoRelease", err)
+	}
+	pools := func(body string) *PoolRuntime {
+		p, _ := CompilePools([]Domain{{Domain: "a.test", Pool: PoolSharedDefault, Revision: 1, Hostnames: []string{"a.test"},
+			Routes: []Route{{Prefix: "/", Respond: &Response{Status: 200, Body: body}}}}})
+		return p[PoolSharedDefault]
+	}
+	for i, body := range []string{"one", "two", "three"} {
+		seq := int64(i + 1)
+		r, err := BuildRelease(testParams(s, seq), pools(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		meta, changed, err := Activate(s, r)
+		if err != nil || !changed || meta.Sequence != seq {
+			t.Fatalf("activate %d: %+v %v %v", seq, meta, changed, err)
+		}
+		conf, err := os.ReadFile(s.ConfPath())
+		if err != nil || !strings.Contains(string(conf), "releases/"+releaseID(seq)) {
+			t.Fatalf("current nginx.conf is not release %d: %v", seq, err)
+		}
+		pool, _ := os.ReadFile(filepath.Join(s.RuntimeDir(), "current", "pools", PoolSharedDefault+".json"))
+		if !strings.Contains(string(pool), body) {
+			t.Fatalf("pool json of release %d lacks %q", seq, body)
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(s.RuntimeDir(), releasesDir))
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, ",") != releaseID(2)+","+releaseID(3) {
+		t.Errorf("releases kept: %v, want the previous and the current", names)
+	}
+	link, err := os.Readlink(filepath.Join(s.RuntimeDir(), currentLink))
+	if err != nil || link != filepath.Join(releasesDir, releaseID(3)) {
+		t.Errorf("current -> %q %v", link, err)
+	}
+	// Same content again: nothing changes.
+	r, _ := BuildRelease(testParams(s, 4), pools("three"))
+	if _, changed, err := Activate(s, r); err != nil || changed {
+		t.Errorf("identical content: changed=%v err=%v, want no new release", changed, err)
+	}
+	// Sequences never go backwards; the active release stays.
+	r, _ = BuildRelease(testParams(s, 2), pools("back"))
+	if _, _, err := Activate(s, r); err == nil || !strings.Contains(err.Error(), "never go backwards") {
+		t.Errorf("backwards sequence: %v", err)
+	}
+	if cur, _ := Current(s); cur.Sequence != 3 {
+		t.Errorf("active sequence %d after a refused activation, want 3", cur.Sequence)
+	}
+}
+
+func TestInstallReplacesALeftoverFromACrashedInstall(t *testing.T) {
+	s := slotFor(t)
+	r, _ := BuildRelease(testParams(s, 1), nil)
+	stale := filepath.Join(s.RuntimeDir(), releasesDir, releaseID(1))
+	if err := os.MkdirAll(stale, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(stale, "nginx.conf"), []byte("half written"), 0o644)
+	if _, _, err := Activate(s, r); err != nil {
+		t.Fatal(err)
+	}
+	if conf, _ := os.ReadFile(s.ConfPath()); strings.Contains(string(conf), "half written") {
+		t.Error("the crashed install's file survived")
+	}
+}

@@ -1,0 +1,163 @@
+package supervisor_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"cellvisor/agent"
+	"cellvisor/cgroup"
+	"cellvisor/config"
+	"cellvisor/internal/testutil"
+	"cellvisor/runtime"
+	"cellvisor/supervisor"
+)
+
+const testHost = "app.cellvisor.test"
+
+// harness is a supervisor running real cells.
+type harness struct {
+	t      testing.TB
+	sup    *supervisor.Supervisor
+	cg     cgroup.Manager
+	topo   runtime.Topology
+	cancel context.CancelFunc
+	done   chan error
+}
+
+type harnessOpts struct {
+	slots   int
+	assign  runtime.Assignments
+	cg      cgroup.Manager // nil: a fresh real subtree
+	binary  string         // "": the host's OpenResty
+	policy  supervisor.Policy
+	refusal error
+}
+
+// newHarness lays out slots, activates a release for every assigned slot
+// (one domain in shared-default) and starts the supervisor. Everything is
+// stopped and removed when the test ends.
+func newHarness(t testing.TB, o harnessOpts) *harness {
+	t.Helper()
+	bin, mods := testutil.RequireOpenResty(t)
+	if o.binary != "" {
+		bin = o.binary
+	}
+	if o.cg == nil {
+		o.cg = testutil.RequireCgroups(t)
+	}
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.StateDir, cfg.RunDir = filepath.Join(dir, "state"), filepath.Join(dir, "run")
+	cfg.Slots = o.slots
+	cfg.Ports.Address = "127.0.0.1"
+	cfg.Ports.HTTPBase = testutil.PortBase(t, 2*o.slots)
+	cfg.Ports.HTTPSBase = cfg.Ports.HTTPBase + o.slots
+	cfg.OpenResty.Binary, cfg.OpenResty.Modules = bin, mods
+	topo, _, err := runtime.LoadOrCreate(runtime.Layout{Slots: o.slots, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase,
+		Address: "127.0.0.1", StateDir: cfg.StateDir, RunDir: cfg.RunDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.assign == nil {
+		o.assign = runtime.InitialAssignments(topo)
+	}
+	pools, err := runtime.CompilePools([]runtime.Domain{{
+		Domain: testHost, Pool: runtime.PoolSharedDefault, Revision: 1, Hostnames: []string{testHost},
+		Routes: []runtime.Route{{Prefix: "/", Respond: &runtime.Response{Status: 200, Body: "hello"}}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range topo.Slots {
+		if pool := o.assign[s.Name]; pool != "" {
+			r, err := runtime.BuildRelease(agent.RenderParams(cfg, s, pool, 1), pools[pool])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := runtime.Activate(s, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if o.policy == (supervisor.Policy{}) {
+		o.policy = supervisor.Policy{Initial: 10 * time.Millisecond, Max: time.Second, HealthyAfter: time.Minute}
+	}
+	sup, err := supervisor.New(supervisor.Options{
+		Binary: bin, Topology: topo, Assignments: o.assign, Cgroups: o.cg,
+		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
+		ReadyTimeout: 10 * time.Second, StopTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &harness{t: t, sup: sup, cg: o.cg, topo: topo, cancel: cancel, done: make(chan error, 1)}
+	go func() { h.done <- sup.Run(ctx) }()
+	t.Cleanup(func() { h.stop() })
+	select {
+	case <-sup.Ready():
+	case <-time.After(30 * time.Second):
+		t.Fatal("supervisor not ready in 30s")
+	}
+	return h
+}
+
+// stop stops the supervisor and waits for it; it is safe to call twice.
+func (h *harness) stop() error {
+	h.cancel()
+	select {
+	case err := <-h.done:
+		h.done <- err
+		return err
+	case <-time.After(60 * time.Second):
+		h.t.Fatal("supervisor did not stop in 60s")
+		return nil
+	}
+}
+
+func (h *harness) slot(name string) supervisor.SlotStatus {
+	for _, s := range h.sup.Status().Slots {
+		if s.Name == name {
+			return s
+		}
+	}
+	h.t.Fatalf("no slot %s", name)
+	return supervisor.SlotStatus{}
+}
+
+// get fetches path from a cell's HTTP port with the test domain's Host.
+func get(port int, path string) (int, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	req.Host = testHost
+	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// waitReady waits until the slot is ready with a pid other than not.
+func (h *harness) waitReady(name string, not int) supervisor.SlotStatus {
+	var st supervisor.SlotStatus
+	testutil.Eventually(h.t, 30*time.Second, func() error {
+		st = h.slot(name)
+		if st.State != supervisor.StateReady || st.PID == 0 || st.PID == not {
+			return fmt.Errorf("%s is %s pid %d (%s)", name, st.State, st.PID, st.Reason)
+		}
+		return nil
+	})
+	return st
+}

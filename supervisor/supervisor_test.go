@@ -1,0 +1,266 @@
+package supervisor_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"cellvisor/cgroup"
+	"cellvisor/internal/testutil"
+	"cellvisor/runtime"
+	"cellvisor/supervisor"
+)
+
+// Five of eight slots assigned across pools of every class: each assigned
+// cell answers on its own port inside its own limited cgroup; the unassigned
+// ones run nothing.
+func TestEightSlotsAssignedCellsServe(t *testing.T) {
+	assign := runtime.Assignments{
+		"cell-01": "shared-default", "cell-02": "quarantine-default",
+		"cell-03": "reserved-a", "cell-04": "reserved-a", "cell-05": "dedicated-x",
+	}
+	h := newHarness(t, harnessOpts{slots: 8, assign: assign})
+	st := h.sup.Status()
+	if len(st.Slots) != 8 {
+		t.Fatalf("%d slots, want 8", len(st.Slots))
+	}
+	for _, s := range st.Slots {
+		if _, ok := assign[s.Name]; !ok {
+			if s.State != supervisor.StateStopped || s.PID != 0 || s.Assignment != supervisor.Unassigned {
+				t.Errorf("%s: state %s pid %d assignment %s, want stopped, no process, unassigned", s.Name, s.State, s.PID, s.Assignment)
+			}
+			if c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.HTTPPort), time.Second); err == nil {
+				c.Close()
+				t.Errorf("%s: something listens on its port %d", s.Name, s.HTTPPort)
+			}
+			continue
+		}
+		if s.State != supervisor.StateReady || s.PID == 0 || s.Pool != assign[s.Name] {
+			t.Errorf("%s: state %s pid %d pool %q (%s), want ready in %s", s.Name, s.State, s.PID, s.Pool, s.Reason, assign[s.Name])
+			continue
+		}
+		code, body, err := get(s.HTTPPort, "/.cellvisor/ready")
+		if err != nil || code != 200 || !strings.Contains(body, s.Name) {
+			t.Errorf("%s readiness: %d %q %v", s.Name, code, body, err)
+		}
+		if st.CgroupMode != cgroup.ModeUnenforced {
+			if s.Usage == nil || s.Usage.PIDs < 2 || s.Limits.PIDs != 128 || s.Limits.MemoryBytes != 512<<20 {
+				t.Errorf("%s: usage %+v limits %+v: want master and worker inside 512MiB/128 pids", s.Name, s.Usage, s.Limits)
+			}
+		}
+	}
+	code, body, err := get(h.slot("cell-01").HTTPPort, "/")
+	if err != nil || code != 200 || body != "hello" {
+		t.Errorf("cell-01 serving %s: %d %q %v", testHost, code, body, err)
+	}
+	// The domain lives in shared-default only: the quarantine cell refuses it.
+	if code, _, err := get(h.slot("cell-02").HTTPPort, "/"); err != nil || code != 404 {
+		t.Errorf("cell-02 (quarantine) for %s: %d %v, want 404", testHost, code, err)
+	}
+}
+
+func TestKillMasterOnlyRestartsAndReapsOrphanedWorker(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 2})
+	before := h.slot("cell-01")
+	procs := cellProcs(t, h, "cell-01")
+	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	after := h.waitReady("cell-01", before.PID)
+	if after.Restarts != before.Restarts+1 {
+		t.Errorf("restarts %d, want %d", after.Restarts, before.Restarts+1)
+	}
+	if !strings.Contains(after.LastExit, "killed") {
+		t.Errorf("last exit %q: want it to say the master was killed", after.LastExit)
+	}
+	for _, pid := range procs {
+		if testutil.Alive(pid) {
+			t.Errorf("pid %d of the crashed cell (the orphaned worker) is still alive", pid)
+		}
+	}
+	if code, body, err := get(after.HTTPPort, "/"); err != nil || code != 200 || body != "hello" {
+		t.Errorf("after restart: %d %q %v", code, body, err)
+	}
+}
+
+func TestKillMasterAndWorkerRestarts(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 2})
+	before := h.slot("cell-01")
+	for _, pid := range cellProcs(t, h, "cell-01") {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	after := h.waitReady("cell-01", before.PID)
+	if after.Restarts != 1 {
+		t.Errorf("restarts %d, want 1", after.Restarts)
+	}
+	if other := h.slot("cell-02"); other.Restarts != 0 || other.State != supervisor.StateReady {
+		t.Errorf("cell-02 disturbed: %+v", other)
+	}
+}
+
+// cellProcs lists a cell's processes (master and worker), from its cgroup or,
+// unenforced, its process group.
+func cellProcs(t *testing.T, h *harness, name string) []int {
+	t.Helper()
+	g, err := h.cg.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if pids, err = g.Procs(); err != nil {
+			return err
+		}
+		if len(pids) < 2 {
+			return fmt.Errorf("want master and worker, have %v", pids)
+		}
+		return nil
+	})
+	return pids
+}
+
+// Stopping the supervisor leaves no cell process and no cell cgroup.
+func TestStopLeavesNoProcessOrCgroup(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 3})
+	var all []int
+	for _, name := range []string{"cell-01", "cell-02"} {
+		all = append(all, cellProcs(t, h, name)...)
+	}
+	if err := h.stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	for _, pid := range all {
+		if testutil.Alive(pid) {
+			t.Errorf("pid %d alive after stop", pid)
+		}
+	}
+	if names, err := h.cg.List(); err != nil || len(names) != 0 {
+		t.Errorf("cell cgroups after stop: %v %v", names, err)
+	}
+	for _, s := range h.sup.Status().Slots {
+		if s.State != supervisor.StateStopped || s.PID != 0 {
+			t.Errorf("%s: %s pid %d after stop", s.Name, s.State, s.PID)
+		}
+	}
+}
+
+// A memory hog inside one cell is OOM-killed there while that cell's
+// OpenResty, the other cell and this process (the agent) live on.
+func TestMemoryHogInsideCellIsContained(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 2})
+	cell1 := h.slot("cell-01")
+	g, err := h.cg.Open("cell-01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/sh", "-c", "head -c 2G /dev/zero | tail")
+	after, err := g.Prepare(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Start()
+	if after != nil {
+		after(err == nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	werr := cmd.Wait()
+	u, err := g.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if werr == nil || u.OOMKills == 0 {
+		t.Fatalf("hog exit %v, cell OOM kills %d: want the hog OOM-killed inside cell-01", werr, u.OOMKills)
+	}
+	for _, name := range []string{"cell-01", "cell-02"} {
+		s := h.slot(name)
+		if s.State != supervisor.StateReady {
+			t.Errorf("%s is %s after the hog: %s", name, s.State, s.Reason)
+		}
+		if code, _, err := get(s.HTTPPort, "/.cellvisor/ready"); err != nil || code != 200 {
+			t.Errorf("%s after the hog: %d %v", name, code, err)
+		}
+	}
+	if now := h.slot("cell-01"); now.PID != cell1.PID || now.Restarts != 0 {
+		t.Errorf("cell-01 master changed (%d → %d, restarts %d): the OOM killer took OpenResty, not the hog", cell1.PID, now.PID, now.Restarts)
+	}
+}
+
+// A cell that cannot run stays degraded and is retried with backoff, never
+// given up on; the reason is in status.
+func TestCrashLoopStaysDegradedAndRetries(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1, binary: "/bin/false",
+		policy: supervisor.Policy{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond, HealthyAfter: time.Minute}})
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s := h.slot("cell-01")
+		if s.Restarts < 5 {
+			return fmt.Errorf("%d restarts", s.Restarts)
+		}
+		if s.State != supervisor.StateDegraded || !strings.Contains(s.LastExit, "exit status 1") {
+			return fmt.Errorf("state %s last exit %q", s.State, s.LastExit)
+		}
+		return nil
+	})
+}
+
+func TestRefusalStartsNoCell(t *testing.T) {
+	refusal := errors.New("cell limits cannot be enforced (test)")
+	h := newHarness(t, harnessOpts{slots: 2, cg: unenforced(t), refusal: refusal})
+	for _, s := range h.sup.Status().Slots {
+		if s.State != supervisor.StateStopped || s.PID != 0 {
+			t.Errorf("%s: %s pid %d, want stopped with nothing running", s.Name, s.State, s.PID)
+		}
+		if s.Assignment == supervisor.Assigned && !strings.Contains(s.Reason, refusal.Error()) {
+			t.Errorf("%s reason %q: want the refusal", s.Name, s.Reason)
+		}
+		if c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.HTTPPort), time.Second); err == nil {
+			c.Close()
+			t.Errorf("%s: something listens on %d", s.Name, s.HTTPPort)
+		}
+	}
+	if st := h.sup.Status(); st.Refusal != refusal.Error() {
+		t.Errorf("status refusal %q", st.Refusal)
+	}
+}
+
+// With limits.enforce false the cells run unenforced, and a crash is still
+// cleaned up through the process group.
+func TestUnenforcedCellsRunAndRecover(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1, cg: unenforced(t)})
+	before := h.waitReady("cell-01", 0)
+	procs := cellProcs(t, h, "cell-01")
+	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	h.waitReady("cell-01", before.PID)
+	for _, pid := range procs {
+		if testutil.Alive(pid) {
+			t.Errorf("pid %d of the crashed cell still alive", pid)
+		}
+	}
+}
+
+func unenforced(t *testing.T) cgroup.Manager {
+	m, err := cgroup.New(cgroup.Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestMissingBinaryRefused(t *testing.T) {
+	topo := runtime.Plan(runtime.Layout{Slots: 1, HTTPBase: 1000, HTTPSBase: 2000, StateDir: t.TempDir(), RunDir: t.TempDir()})
+	for _, bin := range []string{"", "/nonexistent/openresty", t.TempDir()} {
+		_, err := supervisor.New(supervisor.Options{Binary: bin, Topology: topo, Cgroups: unenforced(t)})
+		if !errors.Is(err, supervisor.ErrBinary) {
+			t.Errorf("binary %q: err %v, want ErrBinary", bin, err)
+		}
+	}
+}
