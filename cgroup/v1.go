@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -99,11 +100,17 @@ func (m *v1) PlaceSelf(l Limits) error {
 	return nil
 }
 
+// Remove removes the subtree. If the caller sits in the agent leaf it first
+// moves back to the subtree's parent (v1 has no rule against that).
 func (m *v1) Remove() error {
 	var errs []error
+	pid := strconv.Itoa(os.Getpid())
 	for _, c := range v1Controllers {
 		dir := join(m.root, c, m.base[c])
-		_ = os.Remove(join(dir, AgentLeaf)) // fails while the agent is inside: fine
+		if procs, _ := readProcs(join(dir, AgentLeaf, "cgroup.procs")); slices.Contains(procs, os.Getpid()) {
+			_ = writeFile(join(path.Dir(dir), "cgroup.procs"), pid)
+		}
+		_ = os.Remove(join(dir, AgentLeaf))
 		if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, err)
 		}

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"cellvisor/agent"
+	"cellvisor/cgroup"
+	"cellvisor/config"
+	"cellvisor/internal/testutil"
+	"cellvisor/supervisor"
+)
+
+func TestMain(m *testing.M) {
+	cgroup.ExecInit()
+	os.Exit(m.Run())
+}
+
+// buildAgent builds the cellvisor binary once per test run.
+func buildAgent(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "cellvisor")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// agentConfig writes a config for slots on free loopback ports in a fresh
+// cgroup subtree, and returns its path.
+func agentConfig(t testing.TB, slots int, extra string) (string, config.Agent) {
+	t.Helper()
+	bin, mods := testutil.RequireOpenResty(t)
+	dir := t.TempDir()
+	domains := filepath.Join(dir, "domains")
+	if err := os.MkdirAll(domains, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	doc := `{"domain":"app.test","pool":"shared-default","revision":1,"hostnames":["app.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":"hi"}}]}`
+	if err := os.WriteFile(filepath.Join(domains, "app.json"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := testutil.PortBase(t, 2*slots)
+	var mb strings.Builder
+	for _, m := range mods {
+		fmt.Fprintf(&mb, "\n    - %s", m)
+	}
+	yaml := fmt.Sprintf(`state_dir: %[1]s/state
+run_dir: %[1]s/run
+domains_dir: %[1]s/domains
+slots: %[2]d
+openresty:
+  binary: %[3]s
+  modules:%[4]s
+ports:
+  address: 127.0.0.1
+  http_base: %[5]d
+  https_base: %[6]d
+cgroup:
+  subtree: cvtest-%[7]d-%[5]d
+log:
+  level: debug
+%[8]s`, dir, slots, bin, mb.String(), base, base+slots, os.Getpid(), extra)
+	path := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		t.Cleanup(func() { // runs after the agent is stopped (cleanups run last-in first-out)
+			if m, err := cgroup.New(cgroup.Options{Subtree: cfg.Cgroup.Subtree}); err == nil && m.Mode() != cgroup.ModeUnenforced {
+				testutil.RemoveSubtree(t, m)
+			}
+		})
+	}
+	return path, cfg
+}
+
+// runningAgent is a cellvisor run process started by a test.
+type runningAgent struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once reaped; cmd.ProcessState is valid then
+}
+
+// stop sends SIGTERM and waits, bounded, for the agent to exit.
+func (a *runningAgent) stop(t testing.TB) int {
+	t.Helper()
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.exited:
+		return a.cmd.ProcessState.ExitCode()
+	case <-time.After(60 * time.Second):
+		t.Fatal("agent did not exit within 60s of SIGTERM")
+		return -1
+	}
+}
+
+// startAgent runs the binary with cfgPath and waits until its admin socket
+// reports every assigned cell ready (or a refusal). It is stopped by its pid
+// if still running when the test ends.
+func startAgent(t testing.TB, bin, cfgPath string, cfg config.Agent) (*runningAgent, supervisor.Status) {
+	t.Helper()
+	cmd := exec.Command(bin, "--config", cfgPath, "run")
+	logf, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	a := &runningAgent{cmd: cmd, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(a.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-a.exited:
+		default:
+			a.stop(t)
+		}
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("agent log:\n%s", b)
+		}
+	})
+	var st supervisor.Status
+	testutil.Eventually(t, 30*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		st, err = supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+		if err != nil {
+			return err
+		}
+		for _, s := range st.Slots {
+			if s.Assignment == supervisor.Assigned && s.State != supervisor.StateReady && st.Refusal == "" {
+				return fmt.Errorf("%s is %s", s.Name, s.State)
+			}
+		}
+		return nil
+	})
+	return a, st
+}
+
+// SIGTERM stops every cell gracefully, exits 0 and leaves no cell process
+// and no cell cgroup behind.
+func TestAgentSIGTERMLeavesNothingBehind(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := buildAgent(t)
+	cfgPath, cfg := agentConfig(t, 4, "")
+	a, st := startAgent(t, bin, cfgPath, cfg)
+	if st.CgroupMode == cgroup.ModeUnenforced {
+		t.Skipf("cell limits cannot be enforced here: %s", st.Refusal)
+	}
+	var pids []int
+	for _, s := range st.Slots {
+		if s.PID != 0 {
+			pids = append(pids, s.PID)
+		}
+	}
+	if len(pids) != 2 {
+		t.Fatalf("running masters %v, want cell-01 and cell-02", pids)
+	}
+	m, err := cgroup.New(cgroup.Options{Subtree: cfg.Cgroup.Subtree})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"cell-01", "cell-02"} {
+		g, err := m.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs, _ := g.Procs()
+		pids = append(pids, procs...)
+	}
+	if code := a.stop(t); code != 0 {
+		t.Errorf("agent exit code %d after SIGTERM, want 0", code)
+	}
+	for _, pid := range pids {
+		if testutil.Alive(pid) {
+			t.Errorf("cell process %d survived the agent", pid)
+		}
+	}
+	if names, _ := m.List(); len(names) != 0 {
+		t.Errorf("cell cgroups left: %v", names)
+	}
+}
+
+// A changed slot count is refused before anything starts, and the persisted
+// topology is untouched.
+func TestChangedSlotCountRefused(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := buildAgent(t)
+	cfgPath, cfg := agentConfig(t, 2, "")
+	a, _ := startAgent(t, bin, cfgPath, cfg)
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("agent exit code %d", code)
+	}
+	data, _ := os.ReadFile(cfgPath)
+	if err := os.WriteFile(cfgPath, []byte(strings.Replace(string(data), "slots: 2", "slots: 1", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "--config", cfgPath, "run").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "slot count cannot change") {
+		t.Fatalf("agent with another slot count: %v\n%s", err, out[max(0, len(out)-600):])
+	}
+	if _, err := os.Stat(agent.AdminSocket(cfg)); err == nil {
+		t.Error("a refused agent bound its admin socket")
+	}
+}
+
+func TestDemoCheck(t *testing.T) {
+	testutil.RequireOpenResty(t)
+	bin := buildAgent(t)
+	cmd := exec.Command(bin, "demo", "--check", "--dir", t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo --check: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hello from cellvisor", "demo check: every step worked", "status -o json"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}
