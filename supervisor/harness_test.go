@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -23,6 +24,8 @@ const testHost = "app.cellvisor.test"
 // harness is a supervisor running real cells.
 type harness struct {
 	t      testing.TB
+	bin    string
+	ctx    context.Context
 	sup    *supervisor.Supervisor
 	cg     cgroup.Manager
 	topo   runtime.Topology
@@ -43,6 +46,25 @@ type harnessOpts struct {
 // (one domain in shared-default) and starts the supervisor. Everything is
 // stopped and removed when the test ends.
 func newHarness(t testing.TB, o harnessOpts) *harness {
+	t.Helper()
+	h := layoutHarness(t, o)
+	h.start()
+	return h
+}
+
+// prepareHarness lays out n slots, all assigned, without starting anything.
+// Every crash counts as a healthy cell's first (HealthyAfter 1ms), which is
+// what the crash-to-ready target is about.
+func prepareHarness(t testing.TB, n int) *harness {
+	o := harnessOpts{slots: n, assign: allAssigned(n),
+		policy: supervisor.Policy{Initial: 10 * time.Millisecond, Max: time.Second, HealthyAfter: time.Millisecond}}
+	if os.Getenv("CELLVISOR_BENCH_UNENFORCED") != "" {
+		o.cg = unenforcedTB(t)
+	}
+	return layoutHarness(t, o)
+}
+
+func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	t.Helper()
 	bin, mods := testutil.RequireOpenResty(t)
 	if o.binary != "" {
@@ -97,20 +119,27 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h := &harness{t: t, sup: sup, cg: o.cg, topo: topo, cancel: cancel, done: make(chan error, 1)}
-	go func() { h.done <- sup.Run(ctx) }()
-	t.Cleanup(func() { h.stop() })
+	return &harness{t: t, bin: bin, ctx: ctx, sup: sup, cg: o.cg, topo: topo, cancel: cancel}
+}
+
+// start runs the supervisor and waits for its first outcomes.
+func (h *harness) start() {
+	h.done = make(chan error, 1)
+	go func() { h.done <- h.sup.Run(h.ctx) }()
+	h.t.Cleanup(func() { h.stop() })
 	select {
-	case <-sup.Ready():
+	case <-h.sup.Ready():
 	case <-time.After(30 * time.Second):
-		t.Fatal("supervisor not ready in 30s")
+		h.t.Fatal("supervisor not ready in 30s")
 	}
-	return h
 }
 
 // stop stops the supervisor and waits for it; it is safe to call twice.
 func (h *harness) stop() error {
 	h.cancel()
+	if h.done == nil {
+		return nil
+	}
 	select {
 	case err := <-h.done:
 		h.done <- err

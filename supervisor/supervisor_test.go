@@ -247,7 +247,9 @@ func TestUnenforcedCellsRunAndRecover(t *testing.T) {
 	}
 }
 
-func unenforced(t *testing.T) cgroup.Manager {
+func unenforced(t *testing.T) cgroup.Manager { return unenforcedTB(t) }
+
+func unenforcedTB(t testing.TB) cgroup.Manager {
 	m, err := cgroup.New(cgroup.Options{Root: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,103 @@
+# cellvisor. Run `make` (or `make help`) to list the targets.
+#
+# The two commands a newcomer needs are `make demo` and `make test`: on a fresh
+# Debian machine, as root or as a user with sudo, each installs what it needs
+# first (see `deps`).
+
+.DEFAULT_GOAL := help
+# bash with pipefail, so that `go test ... | tee` fails when the tests do.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+GO ?= go
+# Tools go into the first GOPATH entry's bin (GOBIN is set explicitly on install).
+TOOLBIN := $(firstword $(subst :, ,$(shell $(GO) env GOPATH)))/bin
+GOFMT := $(shell $(GO) env GOROOT)/bin/gofmt
+STATICCHECK_VERSION := v0.8.2
+
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X cellvisor/agent.Version=$(VERSION)
+
+# What the tests and the demo need from Debian: nginx with its dynamic Lua
+# module (the OpenResty stand-in) and cjson for the cells' Lua. gcc and
+# libc6-dev are there because `go test -race` needs cgo.
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson gcc libc6-dev
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.PHONY: help deps tools build test test-short lint bench demo demo-check clean
+
+help: ## show this list of targets
+	@echo 'usage: make TARGET'
+	@echo
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, gcc) and Go modules
+	@if ! command -v dpkg >/dev/null 2>&1; then \
+	  echo "deps: not a Debian host (no dpkg): install nginx with the Lua module (or OpenResty) yourself;"; \
+	  echo "deps: tests that need it skip themselves and say so"; \
+	else \
+	  missing=""; \
+	  for p in $(DEB_PACKAGES); do \
+	    dpkg -s "$$p" 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
+	  done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "deps: installing$$missing"; \
+	    $(SUDO) apt-get update; \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	  else \
+	    echo "deps: Debian packages present: $(DEB_PACKAGES)"; \
+	  fi; \
+	fi
+	$(GO) mod download
+
+tools: ## install staticcheck and benchstat into $(go env GOPATH)/bin if missing
+	@if ! "$(TOOLBIN)/staticcheck" -version 2>/dev/null | grep -q '$(STATICCHECK_VERSION:v%=%)'; then \
+	  echo "tools: installing staticcheck $(STATICCHECK_VERSION)"; \
+	  GOBIN="$(TOOLBIN)" $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION); \
+	fi
+	@if [ ! -x "$(TOOLBIN)/benchstat" ]; then \
+	  echo "tools: installing benchstat"; \
+	  GOBIN="$(TOOLBIN)" $(GO) install golang.org/x/perf/cmd/benchstat@latest; \
+	fi
+
+build: ## build bin/cellvisor (version from git describe, else "dev")
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
+
+test: deps ## run every test with -race; root/cgroup/nginx tests skip, saying why, where the host lacks them
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+test-short: deps ## run the tests in -short mode (the quick ones)
+	$(GO) test -race -short -count=1 -timeout 10m ./...
+
+# The tidy check uses `go mod tidy -diff`: it changes nothing on disk (so there
+# is nothing to restore), prints what tidy would change and fails if anything would.
+lint: tools ## go vet, gofmt, staticcheck, and fail if go mod tidy would change go.mod/go.sum
+	$(GO) vet ./...
+	@unformatted="$$($(GOFMT) -l .)"; \
+	if [ -n "$$unformatted" ]; then \
+	  echo "gofmt: these files are not formatted (run gofmt -w on them):"; \
+	  echo "$$unformatted"; \
+	  exit 1; \
+	fi
+	"$(TOOLBIN)/staticcheck" ./...
+	@$(GO) mod tidy -diff || { echo "go mod tidy would change go.mod/go.sum (diff above): run go mod tidy"; exit 1; }
+
+bench: deps ## run the benchmarks into bench/latest.txt; compare with bench/base.txt when there is one
+	@mkdir -p bench
+	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ ./cmd/cellvisor/ | tee bench/latest.txt
+	@if [ -f bench/base.txt ] && [ -x "$(TOOLBIN)/benchstat" ]; then \
+	  "$(TOOLBIN)/benchstat" bench/base.txt bench/latest.txt; \
+	elif [ -f bench/base.txt ]; then \
+	  echo "bench: benchstat is not installed (make tools) to compare with bench/base.txt"; \
+	else \
+	  echo "bench: no bench/base.txt to compare with (cp bench/latest.txt bench/base.txt makes one)"; \
+	fi
+
+demo: deps build ## run the demo: 8 slots on 127.0.0.1:18080-18087, cell-01 serving demo.cellvisor.test (Ctrl-C stops)
+	./bin/cellvisor demo
+
+demo-check: deps build ## run the demo scenario non-interactively; fails unless every step worked
+	./bin/cellvisor demo --check
+
+clean: ## remove bin/ and the demo's files (.demo/)
+	rm -rf bin .demo

@@ -1,0 +1,144 @@
+package supervisor_test
+
+import (
+	"net"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"cellvisor/runtime"
+	"cellvisor/supervisor"
+)
+
+func allAssigned(n int) runtime.Assignments {
+	a := runtime.Assignments{}
+	for i := 1; i <= n; i++ {
+		a[runtime.SlotName(i)] = runtime.PoolSharedDefault
+	}
+	return a
+}
+
+// waitAccept dials until the port accepts (bounded).
+func waitAccept(b *testing.B, port int) {
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s never accepted", addr)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// BenchmarkColdStart: supervisor start to all 8 assigned cells ready.
+func BenchmarkColdStart(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		// newHarness times Run→Ready itself; the layout work is untimed.
+		h := prepareHarness(b, 8)
+		b.StartTimer()
+		h.start()
+		b.StopTimer()
+		h.stop()
+		b.StartTimer()
+	}
+}
+
+// BenchmarkColdStartFloor: the same 8 nginx started directly, no supervisor,
+// until every port accepts.
+func BenchmarkColdStartFloor(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		h := prepareHarness(b, 8)
+		b.StartTimer()
+		var cmds []*exec.Cmd
+		for _, s := range h.topo.Slots {
+			cmds = append(cmds, bareStart(b, h.bin, s))
+		}
+		for _, s := range h.topo.Slots {
+			waitAccept(b, s.HTTPPort)
+		}
+		b.StopTimer()
+		for _, c := range cmds {
+			bareStop(c)
+		}
+		b.StartTimer()
+	}
+}
+
+func bareStart(b *testing.B, bin string, s runtime.Slot) *exec.Cmd {
+	cmd := exec.Command(bin, "-p", s.Dir+"/", "-c", s.ConfPath(), "-e", s.LogsDir()+"/error.log")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	return cmd
+}
+
+func bareStop(cmd *exec.Cmd) {
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	_ = cmd.Wait()
+}
+
+// BenchmarkExecToListenFloor: one bare nginx, exec to its port accepting.
+func BenchmarkExecToListenFloor(b *testing.B) {
+	h := prepareHarness(b, 1)
+	s := h.topo.Slots[0]
+	for b.Loop() {
+		cmd := bareStart(b, h.bin, s)
+		waitAccept(b, s.HTTPPort)
+		b.StopTimer()
+		bareStop(cmd)
+		b.StartTimer()
+	}
+}
+
+// BenchmarkCrashToReady: kill -9 of a cell's master alone, and of master and
+// worker together, until the supervisor's new master is ready and the port
+// accepts.
+func BenchmarkCrashToReady(b *testing.B) {
+	for _, mode := range []string{"master", "master+worker"} {
+		b.Run(mode, func(b *testing.B) {
+			h := prepareHarness(b, 1)
+			h.start()
+			g, err := h.cg.Open("cell-01")
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				b.StopTimer()
+				st := h.slot("cell-01")
+				victims := []int{st.PID}
+				if mode == "master+worker" {
+					victims, _ = g.Procs()
+				}
+				b.StartTimer()
+				for _, pid := range victims {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+				awaitNewReady(b, h, st.PID)
+				waitAccept(b, st.HTTPPort)
+			}
+		})
+	}
+}
+
+func awaitNewReady(b *testing.B, h *harness, old int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s := h.slot("cell-01")
+		if s.State == supervisor.StateReady && s.PID != old && s.PID != 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("not ready again: %+v", s)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
