@@ -57,6 +57,19 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
 	}
+	// Bind the admin socket first: it refuses when another agent is running,
+	// before this one changes anything. Nothing is served until Run.
+	admin, err := supervisor.ListenAdmin(AdminSocket(cfg), a.Status, log.Named("admin"))
+	if err != nil {
+		return nil, err
+	}
+	a.admin = admin
+	ok := false
+	defer func() {
+		if !ok {
+			admin.Close()
+		}
+	}()
 	topo, created, err := runtime.LoadOrCreate(runtime.Layout{
 		Slots: cfg.Slots, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase,
 		Address: cfg.Ports.Address, StateDir: cfg.StateDir, RunDir: cfg.RunDir,
@@ -114,10 +127,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.admin, err = supervisor.ListenAdmin(AdminSocket(cfg), a.Status, log.Named("admin"))
-	if err != nil {
-		return nil, err
-	}
+	ok = true
 	return a, nil
 }
 

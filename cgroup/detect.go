@@ -84,3 +84,20 @@ func parseSelf(data []byte) (selfPaths, error) {
 	}
 	return out, sc.Err()
 }
+
+// stripSubtree undoes a subtree already in the path: a restarted agent sits
+// in <own>/<subtree>/agent, which parseSelf reads as <own>/<subtree>, and the
+// manager adds <subtree> itself.
+func stripSubtree(self selfPaths, subtree string) selfPaths {
+	if subtree == "" {
+		return self
+	}
+	out := selfPaths{}
+	for c, p := range self {
+		if path.Base(p) == subtree {
+			p = path.Dir(p)
+		}
+		out[c] = p
+	}
+	return out
+}

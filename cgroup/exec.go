@@ -1,57 +1,33 @@
 package cgroup
 
 import (
-	"fmt"
-	"os"
 	"os/exec"
-	"strconv"
 	"syscall"
 )
 
-// execArg0 is argv[0] of the exec helper.
+// joinShell is the v1 exec helper: a POSIX shell that writes its own pid
+// into each cgroup.procs file named before "--" and then execs the cell in
+// place (same pid), so the cell is inside its cgroups before its first
+// instruction. Paths and arguments arrive as positional parameters, never in
+// the script text. A shell is used rather than a re-exec of the agent because
+// it starts in about a millisecond: re-running the agent's binary (with its
+// package initialisers) cost ~25ms per cell start on a slow-exec VM.
+const joinShell = "/bin/sh"
+
+// joinScript exits 126 if a cgroup cannot be joined, naming it on stderr
+// (the shell prints "cellvisor-cgexec: 1: cannot create …").
+const joinScript = `while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"`
+
+// execArg0 names the helper in the cell's stderr log.
 const execArg0 = "cellvisor-cgexec"
 
-// ExecInit must run first in main, and in TestMain of any package whose tests
-// start cells on a v1 host. When this process was started as the exec helper
-// (argv: cellvisor-cgexec <cgroup.procs>... -- <binary> <args>...), it writes
-// its own pid into each cgroup.procs file and then execs the binary, so the
-// cell is inside its cgroups before its first instruction. It does not return
-// in that case.
-func ExecInit() {
-	if len(os.Args) == 0 || os.Args[0] != execArg0 {
-		return
-	}
-	args := os.Args[1:]
-	sep := -1
-	for i, a := range args {
-		if a == "--" {
-			sep = i
-			break
-		}
-	}
-	if sep < 0 || sep+1 >= len(args) {
-		fmt.Fprintln(os.Stderr, "cellvisor-cgexec: usage: cellvisor-cgexec PROCS... -- BINARY ARGS...")
-		os.Exit(126)
-	}
-	pid := []byte(strconv.Itoa(os.Getpid()))
-	for _, f := range args[:sep] {
-		if err := os.WriteFile(f, pid, 0); err != nil {
-			fmt.Fprintf(os.Stderr, "cellvisor-cgexec: join cgroup: %v\n", err)
-			os.Exit(126)
-		}
-	}
-	bin := args[sep+1]
-	err := syscall.Exec(bin, args[sep+1:], os.Environ())
-	fmt.Fprintf(os.Stderr, "cellvisor-cgexec: exec %s: %v\n", bin, err)
-	os.Exit(127)
-}
-
-// wrapExec rewrites cmd to run through the exec helper (this binary).
+// wrapExec rewrites cmd to run through the join helper.
 func wrapExec(cmd *exec.Cmd, procsFiles []string) {
-	args := append([]string{execArg0}, procsFiles...)
+	args := []string{joinShell, "-c", joinScript, execArg0}
+	args = append(args, procsFiles...)
 	args = append(args, "--", cmd.Path)
 	args = append(args, cmd.Args[1:]...)
-	cmd.Path = "/proc/self/exe"
+	cmd.Path = joinShell
 	cmd.Args = args
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}

@@ -98,9 +98,10 @@ func killPIDs(pids []int) {
 	}
 }
 
-// reapOrphans collects the exit status of killed processes that were
-// reparented to this process (it is a child subreaper). Processes that are not
-// our children are reaped by whoever their parent is.
+// reapOrphans collects killed processes that are this process's own
+// children (a master killed before its Wait, or orphans if this process is
+// PID 1 or a child subreaper in a container). Anything else is reaped by its
+// own parent, normally init (systemd), so ECHILD is expected and ignored.
 func reapOrphans(pids []int) {
 	for _, pid := range pids {
 		var ws syscall.WaitStatus

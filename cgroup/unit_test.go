@@ -69,3 +69,17 @@ func TestNewOnNonCgroupRootIsUnenforced(t *testing.T) {
 		t.Fatalf("mode %s reason %v: want unenforced with a reason", m.Mode(), m.Reason())
 	}
 }
+
+func TestStripSubtree(t *testing.T) {
+	self, err := parseSelf([]byte("4:memory:/session/cellvisor-demo/agent\n8:pids:/session\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := stripSubtree(self, "cellvisor-demo")
+	if got["memory"] != "/session" || got["pids"] != "/session" {
+		t.Errorf("got %v: want the agent's own cgroup without the subtree", got)
+	}
+	if same := stripSubtree(self, ""); same["memory"] != "/session/cellvisor-demo" {
+		t.Errorf("no subtree: got %v", same)
+	}
+}

@@ -128,7 +128,7 @@ func (g *v1Group) Path() string            { return path.Join(g.m.base["memory"]
 func (g *v1Group) dir(c string) string     { return g.m.dir(c, g.name) }
 func (g *v1Group) file(c, f string) string { return join(g.dir(c), f) }
 
-// Prepare makes cmd start as the exec helper, which moves itself into this
+// Prepare makes cmd start as the join helper, which moves itself into this
 // group's memory, cpu and pids cgroups and only then execs the cell: the cell
 // never runs outside its limits. (v1 has no clone-into-cgroup.)
 func (g *v1Group) Prepare(cmd *exec.Cmd) (func(bool), error) {

@@ -2,6 +2,7 @@ package cgroup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -43,6 +44,13 @@ func newV2(root string, self selfPaths, subtree string) (*v2, error) {
 	if err := checkWritable(m.dir("")); err != nil {
 		return nil, fmt.Errorf("cgroup v2: subtree %s not delegated to this user: %w", m.dir(""), err)
 	}
+	if subtree != "" {
+		// A fresh subtree holds no process, so its cells can get controllers
+		// now if they can at all; find out before any cell needs them.
+		if err := writeFile(join(m.dir(""), "cgroup.subtree_control"), "+memory +cpu +pids"); err != nil {
+			return nil, fmt.Errorf("cgroup v2: cannot enable memory, cpu and pids for cells under %s: %w (the agent's own cgroup must delegate them: run under systemd with Delegate=yes)", m.base, err)
+		}
+	}
 	return m, nil
 }
 
@@ -64,6 +72,11 @@ func resources(l Limits) *cgroup2.Resources {
 
 func (m *v2) Ensure(name string, l Limits) (Group, error) {
 	if _, err := cgroup2.NewManager(m.root, path.Join(m.base, name), resources(l)); err != nil {
+		if errors.Is(err, syscall.EBUSY) {
+			// "No internal processes": controllers cannot be handed to
+			// children of a cgroup that holds processes itself.
+			return nil, fmt.Errorf("create v2 cgroup %s: %w: %s holds processes of its own; let the agent move into its leaf (cgroup.place_agent: true) or set cgroup.subtree", name, err, m.base)
+		}
 		return nil, fmt.Errorf("create v2 cgroup %s: %w", name, err)
 	}
 	return m.Open(name)

@@ -231,8 +231,8 @@ func (c Agent) Validate() error {
 	if d := c.OpenResty.ReadyTimeout.D(); d < 100*time.Millisecond || d > 5*time.Minute {
 		bad("openresty.ready_timeout", "must be 100ms–5m, got %s", d)
 	}
-	if d := c.OpenResty.StopTimeout.D(); d < 0 || d > 10*time.Minute {
-		bad("openresty.stop_timeout", "must be 0–10m, got %s", d)
+	if d := c.OpenResty.StopTimeout.D(); d < 100*time.Millisecond || d > 10*time.Minute {
+		bad("openresty.stop_timeout", "must be 100ms–10m, got %s", d)
 	}
 	if d := c.OpenResty.WorkerShutdownTimeout.D(); d < time.Second || d > 10*time.Minute {
 		bad("openresty.worker_shutdown_timeout", "must be 1s–10m, got %s", d)

@@ -51,6 +51,12 @@ func ListenAdmin(path string, status func() Status, log *zap.Logger) (*AdminServ
 	return &AdminServer{srv: srv, ln: ln, path: path}, nil
 }
 
+// Close releases the socket of a server that never served.
+func (a *AdminServer) Close() {
+	a.ln.Close()
+	_ = os.Remove(a.path)
+}
+
 // Serve serves until ctx is cancelled, then shuts down and removes the socket.
 func (a *AdminServer) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)

@@ -3,6 +3,7 @@ package supervisor_test
 import (
 	"net"
 	"os/exec"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -90,13 +91,26 @@ func bareStop(cmd *exec.Cmd) {
 func BenchmarkExecToListenFloor(b *testing.B) {
 	h := prepareHarness(b, 1)
 	s := h.topo.Slots[0]
+	var took []time.Duration
 	for b.Loop() {
+		t0 := time.Now()
 		cmd := bareStart(b, h.bin, s)
 		waitAccept(b, s.HTTPPort)
+		took = append(took, time.Since(t0))
 		b.StopTimer()
 		bareStop(cmd)
 		b.StartTimer()
 	}
+	reportMedian(b, took)
+}
+
+// reportMedian adds the median of the samples as ms-median.
+func reportMedian(b *testing.B, took []time.Duration) {
+	if len(took) == 0 {
+		return
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2])/float64(time.Millisecond), "ms-median")
 }
 
 // BenchmarkCrashToReady: kill -9 of a cell's master alone, and of master and
@@ -111,6 +125,7 @@ func BenchmarkCrashToReady(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			var took []time.Duration
 			for b.Loop() {
 				b.StopTimer()
 				st := h.slot("cell-01")
@@ -119,12 +134,15 @@ func BenchmarkCrashToReady(b *testing.B) {
 					victims, _ = g.Procs()
 				}
 				b.StartTimer()
+				t0 := time.Now()
 				for _, pid := range victims {
 					_ = syscall.Kill(pid, syscall.SIGKILL)
 				}
 				awaitNewReady(b, h, st.PID)
 				waitAccept(b, st.HTTPPort)
+				took = append(took, time.Since(t0))
 			}
+			reportMedian(b, took)
 		})
 	}
 }

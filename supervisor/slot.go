@@ -233,9 +233,12 @@ func (c *slot) supervise(ctx context.Context, p *proc) (readyFor time.Duration, 
 }
 
 // probe dials the cell's HTTP listener until it accepts, the process exits,
-// or ctx ends. Polls start at 1ms: a cell listens within a few milliseconds.
+// or ctx ends. It polls every millisecond for the first 250ms (a cell listens
+// within tens of milliseconds, and a refused loopback dial costs microseconds),
+// then backs off to 20ms.
 func (c *slot) probe(ctx context.Context, exited <-chan struct{}) error {
 	addr := net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort))
+	start := time.Now()
 	delay := time.Millisecond
 	var d net.Dialer
 	for {
@@ -245,6 +248,9 @@ func (c *slot) probe(ctx context.Context, exited <-chan struct{}) error {
 		if err == nil {
 			conn.Close()
 			return nil
+		}
+		if time.Since(start) > 250*time.Millisecond {
+			delay = min(delay*2, 20*time.Millisecond)
 		}
 		t := time.NewTimer(delay)
 		select {
@@ -256,7 +262,6 @@ func (c *slot) probe(ctx context.Context, exited <-chan struct{}) error {
 			return errors.New("exited before its listener accepted")
 		case <-t.C:
 		}
-		delay = min(delay*2, 20*time.Millisecond)
 	}
 }
 

@@ -50,9 +50,18 @@ func TestEightSlotsAssignedCellsServe(t *testing.T) {
 			t.Errorf("%s readiness: %d %q %v", s.Name, code, body, err)
 		}
 		if st.CgroupMode != cgroup.ModeUnenforced {
-			if s.Usage == nil || s.Usage.PIDs < 2 || s.Limits.PIDs != 128 || s.Limits.MemoryBytes != 512<<20 {
-				t.Errorf("%s: usage %+v limits %+v: want master and worker inside 512MiB/128 pids", s.Name, s.Usage, s.Limits)
+			if s.Limits.PIDs != 128 || s.Limits.MemoryBytes != 512<<20 || s.Limits.CPUQuotaUS != 50000 {
+				t.Errorf("%s: limits %+v, want 512MiB, 0.5 CPU, 128 pids", s.Name, s.Limits)
 			}
+			// Ready means the listener accepts; the master binds before it
+			// forks its worker, so await the worker in the cell's cgroup.
+			name := s.Name
+			testutil.Eventually(t, 10*time.Second, func() error {
+				if u := h.slot(name).Usage; u == nil || u.PIDs < 2 {
+					return fmt.Errorf("%s: usage %+v: want master and worker in its cgroup", name, u)
+				}
+				return nil
+			})
 		}
 	}
 	code, body, err := get(h.slot("cell-01").HTTPPort, "/")

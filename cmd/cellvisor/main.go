@@ -10,7 +10,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"cellvisor/cgroup"
 	"cellvisor/config"
 )
 
@@ -24,7 +23,6 @@ commands:
 `
 
 func main() {
-	cgroup.ExecInit() // the v1 exec-into-cgroup helper; returns unless we are it
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:])
 	stop()

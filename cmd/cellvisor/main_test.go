@@ -18,11 +18,6 @@ import (
 	"cellvisor/supervisor"
 )
 
-func TestMain(m *testing.M) {
-	cgroup.ExecInit()
-	os.Exit(m.Run())
-}
-
 // buildAgent builds the cellvisor binary once per test run.
 func buildAgent(t testing.TB) string {
 	t.Helper()
