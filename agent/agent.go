@@ -12,6 +12,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -164,11 +165,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	select {
 	case <-a.sup.Ready():
 		n.Ready()
-		n.Status(a.summary())
 		a.log.Info("agent ready", zap.String("summary", a.summary()))
+		a.reportStatus(ctx, n)
 	case <-ctx.Done():
 	}
-	<-ctx.Done()
 	n.Stopping()
 	a.log.Info("stopping cells")
 	err := <-supDone
@@ -182,6 +182,24 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// reportStatus keeps systemd's one-line STATUS= current until ctx ends.
+func (a *Agent) reportStatus(ctx context.Context, n *systemd.Notifier) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	last := ""
+	for {
+		if s := a.summary(); s != last {
+			n.Status(s)
+			last = s
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func (a *Agent) summary() string {

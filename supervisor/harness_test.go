@@ -40,6 +40,7 @@ type harnessOpts struct {
 	binary  string         // "": the host's OpenResty
 	policy  supervisor.Policy
 	refusal error
+	ready   time.Duration // ready timeout; 0 means 10s
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -113,7 +114,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	sup, err := supervisor.New(supervisor.Options{
 		Binary: bin, Topology: topo, Assignments: o.assign, Cgroups: o.cg,
 		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
-		ReadyTimeout: 10 * time.Second, StopTimeout: 5 * time.Second,
+		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -108,12 +108,13 @@ func (c *slot) run(ctx context.Context) {
 			c.log.Error("start cell", zap.Error(err))
 		} else {
 			var stopped bool
-			readyFor, stopped = c.supervise(ctx, p)
+			var why string
+			readyFor, stopped, why = c.supervise(ctx, p)
 			if stopped {
 				c.set(StateStopped, "agent stopping")
 				return
 			}
-			c.afterExit(p)
+			c.afterExit(p, why)
 		}
 		c.firstOutcome()
 		delay := tr.next(readyFor)
@@ -192,8 +193,9 @@ func (c *slot) start() (*proc, error) {
 }
 
 // supervise waits for readiness, exit or cancellation. It returns how long the
-// cell was ready, and stopped=true once it stopped the cell because ctx ended.
-func (c *slot) supervise(ctx context.Context, p *proc) (readyFor time.Duration, stopped bool) {
+// cell was ready, stopped=true once it stopped the cell because ctx ended,
+// and why it stopped the cell itself (not ready in time), if it did.
+func (c *slot) supervise(ctx context.Context, p *proc) (readyFor time.Duration, stopped bool, why string) {
 	rctx, cancel := context.WithTimeout(ctx, c.s.o.ReadyTimeout)
 	defer cancel()
 	probe := make(chan error, 1)
@@ -209,6 +211,7 @@ func (c *slot) supervise(ctx context.Context, p *proc) (readyFor time.Duration, 
 				c.set(StateReady, "")
 				c.firstOutcome()
 			case ctx.Err() == nil && !closed(p.done):
+				why = fmt.Sprintf("not ready within %s (%v)", c.s.o.ReadyTimeout, err)
 				c.log.Warn("cell not ready in time; stopping it", zap.Error(err))
 				c.stop(p, time.Second)
 			}
@@ -220,14 +223,14 @@ func (c *slot) supervise(ctx context.Context, p *proc) (readyFor time.Duration, 
 			if !readyAt.IsZero() {
 				readyFor = time.Since(readyAt)
 			}
-			return readyFor, false
+			return readyFor, false, why
 		case <-ctx.Done():
 			cancel()
 			if probe != nil {
 				<-probe
 			}
 			c.stop(p, c.s.o.StopTimeout)
-			return 0, true
+			return 0, true, ""
 		}
 	}
 }
@@ -285,12 +288,15 @@ func (c *slot) stop(p *proc, grace time.Duration) {
 	c.mu.Unlock()
 }
 
-// afterExit records an unexpected exit and kills whatever the master left
-// behind (an orphaned worker keeps the port otherwise).
-func (c *slot) afterExit(p *proc) {
+// afterExit records an exit (unexpected, or forced with the reason why) and
+// kills whatever the master left behind (an orphaned worker keeps the port
+// otherwise).
+func (c *slot) afterExit(p *proc, forced string) {
 	c.killLeftovers()
 	why := describeExit(p.err)
-	if detail := c.lastLogError(); detail != "" && time.Since(p.started) < c.s.o.ReadyTimeout {
+	if forced != "" {
+		why = forced
+	} else if detail := c.lastLogError(); detail != "" && time.Since(p.started) < c.s.o.ReadyTimeout {
 		why += ": " + detail
 	}
 	c.mu.Lock()

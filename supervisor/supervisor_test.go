@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -214,6 +216,23 @@ func TestCrashLoopStaysDegradedAndRetries(t *testing.T) {
 		}
 		if s.State != supervisor.StateDegraded || !strings.Contains(s.LastExit, "exit status 1") {
 			return fmt.Errorf("state %s last exit %q", s.State, s.LastExit)
+		}
+		return nil
+	})
+}
+
+// A cell that runs but never listens is stopped at the ready timeout and
+// retried, and status says why.
+func TestNotReadyInTimeIsStoppedAndRetried(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "never-listens")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec sleep 1000\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, harnessOpts{slots: 1, binary: script, ready: 200 * time.Millisecond})
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s := h.slot("cell-01")
+		if s.Restarts < 2 || !strings.Contains(s.LastExit, "not ready within 200ms") {
+			return fmt.Errorf("restarts %d, last exit %q", s.Restarts, s.LastExit)
 		}
 		return nil
 	})

@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -104,9 +107,10 @@ func (a *runningAgent) stop(t testing.TB) int {
 // startAgent runs the binary with cfgPath and waits until its admin socket
 // reports every assigned cell ready (or a refusal). It is stopped by its pid
 // if still running when the test ends.
-func startAgent(t testing.TB, bin, cfgPath string, cfg config.Agent) (*runningAgent, supervisor.Status) {
+func startAgent(t testing.TB, bin, cfgPath string, cfg config.Agent, env ...string) (*runningAgent, supervisor.Status) {
 	t.Helper()
 	cmd := exec.Command(bin, "--config", cfgPath, "run")
+	cmd.Env = append(os.Environ(), env...)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +157,8 @@ func TestAgentSIGTERMLeavesNothingBehind(t *testing.T) {
 	testutil.RequireRoot(t)
 	bin := buildAgent(t)
 	cfgPath, cfg := agentConfig(t, 4, "")
-	a, st := startAgent(t, bin, cfgPath, cfg)
+	notify := listenNotify(t)
+	a, st := startAgent(t, bin, cfgPath, cfg, "NOTIFY_SOCKET="+notify.path, "WATCHDOG_USEC=100000")
 	if st.CgroupMode == cgroup.ModeUnenforced {
 		t.Skipf("cell limits cannot be enforced here: %s", st.Refusal)
 	}
@@ -178,9 +183,11 @@ func TestAgentSIGTERMLeavesNothingBehind(t *testing.T) {
 		procs, _ := g.Procs()
 		pids = append(pids, procs...)
 	}
+	notify.await(t, "READY=1", "STATUS=4 slots: 2 ready, 0 degraded, 2 stopped", "WATCHDOG=1")
 	if code := a.stop(t); code != 0 {
 		t.Errorf("agent exit code %d after SIGTERM, want 0", code)
 	}
+	notify.await(t, "STOPPING=1")
 	for _, pid := range pids {
 		if testutil.Alive(pid) {
 			t.Errorf("cell process %d survived the agent", pid)
@@ -227,4 +234,51 @@ func TestDemoCheck(t *testing.T) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// notifySocket is a fake systemd notification socket.
+type notifySocket struct {
+	path string
+	mu   sync.Mutex // guards got
+	got  []string
+}
+
+func listenNotify(t *testing.T) *notifySocket {
+	t.Helper()
+	n := &notifySocket{path: filepath.Join(t.TempDir(), "notify.sock")}
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: n.path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 4096)
+		for {
+			k, _, err := conn.ReadFromUnix(buf)
+			if err != nil {
+				return
+			}
+			n.mu.Lock()
+			n.got = append(n.got, string(buf[:k]))
+			n.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { conn.Close(); <-done })
+	return n
+}
+
+// await waits until, for every prefix, a message starting with it arrived.
+func (n *notifySocket) await(t *testing.T, msgs ...string) {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		for _, m := range msgs {
+			if !slices.ContainsFunc(n.got, func(g string) bool { return strings.HasPrefix(g, m) }) {
+				return fmt.Errorf("no %q in %d messages, last %q", m, len(n.got), n.got[max(0, len(n.got)-3):])
+			}
+		}
+		return nil
+	})
 }
