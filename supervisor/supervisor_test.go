@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -219,6 +220,49 @@ func TestCrashLoopStaysDegradedAndRetries(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A restarted agent kills what a previous agent left in its cell cgroups and
+// removes cell cgroups no slot owns, then runs its cells normally.
+func TestStaleCgroupsAndLeftoversCleanedUp(t *testing.T) {
+	cg := testutil.RequireCgroups(t)
+	var leftovers []*exec.Cmd
+	for _, name := range []string{"cell-01", "cell-09"} {
+		g, err := cg.Ensure(name, cgroup.Limits{MemoryBytes: 64 << 20, CPUQuotaUS: 50000, CPUPeriodUS: 100000, PIDs: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("/bin/sleep", "1000")
+		after, err := g.Prepare(cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = cmd.Start()
+		if after != nil {
+			after(err == nil)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+		leftovers = append(leftovers, cmd)
+	}
+	h := newHarness(t, harnessOpts{slots: 2, cg: cg})
+	for _, cmd := range leftovers {
+		if testutil.Alive(cmd.Process.Pid) {
+			t.Errorf("leftover pid %d survived the new agent's start", cmd.Process.Pid)
+		}
+	}
+	names, err := cg.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(names, "cell-09") {
+		t.Errorf("stale cgroup cell-09 kept: %v", names)
+	}
+	h.waitReady("cell-01", 0)
 }
 
 // A cell that runs but never listens is stopped at the ready timeout and

@@ -184,6 +184,24 @@ func TestAgentSIGTERMLeavesNothingBehind(t *testing.T) {
 		pids = append(pids, procs...)
 	}
 	notify.await(t, "READY=1", "STATUS=4 slots: 2 ready, 0 degraded, 2 stopped", "WATCHDOG=1")
+	if fi, err := os.Stat(agent.AdminSocket(cfg)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("admin socket: %v mode %v, want 0600", err, fi.Mode().Perm())
+	}
+	table, err := exec.Command(bin, "--config", cfgPath, "status").CombinedOutput()
+	if err != nil {
+		t.Fatalf("status: %v\n%s", err, table)
+	}
+	for _, want := range []string{"cgroups v1-hybrid", "cell-01  shared-default      ready", "cell-03  -                   stopped", "unassigned"} {
+		if st.CgroupMode == cgroup.ModeV2 {
+			want = strings.Replace(want, "v1-hybrid", "v2", 1)
+		}
+		if !strings.Contains(string(table), want) {
+			t.Errorf("status table lacks %q:\n%s", want, table)
+		}
+	}
+	if out, err := exec.Command(bin, "--config", cfgPath, "status", "-o", "yaml").CombinedOutput(); err == nil {
+		t.Errorf("status -o yaml: want a refusal, got:\n%s", out)
+	}
 	if code := a.stop(t); code != 0 {
 		t.Errorf("agent exit code %d after SIGTERM, want 0", code)
 	}
