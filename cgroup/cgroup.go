@@ -153,3 +153,17 @@ func New(o Options) (Manager, error) {
 	}
 	return newNone(fmt.Errorf("no usable cgroup hierarchy under %s", o.Root)), nil
 }
+
+// Start starts cmd inside g: Prepare, Start, then the after hook, whatever
+// Start returned.
+func Start(g Group, cmd *exec.Cmd) error {
+	after, err := g.Prepare(cmd)
+	if err != nil {
+		return err
+	}
+	err = cmd.Start()
+	if after != nil {
+		after(err == nil)
+	}
+	return err
+}

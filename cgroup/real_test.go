@@ -19,32 +19,6 @@ import (
 // cellLimits are the shipped per-cell limits.
 var cellLimits = cgroup.Limits{MemoryBytes: 512 << 20, CPUQuotaUS: 50000, CPUPeriodUS: 100000, PIDs: 128}
 
-// start runs argv inside g and reaps it when the test ends.
-func start(t *testing.T, g cgroup.Group, argv ...string) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	after, err := g.Prepare(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = cmd.Start()
-	if after != nil {
-		after(err == nil)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = g.Kill(ctx)
-		_ = cmd.Wait()
-	})
-	return cmd
-}
-
 // rawLimits reads the limit files directly, per mode.
 func rawLimits(t *testing.T, m cgroup.Manager, g cgroup.Group) map[string]string {
 	t.Helper()
@@ -133,15 +107,10 @@ func TestProcessStartsInsideCgroup(t *testing.T) {
 	cmd := exec.Command("/bin/cat", "/proc/self/cgroup")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	after, err := g.Prepare(cmd)
-	if err != nil {
+	if err := cgroup.Start(g, cmd); err != nil {
 		t.Fatal(err)
 	}
-	err = cmd.Run()
-	if after != nil {
-		after(true)
-	}
-	if err != nil {
+	if err := cmd.Wait(); err != nil {
 		t.Fatalf("%v: %s", err, out.String())
 	}
 	controllers := map[cgroup.Mode][]string{cgroup.ModeV2: {""}, cgroup.ModeV1Hybrid: {"memory", "cpu", "pids"}}[m.Mode()]
@@ -177,7 +146,7 @@ func TestKillReachesGrandchildrenAndDeleteRemoves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := start(t, g, "/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait")
+	_, exited := testutil.StartIn(t, g, "/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait")
 	var pids []int
 	testutil.Eventually(t, 10*time.Second, func() error {
 		pids, err = g.Procs()
@@ -194,7 +163,7 @@ func TestKillReachesGrandchildrenAndDeleteRemoves(t *testing.T) {
 	if err := g.Delete(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_ = cmd.Wait()
+	<-exited
 	for _, pid := range pids {
 		if testutil.Alive(pid) {
 			t.Errorf("pid %d survived the kill", pid)
@@ -213,7 +182,7 @@ func TestForkBombStopsAtPIDsLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	start(t, g, "/bin/sh", "-c", "while :; do sleep 1000 & done")
+	testutil.StartIn(t, g, "/bin/sh", "-c", "while :; do sleep 1000 & done")
 	testutil.Eventually(t, 30*time.Second, func() error {
 		u, err := g.Usage()
 		if err != nil {
@@ -253,20 +222,20 @@ func TestMemoryHogOOMKilledInCell(t *testing.T) {
 		t.Fatal(err)
 	}
 	// tail buffers a line without a newline whole: it grows until killed.
-	cmd := start(t, g, "/bin/sh", "-c", "head -c 2G /dev/zero | tail")
-	err = cmd.Wait()
+	cmd, exited := testutil.StartIn(t, g, "/bin/sh", "-c", "head -c 2G /dev/zero | tail")
+	<-exited
 	u, uerr := g.Usage()
 	if uerr != nil {
 		t.Fatal(uerr)
 	}
-	if err == nil {
+	if cmd.ProcessState.Success() {
 		t.Fatal("the hog finished: it should have been OOM-killed")
 	}
 	if u.OOMKills == 0 {
-		t.Fatalf("no OOM kill recorded in the cell (usage %+v); hog exit: %v", u, err)
+		t.Fatalf("no OOM kill recorded in the cell (usage %+v); hog exit: %v", u, cmd.ProcessState)
 	}
 	if u.MemoryLimit != uint64(cellLimits.MemoryBytes) {
 		t.Errorf("memory limit %d, want %d", u.MemoryLimit, cellLimits.MemoryBytes)
 	}
-	t.Logf("hog: %v; cell recorded %d OOM kill(s)", err, u.OOMKills)
+	t.Logf("hog: %v; cell recorded %d OOM kill(s)", cmd.ProcessState, u.OOMKills)
 }

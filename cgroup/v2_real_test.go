@@ -67,13 +67,7 @@ func TestV2CloneIntoCgroupAndKill(t *testing.T) {
 	cmd := exec.Command("/bin/sh", "-c", "cat /proc/self/cgroup; sleep 1000 & sleep 1000 & wait")
 	var out bytes.Buffer
 	cmd.Stdout = &out
-	after, err := g.Prepare(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = cmd.Start()
-	after(err == nil)
-	if err != nil {
+	if err := Start(g, cmd); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})

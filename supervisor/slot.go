@@ -169,15 +169,7 @@ func (c *slot) start() (*proc, error) {
 	cmd.Dir = c.spec.Dir
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	after, err := g.Prepare(cmd)
-	if err != nil {
-		return nil, err
-	}
-	err = cmd.Start()
-	if after != nil {
-		after(err == nil)
-	}
-	if err != nil {
+	if err := cgroup.Start(g, cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", c.s.o.Binary, err)
 	}
 	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: time.Now()}

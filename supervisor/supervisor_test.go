@@ -171,25 +171,14 @@ func TestMemoryHogInsideCellIsContained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("/bin/sh", "-c", "head -c 2G /dev/zero | tail")
-	after, err := g.Prepare(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = cmd.Start()
-	if after != nil {
-		after(err == nil)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	werr := cmd.Wait()
+	cmd, exited := testutil.StartIn(t, g, "/bin/sh", "-c", "head -c 2G /dev/zero | tail")
+	<-exited
 	u, err := g.Usage()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if werr == nil || u.OOMKills == 0 {
-		t.Fatalf("hog exit %v, cell OOM kills %d: want the hog OOM-killed inside cell-01", werr, u.OOMKills)
+	if cmd.ProcessState.Success() || u.OOMKills == 0 {
+		t.Fatalf("hog exit %v, cell OOM kills %d: want the hog OOM-killed inside cell-01", cmd.ProcessState, u.OOMKills)
 	}
 	for _, name := range []string{"cell-01", "cell-02"} {
 		s := h.slot(name)
@@ -232,21 +221,7 @@ func TestStaleCgroupsAndLeftoversCleanedUp(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command("/bin/sleep", "1000")
-		after, err := g.Prepare(cmd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = cmd.Start()
-		if after != nil {
-			after(err == nil)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		exited := make(chan struct{})
-		go func() { cmd.Wait(); close(exited) }()
-		t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+		cmd, _ := testutil.StartIn(t, g, "/bin/sleep", "1000")
 		leftovers = append(leftovers, cmd)
 	}
 	h := newHarness(t, harnessOpts{slots: 2, cg: cg})

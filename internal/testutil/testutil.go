@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"net"
 	"os"
+	"os/exec"
 	"strconv"
 	"testing"
 	"time"
@@ -150,4 +151,24 @@ func Alive(pid int) bool {
 		}
 	}
 	return false
+}
+
+// StartIn starts argv inside g. When the test ends the process (and anything
+// else in g) is killed and reaped. The returned channel closes once it exited.
+func StartIn(t testing.TB, g cgroup.Group, argv ...string) (*exec.Cmd, <-chan struct{}) {
+	t.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if err := cgroup.Start(g, cmd); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = g.Kill(ctx)
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return cmd, exited
 }
