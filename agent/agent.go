@@ -60,7 +60,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	}
 	// Bind the admin socket first: it refuses when another agent is running,
 	// before this one changes anything. Nothing is served until Run.
-	admin, err := supervisor.ListenAdmin(AdminSocket(cfg), a.Status, log.Named("admin"))
+	admin, err := supervisor.ListenAdmin(AdminSocket(cfg), a, log.Named("admin"))
 	if err != nil {
 		return nil, err
 	}
@@ -112,18 +112,22 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		}
 	}
 	a.sup, err = supervisor.New(supervisor.Options{
-		Binary:       cfg.OpenResty.Binary,
-		Topology:     topo,
-		Assignments:  assign,
-		Cgroups:      a.cg,
-		Limits:       CellLimits(cfg),
-		Refusal:      refusal,
-		Policy:       supervisor.Policy{Initial: cfg.Restart.InitialDelay.D(), Max: cfg.Restart.MaxDelay.D(), HealthyAfter: cfg.Restart.HealthyAfter.D()},
-		ReadyTimeout: cfg.OpenResty.ReadyTimeout.D(),
-		StopTimeout:  cfg.OpenResty.StopTimeout.D(),
-		ProbeHost:    probeHost(cfg.Ports.Address),
-		Logger:       log,
-		Version:      Version,
+		Binary:        cfg.OpenResty.Binary,
+		Topology:      topo,
+		Assignments:   assign,
+		Cgroups:       a.cg,
+		Limits:        CellLimits(cfg),
+		Refusal:       refusal,
+		Policy:        supervisor.Policy{Initial: cfg.Restart.InitialDelay.D(), Max: cfg.Restart.MaxDelay.D(), HealthyAfter: cfg.Restart.HealthyAfter.D()},
+		ReadyTimeout:  cfg.OpenResty.ReadyTimeout.D(),
+		StopTimeout:   cfg.OpenResty.StopTimeout.D(),
+		ProbeHost:     probeHost(cfg.Ports.Address),
+		RestartLimit:  cfg.Restart.RateLimit,
+		RestartWindow: cfg.Restart.RateWindow.D(),
+		DrainTimeout:  cfg.Restart.DrainTimeout.D(),
+		LogBudget:     int64(cfg.Limits.Logs),
+		Logger:        log,
+		Version:       Version,
 	})
 	if err != nil {
 		return nil, err
@@ -148,6 +152,28 @@ func (a *Agent) Status() supervisor.Status {
 	st := a.sup.Status()
 	st.AgentLimits = a.limitsN
 	return st
+}
+
+// LiveStatus reports the agent with each running cell's own report.
+func (a *Agent) LiveStatus(ctx context.Context) supervisor.Status {
+	st := a.sup.LiveStatus(ctx)
+	st.AgentLimits = a.limitsN
+	return st
+}
+
+// Drain, Undrain and Restart control one cell (see supervisor).
+func (a *Agent) Drain(ctx context.Context, cell string) (supervisor.SlotStatus, error) {
+	return a.sup.Drain(ctx, cell)
+}
+
+// Undrain reverses Drain.
+func (a *Agent) Undrain(ctx context.Context, cell string) (supervisor.SlotStatus, error) {
+	return a.sup.Undrain(ctx, cell)
+}
+
+// Restart restarts one cell gracefully.
+func (a *Agent) Restart(ctx context.Context, cell string) (supervisor.SlotStatus, error) {
+	return a.sup.Restart(ctx, cell)
 }
 
 // Ready is closed once every cell had its first outcome.

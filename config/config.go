@@ -121,6 +121,12 @@ type Restart struct {
 	MaxDelay Duration `yaml:"max_delay"`
 	// HealthyAfter resets the backoff once a cell has been ready this long.
 	HealthyAfter Duration `yaml:"healthy_after"`
+	// RateLimit is how many operator restarts a cell accepts in RateWindow.
+	RateLimit  int      `yaml:"rate_limit"`
+	RateWindow Duration `yaml:"rate_window"`
+	// DrainTimeout bounds the wait for requests in flight before an operator
+	// restart stops the cell (SIGKILL past it).
+	DrainTimeout Duration `yaml:"drain_timeout"`
 }
 
 // Log configures the agent's logger.
@@ -161,6 +167,9 @@ func Default() Agent {
 			InitialDelay: Duration(100 * time.Millisecond),
 			MaxDelay:     Duration(2 * time.Minute),
 			HealthyAfter: Duration(30 * time.Second),
+			RateLimit:    3,
+			RateWindow:   Duration(10 * time.Minute),
+			DrainTimeout: Duration(30 * time.Second),
 		},
 		Log: Log{Format: "json", Level: "info"},
 	}
@@ -273,6 +282,15 @@ func (c Agent) Validate() error {
 	}
 	if d := r.HealthyAfter.D(); d < time.Second || d > time.Hour {
 		bad("restart.healthy_after", "must be 1s–1h, got %s", d)
+	}
+	if n := r.RateLimit; n < 1 || n > 1000 {
+		bad("restart.rate_limit", "must be 1–1000, got %d", n)
+	}
+	if d := r.RateWindow.D(); d < time.Second || d > 24*time.Hour {
+		bad("restart.rate_window", "must be 1s–24h, got %s", d)
+	}
+	if d := r.DrainTimeout.D(); d < 100*time.Millisecond || d > 10*time.Minute {
+		bad("restart.drain_timeout", "must be 100ms–10m, got %s", d)
 	}
 	switch c.Log.Format {
 	case "json", "console":

@@ -53,6 +53,15 @@ func (s Slot) LogsDir() string       { return filepath.Join(s.Dir, "logs") }
 func (s Slot) PidFile() string       { return filepath.Join(s.RunDir, "nginx.pid") }
 func (s Slot) PrivateSocket() string { return filepath.Join(s.RunDir, "private.sock") }
 
+// SecretFile holds the cell's private-endpoint secret (mode 0600).
+func (s Slot) SecretFile() string { return filepath.Join(s.Dir, "secret") }
+
+// DrainedMarker exists while the slot is drained; it survives agent restarts.
+func (s Slot) DrainedMarker() string { return filepath.Join(s.Dir, "drained") }
+
+// DrainConf is the nginx include with the slot's keepalive setting.
+func (s Slot) DrainConf() string { return filepath.Join(s.Dir, "drain.conf") }
+
 // ConfPath is the nginx.conf of the active release, through the current link.
 func (s Slot) ConfPath() string { return filepath.Join(s.RuntimeDir(), "current", "nginx.conf") }
 
@@ -196,12 +205,24 @@ func (t Topology) probePorts(addr string) error {
 	return nil
 }
 
-// MakeDirs creates every slot's directories.
+// MakeDirs creates every slot's directories, its secret (once) and its
+// drain include. The run directory is 0700: it holds the private socket.
 func (t Topology) MakeDirs() error {
 	for _, s := range t.Slots {
-		for _, d := range []string{s.RuntimeDir(), filepath.Join(s.RuntimeDir(), "releases"), s.CacheDir(), s.RequestTmpDir(), s.LogsDir(), s.RunDir} {
+		for _, d := range []string{s.RuntimeDir(), filepath.Join(s.RuntimeDir(), "releases"), s.CacheDir(), s.RequestTmpDir(), s.LogsDir()} {
 			if err := os.MkdirAll(d, 0o750); err != nil {
 				return fmt.Errorf("create %s: %w", d, err)
+			}
+		}
+		if err := os.MkdirAll(s.RunDir, 0o700); err != nil {
+			return fmt.Errorf("create %s: %w", s.RunDir, err)
+		}
+		if err := ensureSecret(s.SecretFile()); err != nil {
+			return fmt.Errorf("secret of %s: %w", s.Name, err)
+		}
+		if _, err := os.Stat(s.DrainConf()); os.IsNotExist(err) {
+			if err := WriteDrainConf(s, s.Drained()); err != nil {
+				return err
 			}
 		}
 	}

@@ -3,7 +3,9 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -12,15 +14,69 @@ import (
 	"go.uber.org/zap"
 )
 
-// AdminServer serves the agent's status on a local unix socket (mode 0600).
+// Controller is what the admin socket serves.
+type Controller interface {
+	LiveStatus(ctx context.Context) Status
+	Drain(ctx context.Context, cell string) (SlotStatus, error)
+	Undrain(ctx context.Context, cell string) (SlotStatus, error)
+	Restart(ctx context.Context, cell string) (SlotStatus, error)
+}
+
+// AdminServer serves the agent's status and cell controls on a local unix
+// socket (mode 0600: whoever may open it is the agent's operator).
 type AdminServer struct {
 	srv  *http.Server
 	ln   net.Listener
 	path string
 }
 
-// ListenAdmin binds the admin socket, replacing a stale one.
-func ListenAdmin(path string, status func() Status, log *zap.Logger) (*AdminServer, error) {
+// apiError is an error with the HTTP status to answer it with.
+type apiError struct {
+	Status int
+	Err    error
+}
+
+func (e *apiError) Error() string { return e.Err.Error() }
+func (e *apiError) Unwrap() error { return e.Err }
+
+// handlerFunc is an admin handler; one place turns its error into an answer.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+func serve(log *zap.Logger, h handlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		err := h(w, r)
+		if err == nil {
+			return
+		}
+		status := http.StatusInternalServerError
+		switch {
+		case errors.Is(err, ErrNoSlot):
+			status = http.StatusNotFound
+		case errors.Is(err, ErrNotRunning):
+			status = http.StatusConflict
+		case errors.Is(err, ErrRateLimited):
+			status = http.StatusTooManyRequests
+		}
+		var ae *apiError
+		if errors.As(err, &ae) {
+			status = ae.Status
+		}
+		if status == http.StatusInternalServerError {
+			log.Error("admin request failed", zap.String("path", r.URL.Path), zap.Error(err))
+		}
+		writeJSON(w, status, map[string]string{"error": err.Error()})
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// ListenAdmin binds the admin socket, refusing when another agent answers on
+// it and replacing a stale one. Nothing is served until Serve.
+func ListenAdmin(path string, ctl Controller, log *zap.Logger) (*AdminServer, error) {
 	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("admin socket %s: another agent is running", path)
@@ -35,18 +91,30 @@ func ListenAdmin(path string, status func() Status, log *zap.Logger) (*AdminServ
 		return nil, fmt.Errorf("admin socket: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		if err := json.NewEncoder(w).Encode(status()); err != nil {
-			log.Warn("write status", zap.Error(err))
-		}
-	})
+	mux.HandleFunc("GET /v1/status", serve(log, func(w http.ResponseWriter, r *http.Request) error {
+		writeJSON(w, http.StatusOK, ctl.LiveStatus(r.Context()))
+		return nil
+	}))
+	for verb, do := range map[string]func(context.Context, string) (SlotStatus, error){
+		"drain": ctl.Drain, "undrain": ctl.Undrain, "restart": ctl.Restart,
+	} {
+		mux.HandleFunc("POST /v1/cells/{cell}/"+verb, serve(log, func(w http.ResponseWriter, r *http.Request) error {
+			st, err := do(r.Context(), r.PathValue("cell"))
+			if err != nil {
+				return err
+			}
+			writeJSON(w, http.StatusOK, st)
+			return nil
+		}))
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		ErrorLog:          zap.NewStdLog(log),
+		// A restart waits for requests in flight (up to the drain timeout)
+		// and a new cell's readiness.
+		WriteTimeout: 15 * time.Minute,
+		ErrorLog:     zap.NewStdLog(log),
 	}
 	return &AdminServer{srv: srv, ln: ln, path: path}, nil
 }
@@ -74,30 +142,62 @@ func (a *AdminServer) Serve(ctx context.Context) error {
 	return err
 }
 
-// FetchStatus asks a running agent for its status over its admin socket.
-func FetchStatus(ctx context.Context, socket string) (Status, error) {
-	client := &http.Client{Transport: &http.Transport{
+// AdminClient talks to a running agent over its admin socket.
+type AdminClient struct {
+	socket string
+	hc     *http.Client
+}
+
+// NewAdminClient returns a client for the agent's admin socket.
+func NewAdminClient(socket string) *AdminClient {
+	return &AdminClient{socket: socket, hc: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socket)
 		},
-	}}
-	defer client.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/v1/status", nil)
+	}}}
+}
+
+func (c *AdminClient) do(ctx context.Context, method, path string, out any) error {
+	defer c.hc.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, nil)
 	if err != nil {
-		return Status{}, err
+		return err
 	}
-	resp, err := client.Do(req)
+	resp, err := c.hc.Do(req)
 	if err != nil {
-		return Status{}, fmt.Errorf("agent admin socket %s: %w (is the agent running?)", socket, err)
+		return fmt.Errorf("agent admin socket %s: %w (is the agent running?)", c.socket, err)
 	}
 	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return err
+	}
 	if resp.StatusCode != http.StatusOK {
-		return Status{}, fmt.Errorf("agent status: %s", resp.Status)
+		var e struct{ Error string }
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			return &apiError{Status: resp.StatusCode, Err: errors.New(e.Error)}
+		}
+		return &apiError{Status: resp.StatusCode, Err: errors.New(resp.Status)}
 	}
+	return json.Unmarshal(body, out)
+}
+
+// Status asks the agent for its status.
+func (c *AdminClient) Status(ctx context.Context) (Status, error) {
 	var st Status
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		return Status{}, fmt.Errorf("decode agent status: %w", err)
-	}
-	return st, nil
+	err := c.do(ctx, http.MethodGet, "/v1/status", &st)
+	return st, err
+}
+
+// Control drains, undrains or restarts a cell (verb is one of those).
+func (c *AdminClient) Control(ctx context.Context, verb, cell string) (SlotStatus, error) {
+	var st SlotStatus
+	err := c.do(ctx, http.MethodPost, "/v1/cells/"+cell+"/"+verb, &st)
+	return st, err
+}
+
+// FetchStatus asks a running agent for its status over its admin socket.
+func FetchStatus(ctx context.Context, socket string) (Status, error) {
+	return NewAdminClient(socket).Status(ctx)
 }

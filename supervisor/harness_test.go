@@ -31,6 +31,7 @@ type harness struct {
 	topo   runtime.Topology
 	cancel context.CancelFunc
 	done   chan error
+	opts   supervisor.Options
 }
 
 type harnessOpts struct {
@@ -40,7 +41,10 @@ type harnessOpts struct {
 	binary  string         // "": the host's OpenResty
 	policy  supervisor.Policy
 	refusal error
-	ready   time.Duration // ready timeout; 0 means 10s
+	ready   time.Duration    // ready timeout; 0 means 10s
+	domains []runtime.Domain // nil: one static domain in shared-default
+	drain   time.Duration    // drain timeout of operator restarts; 0 means 30s
+	monitor time.Duration    // monitor interval; 0 means 10s
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -90,10 +94,13 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	if o.assign == nil {
 		o.assign = runtime.InitialAssignments(topo)
 	}
-	pools, err := runtime.CompilePools([]runtime.Domain{{
-		Domain: testHost, Pool: runtime.PoolSharedDefault, Revision: 1, Hostnames: []string{testHost},
-		Routes: []runtime.Route{{Prefix: "/", Respond: &runtime.Response{Status: 200, Body: "hello"}}},
-	}})
+	if o.domains == nil {
+		o.domains = []runtime.Domain{{
+			Domain: testHost, Pool: runtime.PoolSharedDefault, Revision: 1, Hostnames: []string{testHost},
+			Routes: []runtime.Route{{Prefix: "/", Respond: &runtime.Response{Status: 200, Body: "hello"}}},
+		}}
+	}
+	pools, err := runtime.CompilePools(o.domains)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,16 +118,43 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	if o.policy == (supervisor.Policy{}) {
 		o.policy = supervisor.Policy{Initial: 10 * time.Millisecond, Max: time.Second, HealthyAfter: time.Minute}
 	}
-	sup, err := supervisor.New(supervisor.Options{
+	opts := supervisor.Options{
 		Binary: bin, Topology: topo, Assignments: o.assign, Cgroups: o.cg,
 		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
 		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
-	})
+		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
+	}
+	sup, err := supervisor.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &harness{t: t, bin: bin, ctx: ctx, sup: sup, cg: o.cg, topo: topo, cancel: cancel}
+	return &harness{t: t, bin: bin, ctx: ctx, sup: sup, cg: o.cg, topo: topo, cancel: cancel, opts: opts}
+}
+
+// restart stops the supervisor and starts a new one on the same state, as
+// an agent restart does.
+func (h *harness) restart() {
+	h.t.Helper()
+	if err := h.stop(); err != nil {
+		h.t.Fatal(err)
+	}
+	sup, err := supervisor.New(h.opts)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.sup = sup
+	h.ctx, h.cancel = context.WithCancel(context.Background())
+	h.start()
+}
+
+// slotSpec returns the topology's slot.
+func (h *harness) slotSpec(name string) runtime.Slot {
+	s, ok := h.topo.Slot(name)
+	if !ok {
+		h.t.Fatalf("no slot %s", name)
+	}
+	return s
 }
 
 // start runs the supervisor and waits for its first outcomes.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/cellapi"
 	"cellvisor/cgroup"
 	"cellvisor/runtime"
 )
@@ -29,8 +31,15 @@ type slot struct {
 	log     *zap.Logger
 	outcome sync.Once
 
+	// restartCh carries operator restarts to the slot's routine, which owns
+	// the process.
+	restartCh chan *restartReq
+	// ctl serialises drain, undrain and restart of this slot.
+	ctl sync.Mutex
+
 	mu         sync.Mutex // guards the following fields
 	group      cgroup.Group
+	api        *cellapi.Client
 	state      State
 	reason     string
 	pid        int
@@ -38,12 +47,23 @@ type slot struct {
 	lastExit   string
 	readySince time.Time
 	seq        int64
+	drained    bool
+	opRestarts []time.Time // accepted operator restarts, for the rate limit
+	secSeen    int64       // refused private calls already reported
+}
+
+// restartReq is an operator restart; done receives nil once the new cell is
+// ready, or why the restart failed.
+type restartReq struct {
+	done chan error
 }
 
 func newSlot(s *Supervisor, spec runtime.Slot, pool string) *slot {
 	return &slot{
 		s: s, spec: spec, pool: pool, state: StateStopped,
-		log: s.log.With(zap.String("cell", spec.Name)),
+		log:       s.log.With(zap.String("cell", spec.Name)),
+		restartCh: make(chan *restartReq),
+		drained:   spec.Drained(),
 	}
 }
 
@@ -59,13 +79,20 @@ type proc struct {
 // firstOutcome counts this slot towards the supervisor's Ready once.
 func (c *slot) firstOutcome() { c.outcome.Do(c.s.pending.Done) }
 
+// set records a state; a ready cell of a drained slot is drained.
 func (c *slot) set(st State, reason string) {
 	c.mu.Lock()
 	prev := c.state
+	if st == StateReady && c.drained {
+		st = StateDrained
+	}
 	c.state, c.reason = st, reason
-	if st == StateReady {
-		c.readySince = time.Now()
-	} else {
+	switch {
+	case st == StateReady || st == StateDrained:
+		if c.readySince.IsZero() {
+			c.readySince = time.Now()
+		}
+	default:
 		c.readySince = time.Time{}
 	}
 	c.mu.Unlock()
@@ -98,6 +125,12 @@ func (c *slot) run(ctx context.Context) {
 	c.seq = meta.Sequence
 	c.mu.Unlock()
 	tr := tracker{p: c.s.o.Policy, jitter: c.s.o.Jitter}
+	var pending *restartReq // an operator restart waiting for the new cell
+	defer func() {
+		if pending != nil {
+			pending.done <- errors.New("agent stopping")
+		}
+	}()
 	for {
 		var readyFor time.Duration
 		p, err := c.start()
@@ -106,15 +139,29 @@ func (c *slot) run(ctx context.Context) {
 			c.lastExit = "start failed: " + err.Error()
 			c.mu.Unlock()
 			c.log.Error("start cell", zap.Error(err))
+			if pending != nil {
+				pending.done <- err
+				pending = nil
+			}
 		} else {
-			var stopped bool
-			var why string
-			readyFor, stopped, why = c.supervise(ctx, p)
-			if stopped {
+			out := c.supervise(ctx, p, &pending)
+			if out.stopped {
 				c.set(StateStopped, "agent stopping")
 				return
 			}
-			c.afterExit(p, why)
+			if out.restart != nil {
+				// An operator restart: start again at once, no backoff.
+				c.killLeftovers()
+				pending = out.restart
+				c.set(StateDegraded, "restarting")
+				continue
+			}
+			readyFor = out.readyFor
+			c.afterExit(p, out.why)
+			if pending != nil {
+				pending.done <- fmt.Errorf("cell exited before it was ready: %s", c.status().LastExit)
+				pending = nil
+			}
 		}
 		c.firstOutcome()
 		delay := tr.next(readyFor)
@@ -157,6 +204,11 @@ func (c *slot) start() (*proc, error) {
 			return nil, err
 		}
 	}
+	// A killed master leaves its private socket behind, and nginx would fail
+	// to bind it; nothing of the cell runs now, so it is stale.
+	if err := os.Remove(c.spec.PrivateSocket()); err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("remove stale private socket: %w", err)
+	}
 	stderr, err := os.OpenFile(filepath.Join(c.spec.LogsDir(), "stderr.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
 	if err != nil {
 		return nil, err
@@ -184,15 +236,33 @@ func (c *slot) start() (*proc, error) {
 	return p, nil
 }
 
-// supervise waits for readiness, exit or cancellation. It returns how long the
-// cell was ready, stopped=true once it stopped the cell because ctx ended,
-// and why it stopped the cell itself (not ready in time), if it did.
-func (c *slot) supervise(ctx context.Context, p *proc) (readyFor time.Duration, stopped bool, why string) {
+// outcome is how one run of a cell ended.
+type outcome struct {
+	readyFor time.Duration // how long it was ready
+	stopped  bool          // stopped because ctx ended
+	why      string        // why the agent stopped it itself, if it did
+	restart  *restartReq   // stopped for an operator restart
+}
+
+// supervise waits for readiness, exit, an operator restart or cancellation.
+// Once the cell is ready it answers a pending restart request.
+func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) outcome {
 	rctx, cancel := context.WithTimeout(ctx, c.s.o.ReadyTimeout)
 	defer cancel()
 	probe := make(chan error, 1)
 	go func() { probe <- c.probe(rctx, p.done) }()
+	var out outcome
 	var readyAt time.Time
+	finish := func() outcome {
+		cancel()
+		if probe != nil {
+			<-probe
+		}
+		if !readyAt.IsZero() {
+			out.readyFor = time.Since(readyAt)
+		}
+		return out
+	}
 	for {
 		select {
 		case err := <-probe:
@@ -200,50 +270,66 @@ func (c *slot) supervise(ctx context.Context, p *proc) (readyFor time.Duration, 
 			switch {
 			case err == nil:
 				readyAt = time.Now()
-				c.set(StateReady, "")
-				c.firstOutcome()
+				c.onReady()
+				if *pending != nil {
+					(*pending).done <- nil
+					*pending = nil
+				}
 			case ctx.Err() == nil && !closed(p.done):
-				why = fmt.Sprintf("not ready within %s (%v)", c.s.o.ReadyTimeout, err)
+				out.why = fmt.Sprintf("not ready within %s (%v)", c.s.o.ReadyTimeout, err)
 				c.log.Warn("cell not ready in time; stopping it", zap.Error(err))
 				c.stop(p, time.Second)
 			}
+		case req := <-c.restartCh:
+			c.gracefulStop(ctx, p)
+			out.restart = req
+			return finish()
 		case <-p.done:
-			cancel()
-			if probe != nil {
-				<-probe
-			}
-			if !readyAt.IsZero() {
-				readyFor = time.Since(readyAt)
-			}
-			return readyFor, false, why
+			return finish()
 		case <-ctx.Done():
-			cancel()
-			if probe != nil {
-				<-probe
-			}
 			c.stop(p, c.s.o.StopTimeout)
-			return 0, true, ""
+			out.stopped = true
+			return finish()
 		}
 	}
 }
 
-// probe dials the cell's HTTP listener until it accepts, the process exits,
-// or ctx ends. It polls every millisecond for the first 250ms (a cell listens
-// within tens of milliseconds, and a refused loopback dial costs microseconds),
-// then backs off to 20ms.
+// onReady marks the cell ready (or drained) and locks down its private socket.
+func (c *slot) onReady() {
+	if err := os.Chmod(c.spec.PrivateSocket(), 0o600); err != nil {
+		c.log.Warn("private socket", zap.Error(err))
+	}
+	c.set(StateReady, "")
+	c.firstOutcome()
+}
+
+// probe asks the cell's public listener for /.cellvisor/ready until a worker
+// answers (200, or 503 while drained), the process exits, or ctx ends. A bare
+// connect is not enough: nginx listens before its initialisation is done and
+// can still fail (a bind of its private socket, say) and exit. It polls every
+// millisecond for the first 250ms (a cell is up within tens of milliseconds,
+// and a refused loopback dial costs microseconds), then backs off to 20ms.
 func (c *slot) probe(ctx context.Context, exited <-chan struct{}) error {
-	addr := net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort))
+	url := "http://" + net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort)) + "/.cellvisor/ready"
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
+	defer hc.CloseIdleConnections()
 	start := time.Now()
 	delay := time.Millisecond
-	var d net.Dialer
+	var last error
 	for {
-		dctx, cancel := context.WithTimeout(ctx, time.Second)
-		conn, err := d.DialContext(dctx, "tcp", addr)
-		cancel()
-		if err == nil {
-			conn.Close()
-			return nil
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
 		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusServiceUnavailable {
+				return nil
+			}
+			err = fmt.Errorf("readiness answered %s", resp.Status)
+		}
+		last = err
 		if time.Since(start) > 250*time.Millisecond {
 			delay = min(delay*2, 20*time.Millisecond)
 		}
@@ -251,10 +337,10 @@ func (c *slot) probe(ctx context.Context, exited <-chan struct{}) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("listener %s: %w", addr, ctx.Err())
+			return fmt.Errorf("%s: %w (last: %v)", url, ctx.Err(), last)
 		case <-exited:
 			t.Stop()
-			return errors.New("exited before its listener accepted")
+			return errors.New("exited before it was ready")
 		case <-t.C:
 		}
 	}
@@ -310,6 +396,15 @@ func (c *slot) killLeftovers() {
 	if err := g.Kill(ctx); err != nil {
 		c.log.Error("kill cell leftovers", zap.Error(err))
 	}
+}
+
+// reopenLogs asks the running cell to reopen its log files (SIGUSR1).
+func (c *slot) reopenLogs() error {
+	pid, _ := c.running()
+	if pid == 0 {
+		return nil
+	}
+	return syscall.Kill(pid, syscall.SIGUSR1)
 }
 
 // removeGroup deletes the slot's cgroup after its cell stopped.
@@ -412,6 +507,7 @@ func (c *slot) status() SlotStatus {
 		Restarts:   c.restarts,
 		LastExit:   c.lastExit,
 		Sequence:   c.seq,
+		Drained:    c.drained,
 	}
 	if !c.readySince.IsZero() {
 		t := c.readySince

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"time"
 
+	"cellvisor/cellapi"
 	"cellvisor/cgroup"
 )
 
@@ -40,6 +41,11 @@ type SlotStatus struct {
 	LastExit   string        `json:"last_exit,omitempty"`
 	ReadySince *time.Time    `json:"ready_since,omitempty"`
 	Sequence   int64         `json:"sequence"`
+	Drained    bool          `json:"drained"`
+	// Cell is the running cell's own report from its private endpoint
+	// (connections, requests, passive-origin failures, security events).
+	Cell      *cellapi.Status `json:"cell,omitempty"`
+	CellError string          `json:"cell_error,omitempty"`
 }
 
 // Status is the whole agent as the admin endpoint reports it.

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/cgroup"
+	"cellvisor/logbound"
 	"cellvisor/runtime"
 )
 
@@ -48,6 +49,19 @@ type Options struct {
 	Version string
 	// Jitter returns values in [0,1) for restart jitter, or nil for math/rand.
 	Jitter func() float64
+	// RestartLimit operator restarts per cell in any RestartWindow; zero
+	// means 3 in 10 minutes.
+	RestartLimit  int
+	RestartWindow time.Duration
+	// DrainTimeout bounds the wait for requests in flight when restarting;
+	// zero means 30s.
+	DrainTimeout time.Duration
+	// LogBudget is the most bytes a cell's logs directory may hold; zero
+	// means 16 MiB.
+	LogBudget int64
+	// MonitorInterval is how often cells' own status is read to report
+	// security events; zero means 10s.
+	MonitorInterval time.Duration
 }
 
 // Supervisor runs the cells.
@@ -87,6 +101,21 @@ func New(o Options) (*Supervisor, error) {
 	}
 	if o.Jitter == nil {
 		o.Jitter = defaultJitter
+	}
+	if o.RestartLimit == 0 {
+		o.RestartLimit = 3
+	}
+	if o.RestartWindow == 0 {
+		o.RestartWindow = 10 * time.Minute
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = 30 * time.Second
+	}
+	if o.LogBudget == 0 {
+		o.LogBudget = 16 << 20
+	}
+	if o.MonitorInterval == 0 {
+		o.MonitorInterval = 10 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -138,7 +167,30 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			c.run(ctx)
 		}()
 	}
+	side, stopSide := context.WithCancel(context.Background())
+	var sideWG sync.WaitGroup
+	sideWG.Add(1)
+	go func() { defer sideWG.Done(); s.monitor(side) }()
+	for _, c := range s.slots {
+		if c.pool == "" || s.o.Refusal != nil {
+			continue
+		}
+		b, err := logbound.New(logbound.Options{Dir: c.spec.LogsDir(), Budget: s.o.LogBudget, Reopen: c.reopenLogs, Logger: c.log})
+		if err != nil {
+			stopSide()
+			return err
+		}
+		sideWG.Add(1)
+		go func() {
+			defer sideWG.Done()
+			if err := b.Run(side); err != nil {
+				c.log.Error("log budget", zap.Error(err))
+			}
+		}()
+	}
 	wg.Wait()
+	stopSide()
+	sideWG.Wait()
 	var errs []error
 	for _, c := range s.slots {
 		if err := c.removeGroup(); err != nil {
@@ -201,5 +253,12 @@ func (s *Supervisor) Status() Status {
 	for _, c := range s.slots {
 		st.Slots = append(st.Slots, c.status())
 	}
+	return st
+}
+
+// LiveStatus is Status with each running cell's own report.
+func (s *Supervisor) LiveStatus(ctx context.Context) Status {
+	st := s.Status()
+	s.liveStatus(ctx, &st)
 	return st
 }

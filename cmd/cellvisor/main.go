@@ -18,6 +18,9 @@ const usage = `usage: cellvisor [--config FILE] COMMAND [ARGS]
 commands:
   run                  run the agent (under systemd: Type=notify)
   status [-o json]     show the running agent's slots
+  drain CELL           stop advertising readiness; requests in flight complete
+  undrain CELL         advertise readiness again
+  restart CELL         graceful restart: drain, wait for requests in flight, stop, start
   demo [--check]       run a local demo: 8 slots, cell-01 serving a sample domain
   version              print the version
 `
@@ -49,6 +52,8 @@ func run(ctx context.Context, args []string) error {
 		return cmdRun(ctx, *cfgPath)
 	case "status":
 		return cmdStatus(ctx, *cfgPath, rest)
+	case "drain", "undrain", "restart":
+		return cmdControl(ctx, *cfgPath, cmd, rest)
 	case "demo":
 		return cmdDemo(ctx, rest)
 	case "version":

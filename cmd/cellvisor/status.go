@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -27,7 +28,7 @@ func cmdStatus(ctx context.Context, cfgPath string, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	st, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+	st, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Status(ctx)
 	if err != nil {
 		return err
 	}
@@ -57,9 +58,9 @@ func printStatus(w io.Writer, st supervisor.Status) {
 		fmt.Fprintf(w, "refusal: %s\n", st.Refusal)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tPID\tHTTP\tHTTPS\tMEMORY\tPIDS\tRESTARTS\tREASON")
+	fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tPID\tHTTP\tHTTPS\tMEMORY\tPIDS\tTHROTTLED\tCONNS\tRESTARTS\tREASON")
 	for _, s := range st.Slots {
-		pool, pid, mem, pids := "-", "-", "-", "-"
+		pool, pid, mem, pids, thr, conns := "-", "-", "-", "-", "-", "-"
 		if s.Pool != "" {
 			pool = s.Pool
 		}
@@ -69,11 +70,37 @@ func printStatus(w io.Writer, st supervisor.Status) {
 		if u := s.Usage; u != nil {
 			mem = fmt.Sprintf("%s/%s", mib(u.MemoryBytes), mib(u.MemoryLimit))
 			pids = fmt.Sprintf("%d/%d", u.PIDs, u.PIDsLimit)
+			thr = fmt.Sprintf("%d (%s)", u.CPUThrottled, time.Duration(u.CPUThrottleNS).Round(time.Millisecond))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\n", s.Name, pool, s.State, pid,
-			s.HTTPPort, s.HTTPSPort, mem, pids, s.Restarts, s.Reason)
+		if c := s.Cell; c != nil {
+			conns = fmt.Sprintf("%d", c.Connections.Active)
+			if c.Security.AuthFailures > 0 {
+				s.Reason = strings.TrimSpace(fmt.Sprintf("%s %d refused private calls", s.Reason, c.Security.AuthFailures))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Name, pool, s.State, pid,
+			s.HTTPPort, s.HTTPSPort, mem, pids, thr, conns, s.Restarts, s.Reason)
 	}
 	tw.Flush()
 }
 
 func mib(b uint64) string { return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20)) }
+
+func cmdControl(ctx context.Context, cfgPath, verb string, args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("usage: cellvisor %s CELL", verb)
+	}
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		return err
+	}
+	// A restart waits for requests in flight and the new cell's readiness.
+	ctx, cancel := context.WithTimeout(ctx, cfg.Restart.DrainTimeout.D()+cfg.OpenResty.ReadyTimeout.D()+30*time.Second)
+	defer cancel()
+	st, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Control(ctx, verb, args[0])
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", verb, args[0], err)
+	}
+	fmt.Printf("%s: %s (pid %d)\n", st.Name, st.State, st.PID)
+	return nil
+}

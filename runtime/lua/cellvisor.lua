@@ -1,9 +1,24 @@
--- cellvisor cell runtime: routes requests by Host to the pool's domains.
--- Loaded in the master by init_by_lua from the active release; the pool JSON
--- is read once per (re)load, so a reload picks up a switched release.
+-- cellvisor cell runtime.
+--
+-- Public side: routes requests by Host to the pool's domains, answers the
+-- readiness probe (503 while drained), counts requests and records
+-- passive-origin failures.
+-- Private side (unix socket only): GET /status, POST /drain, POST /undrain,
+-- each authenticated with the cell's secret (see auth below).
+--
+-- init() runs in the master on every (re)load: the pool JSON and the secret
+-- are read once per load; the shared dict (drained flag, counters, nonces)
+-- survives reloads.
 local cjson = require "cjson.safe"
+local bit = require "bit"
 
-local _M = { hosts = {}, cell = "?", pool = "", sequence = 0 }
+local dict = ngx.shared.cellvisor
+
+local _M = { hosts = {}, cell = "?", pool = "", sequence = 0, secret = nil }
+
+-- A request is accepted only within this many seconds of its timestamp, and
+-- each nonce only once (nonces are remembered for twice the window).
+local AUTH_WINDOW = 30
 
 local function read_file(path)
     local f, err = io.open(path, "rb")
@@ -15,10 +30,19 @@ end
 
 function _M.init(opts)
     _M.cell, _M.pool, _M.sequence = opts.cell, opts.pool or "", opts.sequence or 0
+    local secret, err = read_file(opts.secret_file)
+    if not secret or #secret < 32 then
+        error("cellvisor: read cell secret " .. tostring(opts.secret_file) .. ": " .. tostring(err or "too short"))
+    end
+    _M.secret = secret:gsub("%s+$", "")
+    -- The agent's persisted drained state seeds the flag on a fresh start; a
+    -- reload keeps the flag the private endpoint last set (add() does not
+    -- overwrite).
+    dict:add("drained", read_file(opts.drained_file) ~= nil)
     if _M.pool == "" then return end
-    local data, err = read_file(opts.pools_dir .. "/" .. _M.pool .. ".json")
+    local data, rerr = read_file(opts.pools_dir .. "/" .. _M.pool .. ".json")
     if not data then
-        error("cellvisor: read pool runtime: " .. tostring(err))
+        error("cellvisor: read pool runtime: " .. tostring(rerr))
     end
     local rt, derr = cjson.decode(data)
     if not rt then
@@ -37,6 +61,11 @@ end
 
 function _M.ready()
     ngx.header["Content-Type"] = "text/plain"
+    if dict:get("drained") then
+        ngx.status = 503
+        ngx.say("draining ", _M.cell)
+        return ngx.exit(503)
+    end
     ngx.say("ready ", _M.cell, " sequence ", _M.sequence)
 end
 
@@ -70,10 +99,139 @@ function _M.serve()
     for _, o in ipairs(d.origins or {}) do
         if o.name == best.origin then
             ngx.var.cv_origin = o.url
+            ngx.var.cv_origin_name = d.domain .. "/" .. o.name
             return ngx.exec("@origin")
         end
     end
     return ngx.exit(502)
+end
+
+-- log() runs for every public request: it counts it and, for proxied ones,
+-- records a passive-origin failure when the origin could not be reached, timed
+-- out or answered 5xx.
+function _M.log()
+    dict:incr("requests", 1, 0)
+    local origin = ngx.var.cv_origin_name
+    if origin == nil or origin == "" then return end
+    local us = ngx.var.upstream_status or ""
+    local last = tonumber(string.match(us, "(%d+)%s*$")) or 0
+    if us == "" or last >= 500 or last == 0 then
+        local key = "origin:" .. origin
+        local rec = cjson.decode(dict:get(key) or "{}") or {}
+        rec.failures = (rec.failures or 0) + 1
+        rec.last_failure_at = ngx.now()
+        rec.last_status = last ~= 0 and last or ngx.status
+        dict:set(key, cjson.encode(rec))
+    end
+end
+
+-- Authentication of private calls: HMAC-SHA1 (RFC 2104; ngx_lua's built-in
+-- MAC, still sound as an HMAC) with the cell secret over
+-- "METHOD\nPATH\nTIMESTAMP\nNONCE", hex in X-Cellvisor-Auth, with
+-- X-Cellvisor-Time (unix seconds) and X-Cellvisor-Nonce. Stale timestamps and
+-- reused nonces are refused, so a captured call cannot be replayed.
+local function tohex(s)
+    return (s:gsub(".", function(c) return string.format("%02x", string.byte(c)) end))
+end
+
+local function equal(a, b)
+    if #a ~= #b then return false end
+    local acc = 0
+    for i = 1, #a do
+        acc = bit.bor(acc, bit.bxor(string.byte(a, i), string.byte(b, i)))
+    end
+    return acc == 0
+end
+
+local function refuse(reason)
+    dict:incr("sec:auth_failures", 1, 0)
+    dict:set("sec:last_at", ngx.now())
+    dict:set("sec:last_reason", reason .. " (" .. ngx.req.get_method() .. " " .. ngx.var.uri .. ")")
+    ngx.log(ngx.WARN, "cellvisor: refused private call: ", reason)
+    ngx.status = 401
+    ngx.header["Content-Type"] = "application/json"
+    ngx.say(cjson.encode({ error = "unauthorized", reason = reason }))
+    return ngx.exit(401)
+end
+
+local function authenticate()
+    local h = ngx.req.get_headers()
+    local ts, nonce, mac = h["X-Cellvisor-Time"], h["X-Cellvisor-Nonce"], h["X-Cellvisor-Auth"]
+    if type(ts) ~= "string" or type(nonce) ~= "string" or type(mac) ~= "string" then
+        return refuse("missing credentials")
+    end
+    local t = tonumber(ts)
+    if not t or math.abs(ngx.time() - t) > AUTH_WINDOW then
+        return refuse("stale timestamp")
+    end
+    if #nonce < 16 or #nonce > 64 then
+        return refuse("bad nonce")
+    end
+    local msg = ngx.req.get_method() .. "\n" .. ngx.var.uri .. "\n" .. ts .. "\n" .. nonce
+    if not equal(tohex(ngx.hmac_sha1(_M.secret, msg)), string.lower(mac)) then
+        return refuse("bad signature")
+    end
+    -- Only a correctly signed call consumes its nonce.
+    local ok, err = dict:add("nonce:" .. nonce, true, 2 * AUTH_WINDOW)
+    if not ok then
+        return refuse(err == "exists" and "replayed nonce" or ("nonce store: " .. tostring(err)))
+    end
+    return true
+end
+
+-- origins is an object keyed by origin (an empty Lua table encodes as {},
+-- and not every lua-cjson can encode an empty array).
+local function origins()
+    local out = {}
+    for _, key in ipairs(dict:get_keys(1024)) do
+        local name = string.match(key, "^origin:(.+)$")
+        if name then
+            out[name] = cjson.decode(dict:get(key) or "{}") or {}
+        end
+    end
+    return out
+end
+
+local function status_doc()
+    return {
+        cell = _M.cell,
+        pool = _M.pool,
+        sequence = _M.sequence,
+        drained = dict:get("drained") == true,
+        listening = true,
+        connections = {
+            active = tonumber(ngx.var.connections_active) or 0,
+            reading = tonumber(ngx.var.connections_reading) or 0,
+            writing = tonumber(ngx.var.connections_writing) or 0,
+            waiting = tonumber(ngx.var.connections_waiting) or 0,
+        },
+        requests = dict:get("requests") or 0,
+        origins = origins(),
+        security = {
+            auth_failures = dict:get("sec:auth_failures") or 0,
+            last_at = dict:get("sec:last_at") or 0,
+            last_reason = dict:get("sec:last_reason") or "",
+        },
+    }
+end
+
+-- private() serves the private socket.
+function _M.private()
+    if authenticate() ~= true then return end
+    local method, uri = ngx.req.get_method(), ngx.var.uri
+    if uri == "/status" and method == "GET" then
+        -- nothing to change
+    elseif uri == "/drain" and method == "POST" then
+        dict:set("drained", true)
+    elseif uri == "/undrain" and method == "POST" then
+        dict:set("drained", false)
+    else
+        ngx.status = 404
+        ngx.say(cjson.encode({ error = "no such call" }))
+        return ngx.exit(404)
+    end
+    ngx.header["Content-Type"] = "application/json"
+    ngx.say(cjson.encode(status_doc()))
 end
 
 return _M

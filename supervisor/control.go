@@ -1,0 +1,271 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/cellapi"
+	"cellvisor/runtime"
+)
+
+// Control errors, for the admin API to map to answers.
+var (
+	ErrNoSlot      = errors.New("no such cell")
+	ErrNotRunning  = errors.New("cell is not running")
+	ErrRateLimited = errors.New("restart refused by the rate limit")
+)
+
+// client returns the slot's private-endpoint client.
+func (c *slot) client() (*cellapi.Client, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.api == nil {
+		secret, err := c.spec.Secret()
+		if err != nil {
+			return nil, err
+		}
+		c.api = cellapi.New(c.spec.PrivateSocket(), secret)
+	}
+	return c.api, nil
+}
+
+func (c *slot) running() (pid int, st State) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pid, c.state
+}
+
+// gracefulStop is the stop of an operator restart: drain, wait for requests
+// in flight up to the drain timeout, then stop (SIGQUIT, SIGKILL past what is
+// left of the timeout).
+func (c *slot) gracefulStop(ctx context.Context, p *proc) {
+	deadline := time.Now().Add(c.s.o.DrainTimeout)
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if api, err := c.client(); err == nil {
+		if _, err := api.Drain(dctx); err != nil {
+			c.log.Warn("restart: drain", zap.Error(err))
+		}
+		c.set(StateDrained, "restarting: waiting for requests in flight")
+		for dctx.Err() == nil {
+			st, err := api.Status(dctx)
+			if err != nil || st.Connections.InFlight() == 0 {
+				break
+			}
+			t := time.NewTimer(10 * time.Millisecond)
+			select {
+			case <-dctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}
+	c.set(StateDegraded, "restarting: stopping")
+	c.stop(p, max(time.Until(deadline), 100*time.Millisecond))
+}
+
+func (s *Supervisor) slotNamed(name string) (*slot, error) {
+	for _, c := range s.slots {
+		if c.spec.Name == name {
+			return c, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %q", ErrNoSlot, name)
+}
+
+// Drain makes a cell stop advertising readiness: its readiness probe answers
+// 503 at once, requests in flight complete, and a graceful reload closes
+// keep-alive connections after their current request. The drained state is
+// persisted and survives agent and cell restarts.
+func (s *Supervisor) Drain(ctx context.Context, name string) (SlotStatus, error) {
+	return s.setDrained(ctx, name, true)
+}
+
+// Undrain reverses Drain.
+func (s *Supervisor) Undrain(ctx context.Context, name string) (SlotStatus, error) {
+	return s.setDrained(ctx, name, false)
+}
+
+func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) (SlotStatus, error) {
+	c, err := s.slotNamed(name)
+	if err != nil {
+		return SlotStatus{}, err
+	}
+	if c.pool == "" {
+		return SlotStatus{}, fmt.Errorf("%w: %s is unassigned", ErrNotRunning, name)
+	}
+	c.ctl.Lock()
+	defer c.ctl.Unlock()
+	verb := map[bool]string{true: "drain", false: "undrain"}[drained]
+	pid, _ := c.running()
+	if pid != 0 && drained {
+		// Readiness first: that is what the load balancer watches.
+		api, err := c.client()
+		if err != nil {
+			return SlotStatus{}, err
+		}
+		if _, err := api.Drain(ctx); err != nil {
+			return SlotStatus{}, fmt.Errorf("%s %s: %w", verb, name, err)
+		}
+	}
+	if err := runtime.SetDrained(c.spec, drained); err != nil {
+		return SlotStatus{}, err
+	}
+	c.mu.Lock()
+	c.drained = drained
+	switch {
+	case drained && c.state == StateReady:
+		c.state = StateDrained
+	case !drained && c.state == StateDrained:
+		c.state = StateReady
+	}
+	c.mu.Unlock()
+	if pid != 0 {
+		// Reload picks up the keepalive include: old workers finish their
+		// requests and close keep-alive connections; new ones follow it.
+		if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+			c.log.Warn("reload after "+verb, zap.Error(err))
+		}
+		if !drained {
+			api, err := c.client()
+			if err != nil {
+				return SlotStatus{}, err
+			}
+			if _, err := api.Undrain(ctx); err != nil {
+				return SlotStatus{}, fmt.Errorf("%s %s: %w", verb, name, err)
+			}
+		}
+	}
+	c.log.Info("cell "+verb+"ed", zap.Int("pid", pid))
+	return c.status(), nil
+}
+
+// Restart restarts a running cell gracefully: drain, wait for requests in
+// flight up to the drain timeout, stop, start, wait for readiness. The new
+// cell keeps the slot's drained state (undrained unless drained before).
+// Restarts are rate-limited per cell; a refused one says when the next is
+// allowed.
+func (s *Supervisor) Restart(ctx context.Context, name string) (SlotStatus, error) {
+	c, err := s.slotNamed(name)
+	if err != nil {
+		return SlotStatus{}, err
+	}
+	c.ctl.Lock()
+	defer c.ctl.Unlock()
+	if pid, st := c.running(); pid == 0 {
+		return SlotStatus{}, fmt.Errorf("%w: %s is %s", ErrNotRunning, name, st)
+	}
+	if err := c.admitRestart(time.Now()); err != nil {
+		return SlotStatus{}, err
+	}
+	req := &restartReq{done: make(chan error, 1)}
+	select {
+	case c.restartCh <- req:
+	case <-ctx.Done():
+		return SlotStatus{}, fmt.Errorf("restart %s: %w", name, ctx.Err())
+	}
+	c.log.Info("restart requested")
+	select {
+	case err := <-req.done:
+		if err != nil {
+			return c.status(), fmt.Errorf("restart %s: %w", name, err)
+		}
+		return c.status(), nil
+	case <-ctx.Done():
+		return c.status(), fmt.Errorf("restart %s: still restarting: %w", name, ctx.Err())
+	}
+}
+
+// admitRestart applies the rate limit: at most RestartLimit restarts in any
+// RestartWindow.
+func (c *slot) admitRestart(now time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	limit, window := c.s.o.RestartLimit, c.s.o.RestartWindow
+	kept := c.opRestarts[:0]
+	for _, t := range c.opRestarts {
+		if now.Sub(t) < window {
+			kept = append(kept, t)
+		}
+	}
+	c.opRestarts = kept
+	if len(kept) >= limit {
+		next := kept[0].Add(window).Sub(now).Round(time.Second)
+		return fmt.Errorf("%w: %s had %d restarts in the last %s; the next is allowed in %s",
+			ErrRateLimited, c.spec.Name, len(kept), window, next)
+	}
+	c.opRestarts = append(c.opRestarts, now)
+	return nil
+}
+
+// cellStatus asks a running cell for its own status.
+func (c *slot) cellStatus(ctx context.Context) (*cellapi.Status, error) {
+	if pid, _ := c.running(); pid == 0 {
+		return nil, nil
+	}
+	api, err := c.client()
+	if err != nil {
+		return nil, err
+	}
+	st, err := api.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// liveStatus is Status with every running cell's own report, asked in parallel.
+func (s *Supervisor) liveStatus(ctx context.Context, st *Status) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i, c := range s.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cs, err := c.cellStatus(ctx)
+			if err != nil {
+				st.Slots[i].CellError = err.Error()
+				return
+			}
+			st.Slots[i].Cell = cs
+		}()
+	}
+	wg.Wait()
+}
+
+// monitor reads every running cell's status on an interval and reports new
+// refused private calls as security events.
+func (s *Supervisor) monitor(ctx context.Context) {
+	t := time.NewTicker(s.o.MonitorInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, c := range s.slots {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			cs, err := c.cellStatus(cctx)
+			cancel()
+			if err != nil || cs == nil {
+				continue
+			}
+			c.mu.Lock()
+			seen := c.secSeen
+			c.secSeen = cs.Security.AuthFailures
+			c.mu.Unlock()
+			if n := cs.Security.AuthFailures - seen; n > 0 {
+				c.log.Warn("security event: refused private calls", zap.Int64("new", n),
+					zap.Int64("total", cs.Security.AuthFailures), zap.String("last", cs.Security.LastReason))
+			}
+		}
+	}
+}
