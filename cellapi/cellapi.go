@@ -86,8 +86,10 @@ func New(socket string, secret []byte) *Client {
 				var d net.Dialer
 				return d.DialContext(ctx, "unix", socket)
 			},
-			MaxIdleConns:    1,
-			IdleConnTimeout: 30 * time.Second,
+			// A connection per call: every reload closes the old workers'
+			// idle connections, and a POST is not retried on a stale one.
+			// A unix-socket connect costs microseconds.
+			DisableKeepAlives: true,
 		},
 	}}
 }

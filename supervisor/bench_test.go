@@ -1,6 +1,7 @@
 package supervisor_test
 
 import (
+	"context"
 	"net"
 	"os/exec"
 	"slices"
@@ -159,4 +160,64 @@ func awaitNewReady(b *testing.B, h *harness, old int) {
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
+}
+
+// BenchmarkDrain: the drain command to the readiness probe answering 503,
+// as a prober polling it sees it (ms-median), and to the command's return,
+// which also persists the state and reloads the cell (sec/op).
+func BenchmarkDrain(b *testing.B) {
+	h := layoutHarness(b, harnessOpts{slots: 1, assign: allAssigned(1)})
+	h.start()
+	port := h.topo.Slots[0].HTTPPort
+	var took []time.Duration
+	for b.Loop() {
+		seen := make(chan time.Time, 1)
+		stop := make(chan struct{})
+		go func() { // a load balancer's probe, as fast as it can go
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if code, _, err := get(port, "/.cellvisor/ready"); err == nil && code == 503 {
+					seen <- time.Now()
+					return
+				}
+			}
+		}()
+		t0 := time.Now()
+		if _, err := h.sup.Drain(context.Background(), "cell-01"); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		select {
+		case at := <-seen:
+			took = append(took, at.Sub(t0))
+		case <-time.After(10 * time.Second):
+			b.Fatal("readiness never answered 503")
+		}
+		close(stop)
+		if _, err := h.sup.Undrain(context.Background(), "cell-01"); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	reportMedian(b, took)
+}
+
+// BenchmarkRestart: the restart command (no request in flight) to the new
+// cell ready.
+func BenchmarkRestart(b *testing.B) {
+	h := layoutHarness(b, harnessOpts{slots: 1, assign: allAssigned(1), limit: 1 << 30})
+	h.start()
+	var took []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		if _, err := h.sup.Restart(context.Background(), "cell-01"); err != nil {
+			b.Fatal(err)
+		}
+		took = append(took, time.Since(t0))
+	}
+	reportMedian(b, took)
 }

@@ -496,3 +496,24 @@ func walkFiles(dir string, fn func(string)) error {
 	}
 	return nil
 }
+
+// Drains and undrains back to back: each reload closes the old workers'
+// connections, and no call may trip over one (a POST is not retried).
+func TestRepeatedDrainUndrain(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	for i := 0; i < 5; i++ {
+		if _, err := h.sup.Drain(context.Background(), "cell-01"); err != nil {
+			t.Fatalf("drain %d: %v", i+1, err)
+		}
+		if code := readiness(t, port); code != 503 {
+			t.Fatalf("drain %d: readiness %d", i+1, code)
+		}
+		if _, err := h.sup.Undrain(context.Background(), "cell-01"); err != nil {
+			t.Fatalf("undrain %d: %v", i+1, err)
+		}
+		if code := readiness(t, port); code != 200 {
+			t.Fatalf("undrain %d: readiness %d", i+1, code)
+		}
+	}
+}

@@ -45,6 +45,7 @@ type harnessOpts struct {
 	domains []runtime.Domain // nil: one static domain in shared-default
 	drain   time.Duration    // drain timeout of operator restarts; 0 means 30s
 	monitor time.Duration    // monitor interval; 0 means 10s
+	limit   int              // operator restarts per window; 0 means 3
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -123,6 +124,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
 		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
 		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
+		RestartLimit: o.limit,
 	}
 	sup, err := supervisor.New(opts)
 	if err != nil {

@@ -300,3 +300,33 @@ func (n *notifySocket) await(t *testing.T, msgs ...string) {
 		return nil
 	})
 }
+
+// The CLI drains, undrains and restarts a cell through the agent, and says
+// why when it cannot.
+func TestCLIControls(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := buildAgent(t)
+	cfgPath, cfg := agentConfig(t, 3, "")
+	startAgent(t, bin, cfgPath, cfg)
+	run := func(args ...string) (string, error) {
+		out, err := exec.Command(bin, append([]string{"--config", cfgPath}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	for _, tc := range []struct {
+		args    []string
+		ok      bool
+		message string
+	}{
+		{[]string{"drain", "cell-01"}, true, "cell-01: drained"},
+		{[]string{"undrain", "cell-01"}, true, "cell-01: ready"},
+		{[]string{"restart", "cell-02"}, true, "cell-02: ready"},
+		{[]string{"restart", "cell-03"}, false, "not running"},
+		{[]string{"drain", "cell-09"}, false, "no such cell"},
+		{[]string{"drain"}, false, "usage: cellvisor drain CELL"},
+	} {
+		out, err := run(tc.args...)
+		if (err == nil) != tc.ok || !strings.Contains(out, tc.message) {
+			t.Errorf("cellvisor %v: %v\n%s\nwant ok=%v and %q", tc.args, err, out, tc.ok, tc.message)
+		}
+	}
+}
