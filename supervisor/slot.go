@@ -150,8 +150,8 @@ func (c *slot) run(ctx context.Context) {
 				return
 			}
 			if out.restart != nil {
-				// An operator restart: start again at once, no backoff.
-				c.killLeftovers()
+				// An operator restart (gracefulStop left nothing running):
+				// start again at once, no backoff.
 				pending = out.restart
 				c.set(StateDegraded, "restarting")
 				continue
