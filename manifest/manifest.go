@@ -1,0 +1,265 @@
+// Package manifest owns the signed configuration contract between the
+// control plane and an edge: manifest pages and their entries, the canonical
+// domain-separated encoding an entry's Ed25519 signature covers, verification
+// of artifact bytes (size, SHA-256, signature by the pinned key), strict
+// decoding with hard bounds, paging, and reading gzip recovery snapshots with
+// hard bounds on download and expansion. It does no I/O of its own beyond the
+// readers it is given.
+package manifest
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+
+	"cellvisor/runtime"
+)
+
+// Bounds.
+const (
+	// MaxEntries is the most entries one page may carry.
+	MaxEntries = 500
+	// MaxArtifactBytes is the largest artifact accepted.
+	MaxArtifactBytes = 1 << 20
+	// MaxPages bounds one manifest's page walk.
+	MaxPages = 1000
+	// MaxPageBytes bounds one encoded page.
+	MaxPageBytes = 4 << 20
+)
+
+// Errors, by kind of refusal.
+var (
+	ErrInvalid    = errors.New("invalid manifest")
+	ErrStale      = errors.New("manifest sequence does not move forward")
+	ErrSize       = errors.New("artifact size mismatch")
+	ErrDigest     = errors.New("artifact SHA-256 mismatch")
+	ErrSignature  = errors.New("artifact signature invalid")
+	ErrDuplicate  = errors.New("duplicate domain in manifest")
+	ErrTooMany    = errors.New("too many entries in a manifest page")
+	ErrSnapshot   = errors.New("invalid recovery snapshot")
+	ErrTooLarge   = errors.New("recovery snapshot over its bound")
+	signingDomain = []byte("cellvisor/artifact/v1\x00")
+)
+
+// Page is one page of an edge's manifest.
+type Page struct {
+	EdgeID   string  `json:"edge_id"`
+	Sequence int64   `json:"sequence"`
+	Entries  []Entry `json:"entries"`
+	// Next is the cursor of the next page; empty on the last one.
+	Next string `json:"next,omitempty"`
+}
+
+// Entry names one domain revision's artifact and carries its signature.
+type Entry struct {
+	Domain   string `json:"domain"`
+	Pool     string `json:"pool"`
+	Revision int64  `json:"revision"`
+	Size     int64  `json:"size"`
+	// SHA256 is the lowercase hex SHA-256 of the artifact bytes.
+	SHA256 string `json:"sha256"`
+	// Signature is the standard base64 Ed25519 signature over
+	// SigningMessage(edge id, entry).
+	Signature string `json:"signature"`
+}
+
+// Manifest is a whole manifest: every page's entries, for one sequence.
+type Manifest struct {
+	EdgeID   string  `json:"edge_id"`
+	Sequence int64   `json:"sequence"`
+	Entries  []Entry `json:"entries"`
+}
+
+var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// SigningMessage is the canonical bytes an entry's signature covers: a
+// domain-separation prefix, then edge id, domain, pool, revision, sha256 and
+// size, each as a big-endian uint32 length and its bytes. Binding the edge id
+// means an entry signed for one edge is refused by every other.
+func SigningMessage(edgeID string, e Entry) []byte {
+	var b bytes.Buffer
+	b.Write(signingDomain)
+	for _, f := range []string{edgeID, e.Domain, e.Pool, strconv.FormatInt(e.Revision, 10), e.SHA256, strconv.FormatInt(e.Size, 10)} {
+		var n [4]byte
+		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
+		b.Write(n[:])
+		b.WriteString(f)
+	}
+	return b.Bytes()
+}
+
+// NewEntry describes artifact for domain/pool/revision and signs it: the
+// control plane's side, and the tests'.
+func NewEntry(priv ed25519.PrivateKey, edgeID, domain, pool string, revision int64, artifact []byte) Entry {
+	sum := sha256.Sum256(artifact)
+	e := Entry{Domain: domain, Pool: pool, Revision: revision, Size: int64(len(artifact)), SHA256: hex.EncodeToString(sum[:])}
+	e.Signature = base64.StdEncoding.EncodeToString(ed25519.Sign(priv, SigningMessage(edgeID, e)))
+	return e
+}
+
+// Validate checks an entry's fields, not its artifact.
+func (e Entry) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: entry %q: %s", ErrInvalid, e.Domain, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case !runtime.ValidHostname(e.Domain) || len(e.Domain) > 0 && e.Domain[0] == '*':
+		return bad("domain is not a valid hostname")
+	case !validPool(e.Pool):
+		return bad("pool %q is not a shared-, reserved-, dedicated- or quarantine- pool", e.Pool)
+	case e.Revision < 1:
+		return bad("revision %d is not positive", e.Revision)
+	case e.Size < 1 || e.Size > MaxArtifactBytes:
+		return bad("size %d is not 1–%d", e.Size, MaxArtifactBytes)
+	case !sha256RE.MatchString(e.SHA256):
+		return bad("sha256 is not 64 lowercase hex digits")
+	}
+	sig, err := base64.StdEncoding.DecodeString(e.Signature)
+	if err != nil || len(sig) != ed25519.SignatureSize {
+		return fmt.Errorf("%w: entry %q: signature missing or not %d bytes of base64", ErrSignature, e.Domain, ed25519.SignatureSize)
+	}
+	return nil
+}
+
+func validPool(p string) bool {
+	_, ok := runtime.PoolClass(p)
+	return ok && len(p) <= 64
+}
+
+// Verify checks artifact against the entry: size, SHA-256, and the
+// signature by pub over the entry bound to edgeID.
+func (e Entry) Verify(pub ed25519.PublicKey, edgeID string, artifact []byte) error {
+	if err := e.Validate(); err != nil {
+		return err
+	}
+	if int64(len(artifact)) != e.Size {
+		return fmt.Errorf("%w: %s revision %d: %d bytes, entry says %d", ErrSize, e.Domain, e.Revision, len(artifact), e.Size)
+	}
+	sum := sha256.Sum256(artifact)
+	if hex.EncodeToString(sum[:]) != e.SHA256 {
+		return fmt.Errorf("%w: %s revision %d", ErrDigest, e.Domain, e.Revision)
+	}
+	sig, _ := base64.StdEncoding.DecodeString(e.Signature)
+	if len(pub) != ed25519.PublicKeySize || !ed25519.Verify(pub, SigningMessage(edgeID, e), sig) {
+		return fmt.Errorf("%w: %s revision %d: not signed by the pinned control-plane key", ErrSignature, e.Domain, e.Revision)
+	}
+	return nil
+}
+
+// DecodePage strictly decodes and validates one page.
+func DecodePage(data []byte) (Page, error) {
+	if len(data) > MaxPageBytes {
+		return Page{}, fmt.Errorf("%w: page of %d bytes over %d", ErrInvalid, len(data), MaxPageBytes)
+	}
+	var p Page
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return Page{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if dec.More() {
+		return Page{}, fmt.Errorf("%w: trailing data after the page", ErrInvalid)
+	}
+	return p, p.Validate()
+}
+
+// Validate checks a page: its bounds and every entry's fields.
+func (p Page) Validate() error {
+	if p.EdgeID == "" {
+		return fmt.Errorf("%w: no edge id", ErrInvalid)
+	}
+	if p.Sequence < 1 {
+		return fmt.Errorf("%w: sequence %d is not positive", ErrInvalid, p.Sequence)
+	}
+	if len(p.Entries) > MaxEntries {
+		return fmt.Errorf("%w: %d entries, at most %d", ErrTooMany, len(p.Entries), MaxEntries)
+	}
+	seen := map[string]bool{}
+	for _, e := range p.Entries {
+		if err := e.Validate(); err != nil {
+			return err
+		}
+		if seen[e.Domain] {
+			return fmt.Errorf("%w: %s", ErrDuplicate, e.Domain)
+		}
+		seen[e.Domain] = true
+	}
+	return nil
+}
+
+// Fetch returns the page at cursor ("" for the first) of the manifest after
+// sequence after.
+type Fetch func(ctx context.Context, after int64, cursor string) (Page, error)
+
+// Collect walks every page of the manifest after sequence active and
+// returns it whole, refusing pages for another edge, pages that disagree on
+// the sequence, a sequence that does not move forward, duplicate domains
+// across pages and cursors that loop.
+func Collect(ctx context.Context, fetch Fetch, edgeID string, active int64) (Manifest, error) {
+	m := Manifest{EdgeID: edgeID}
+	seen := map[string]bool{}
+	cursors := map[string]bool{}
+	cursor := ""
+	for n := 0; ; n++ {
+		if n == MaxPages {
+			return Manifest{}, fmt.Errorf("%w: more than %d pages", ErrInvalid, MaxPages)
+		}
+		p, err := fetch(ctx, active, cursor)
+		if err != nil {
+			return Manifest{}, err
+		}
+		if err := p.Validate(); err != nil {
+			return Manifest{}, err
+		}
+		switch {
+		case p.EdgeID != edgeID:
+			return Manifest{}, fmt.Errorf("%w: page for edge %q, this is %q", ErrInvalid, p.EdgeID, edgeID)
+		case n == 0:
+			m.Sequence = p.Sequence
+		case p.Sequence != m.Sequence:
+			return Manifest{}, fmt.Errorf("%w: pages disagree on the sequence (%d, %d)", ErrInvalid, m.Sequence, p.Sequence)
+		}
+		if m.Sequence <= active {
+			return Manifest{}, fmt.Errorf("%w: manifest sequence %d, active %d", ErrStale, m.Sequence, active)
+		}
+		for _, e := range p.Entries {
+			if seen[e.Domain] {
+				return Manifest{}, fmt.Errorf("%w: %s", ErrDuplicate, e.Domain)
+			}
+			seen[e.Domain] = true
+			m.Entries = append(m.Entries, e)
+		}
+		if p.Next == "" {
+			return m, nil
+		}
+		if cursors[p.Next] {
+			return Manifest{}, fmt.Errorf("%w: cursor %q repeats", ErrInvalid, p.Next)
+		}
+		cursors[p.Next] = true
+		cursor = p.Next
+	}
+}
+
+// Paginate splits a manifest into pages of at most size entries, with
+// cursors "1", "2", …: the control plane's side, and the tests'.
+func Paginate(m Manifest, size int) []Page {
+	var pages []Page
+	for i := 0; i == 0 || i < len(m.Entries); i += size {
+		end := min(i+size, len(m.Entries))
+		p := Page{EdgeID: m.EdgeID, Sequence: m.Sequence, Entries: m.Entries[i:end]}
+		if end < len(m.Entries) {
+			p.Next = strconv.Itoa(len(pages) + 1)
+		}
+		pages = append(pages, p)
+	}
+	return pages
+}

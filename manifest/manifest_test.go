@@ -1,0 +1,309 @@
+package manifest
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+const edge = "5f0c2a8e-7b3d-4e21-9a6f-1c2d3e4f5a6b"
+
+func key(t testing.TB) (ed25519.PublicKey, ed25519.PrivateKey) {
+	seed := sha256.Sum256([]byte(t.Name()))
+	priv := ed25519.NewKeyFromSeed(seed[:])
+	return priv.Public().(ed25519.PublicKey), priv
+}
+
+func artifact(domain string) []byte {
+	return []byte(fmt.Sprintf(`{"domain":%q,"pool":"shared-default","revision":1,"hostnames":[%q],"routes":[{"prefix":"/","respond":{"status":200,"body":"hi"}}]}`, domain, domain))
+}
+
+func TestVerify(t *testing.T) {
+	pub, priv := key(t)
+	_, otherPriv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	art := artifact("a.example.com")
+	good := NewEntry(priv, edge, "a.example.com", "shared-default", 1, art)
+	if err := good.Verify(pub, edge, art); err != nil {
+		t.Fatalf("good entry: %v", err)
+	}
+	tampered := bytes.Clone(art)
+	tampered[10] ^= 1
+	noSig := good
+	noSig.Signature = ""
+	badSig := good
+	badSig.Signature = NewEntry(priv, edge, "b.example.com", "shared-default", 1, art).Signature
+	otherKey := NewEntry(otherPriv, edge, "a.example.com", "shared-default", 1, art)
+	bumped := good
+	bumped.Revision = 2 // a field the signature covers
+	tests := []struct {
+		name  string
+		e     Entry
+		edge  string
+		bytes []byte
+		want  error
+	}{
+		{"tampered bytes", good, edge, tampered, ErrDigest},
+		{"wrong size", good, edge, append(bytes.Clone(art), ' '), ErrSize},
+		{"missing signature", noSig, edge, art, ErrSignature},
+		{"signature of another entry", badSig, edge, art, ErrSignature},
+		{"signed by another key", otherKey, edge, art, ErrSignature},
+		{"entry signed for another edge", good, "another-edge", art, ErrSignature},
+		{"field changed after signing", bumped, edge, art, ErrSignature},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.e.Verify(pub, tc.edge, tc.bytes); !errors.Is(err, tc.want) {
+				t.Errorf("err %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func manifestOf(t testing.TB, priv ed25519.PrivateKey, seq int64, n int) Manifest {
+	m := Manifest{EdgeID: edge, Sequence: seq}
+	for i := 0; i < n; i++ {
+		d := fmt.Sprintf("d%d.example.com", i)
+		m.Entries = append(m.Entries, NewEntry(priv, edge, d, "shared-default", 1, artifact(d)))
+	}
+	return m
+}
+
+func encode(t testing.TB, v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestDecodePageRefusals(t *testing.T) {
+	_, priv := key(t)
+	good := Paginate(manifestOf(t, priv, 7, 3), 500)[0]
+	if _, err := DecodePage(encode(t, good)); err != nil {
+		t.Fatalf("good page: %v", err)
+	}
+	big := Paginate(manifestOf(t, priv, 7, 501), 501)[0]
+	dup := good
+	dup.Entries = append(append([]Entry{}, good.Entries...), good.Entries[0])
+	unknownPool := good
+	unknownPool.Entries = append([]Entry{}, good.Entries...)
+	unknownPool.Entries[1].Pool = "premium"
+	badHost := good
+	badHost.Entries = append([]Entry{}, good.Entries...)
+	badHost.Entries[2].Domain = "Bad_Host"
+	tests := []struct {
+		name string
+		data []byte
+		want error
+	}{
+		{"501 entries", encode(t, big), ErrTooMany},
+		{"duplicate domain", encode(t, dup), ErrDuplicate},
+		{"unknown pool", encode(t, unknownPool), ErrInvalid},
+		{"invalid hostname", encode(t, badHost), ErrInvalid},
+		{"truncated JSON", encode(t, good)[:40], ErrInvalid},
+		{"malformed JSON", []byte(`{"edge_id": 5}`), ErrInvalid},
+		{"unknown field", []byte(`{"edge_id":"e","sequence":1,"entries":[],"extra":1}`), ErrInvalid},
+		{"zero sequence", []byte(`{"edge_id":"e","sequence":0,"entries":[]}`), ErrInvalid},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := DecodePage(tc.data); !errors.Is(err, tc.want) {
+				t.Errorf("err %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// pager serves pages like the control API would.
+func pager(pages []Page) Fetch {
+	return func(_ context.Context, _ int64, cursor string) (Page, error) {
+		for i, p := range pages {
+			if (i == 0 && cursor == "") || (i > 0 && pages[i-1].Next == cursor) {
+				return p, nil
+			}
+		}
+		return Page{}, fmt.Errorf("no page at cursor %q", cursor)
+	}
+}
+
+func TestCollect(t *testing.T) {
+	_, priv := key(t)
+	m := manifestOf(t, priv, 9, 1234)
+	pages := Paginate(m, MaxEntries)
+	if len(pages) != 3 {
+		t.Fatalf("%d pages", len(pages))
+	}
+	got, err := Collect(context.Background(), pager(pages), edge, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Sequence != 9 || len(got.Entries) != 1234 || got.Entries[1233].Domain != m.Entries[1233].Domain {
+		t.Fatalf("collected sequence %d with %d entries", got.Sequence, len(got.Entries))
+	}
+	if _, err := Collect(context.Background(), pager(pages), edge, 9); !errors.Is(err, ErrStale) {
+		t.Errorf("same sequence as active: %v, want ErrStale", err)
+	}
+	if _, err := Collect(context.Background(), pager(pages), edge, 12); !errors.Is(err, ErrStale) {
+		t.Errorf("sequence going backwards: %v, want ErrStale", err)
+	}
+	if _, err := Collect(context.Background(), pager(pages), "other-edge", 0); !errors.Is(err, ErrInvalid) {
+		t.Errorf("pages for another edge: %v", err)
+	}
+	split := Paginate(m, MaxEntries)
+	split[1].Sequence = 10
+	if _, err := Collect(context.Background(), pager(split), edge, 0); !errors.Is(err, ErrInvalid) {
+		t.Errorf("pages disagreeing on the sequence: %v", err)
+	}
+	dup := Paginate(m, MaxEntries)
+	dup[2].Entries = append([]Entry{dup[0].Entries[0]}, dup[2].Entries[1:]...)
+	if _, err := Collect(context.Background(), pager(dup), edge, 0); !errors.Is(err, ErrDuplicate) {
+		t.Errorf("duplicate across pages: %v", err)
+	}
+	loop := Paginate(m, MaxEntries)
+	loop[2].Next = loop[0].Next
+	if _, err := Collect(context.Background(), pager(loop), edge, 0); !errors.Is(err, ErrInvalid) {
+		t.Errorf("cursor loop: %v", err)
+	}
+}
+
+func snapshotBytes(t testing.TB, s Snapshot) []byte {
+	var b bytes.Buffer
+	if err := WriteSnapshot(&b, s); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+func snapshotOf(t testing.TB, priv ed25519.PrivateKey, n int) Snapshot {
+	m := manifestOf(t, priv, 3, n)
+	s := Snapshot{Manifest: m, Artifacts: map[string][]byte{}}
+	for i, e := range m.Entries {
+		s.Artifacts[e.SHA256] = artifact(fmt.Sprintf("d%d.example.com", i))
+	}
+	return s
+}
+
+// rawTar builds a gzip'd tar from headers and contents.
+func rawTar(t testing.TB, entries ...any) []byte {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	tw := tar.NewWriter(zw)
+	for i := 0; i < len(entries); i += 2 {
+		h := entries[i].(*tar.Header)
+		data := entries[i+1].([]byte)
+		h.Size = int64(len(data))
+		if h.Typeflag != tar.TypeReg {
+			h.Size = 0
+			data = nil
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(data)
+	}
+	tw.Close()
+	zw.Close()
+	return b.Bytes()
+}
+
+func TestReadSnapshot(t *testing.T) {
+	pub, priv := key(t)
+	s := snapshotOf(t, priv, 20)
+	got, err := ReadSnapshot(bytes.NewReader(snapshotBytes(t, s)), SnapshotLimit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range got.Manifest.Entries {
+		if err := e.Verify(pub, edge, got.Artifacts[e.SHA256]); err != nil {
+			t.Fatalf("snapshot artifact: %v", err)
+		}
+	}
+	man := encode(t, s.Manifest)
+	sum := hex.EncodeToString(make([]byte, 32))
+	tests := []struct {
+		name string
+		data []byte
+		want error
+	}{
+		{"dot-dot name", rawTar(t, &tar.Header{Name: "manifest.json", Typeflag: tar.TypeReg}, man, &tar.Header{Name: "artifacts/../../etc/passwd", Typeflag: tar.TypeReg}, []byte("x")), ErrSnapshot},
+		{"absolute name", rawTar(t, &tar.Header{Name: "/etc/cron.d/x", Typeflag: tar.TypeReg}, []byte("x")), ErrSnapshot},
+		{"symlink", rawTar(t, &tar.Header{Name: "artifacts/" + sum, Typeflag: tar.TypeSymlink, Linkname: "/etc/shadow"}, []byte{}), ErrSnapshot},
+		{"hard link", rawTar(t, &tar.Header{Name: "artifacts/" + sum, Typeflag: tar.TypeLink, Linkname: "manifest.json"}, []byte{}), ErrSnapshot},
+		{"unexpected name", rawTar(t, &tar.Header{Name: "nginx.conf", Typeflag: tar.TypeReg}, []byte("x")), ErrSnapshot},
+		{"no manifest", rawTar(t, &tar.Header{Name: "artifacts/" + sum, Typeflag: tar.TypeReg}, []byte("x")), ErrSnapshot},
+		{"artifact missing", rawTar(t, &tar.Header{Name: "manifest.json", Typeflag: tar.TypeReg}, man), ErrSnapshot},
+		{"not gzip", []byte("plain text"), ErrSnapshot},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := ReadSnapshot(bytes.NewReader(tc.data), SnapshotLimit); !errors.Is(err, tc.want) {
+				t.Errorf("err %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// A gzip bomb: a small download that expands past the bound is refused
+// before it is held in memory whole.
+func TestReadSnapshotRefusesBombs(t *testing.T) {
+	zeros := make([]byte, 100<<20) // 100 MiB of zeros compress to ~100 KiB
+	bomb := rawTar(t, &tar.Header{Name: "manifest.json", Typeflag: tar.TypeReg}, zeros)
+	if len(bomb) > 1<<20 {
+		t.Fatalf("bomb is %d bytes compressed", len(bomb))
+	}
+	if _, err := ReadSnapshot(bytes.NewReader(bomb), SnapshotLimit); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("expansion past 96 MiB: %v, want ErrTooLarge", err)
+	}
+	// Download bound: a stream longer than the limit is cut off.
+	_, priv := key(t)
+	data := snapshotBytes(t, snapshotOf(t, priv, 50))
+	if _, err := ReadSnapshot(bytes.NewReader(data), int64(len(data)/2)); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("download over the bound: %v, want ErrTooLarge", err)
+	}
+	if !strings.Contains(fmt.Sprint(ErrTooLarge), "bound") {
+		t.Error("ErrTooLarge should say it is a bound")
+	}
+}
+
+func FuzzDecodePage(f *testing.F) {
+	_, priv := key(f)
+	f.Add(encode(f, Paginate(manifestOf(f, priv, 2, 2), 500)[0]))
+	f.Add([]byte(`{"edge_id":"e","sequence":1,"entries":[]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p, err := DecodePage(data)
+		if err != nil {
+			return
+		}
+		if err := p.Validate(); err != nil || len(p.Entries) > MaxEntries {
+			t.Fatalf("decoded an invalid page: %v", err)
+		}
+	})
+}
+
+func FuzzReadSnapshot(f *testing.F) {
+	_, priv := key(f)
+	f.Add(snapshotBytes(f, snapshotOf(f, priv, 2)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := ReadSnapshot(bytes.NewReader(data), 1<<20)
+		if err != nil {
+			return
+		}
+		for _, e := range s.Manifest.Entries {
+			if _, ok := s.Artifacts[e.SHA256]; !ok {
+				t.Fatal("accepted a snapshot missing an artifact")
+			}
+		}
+	})
+}
