@@ -26,8 +26,13 @@ const (
 type ReleaseMeta struct {
 	Sequence int64  `json:"sequence"`
 	Pool     string `json:"pool"`
-	// Digest is the SHA-256 of every other file's name and content.
+	// Digest identifies what the release does: the SHA-256 of its files with
+	// nginx.conf rendered without its sequence and directory, so equal
+	// content compares equal across sequences.
 	Digest string `json:"digest"`
+	// Files maps every file of the release to its SHA-256, to verify the
+	// release on disk (VerifyRelease).
+	Files map[string]string `json:"files"`
 }
 
 // Release is one complete runtime for a slot.
@@ -69,7 +74,12 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 	}
 	sum := digest(files)
 	files["nginx.conf"] = conf
-	return Release{Meta: ReleaseMeta{Sequence: p.Sequence, Pool: p.Pool, Digest: sum}, Files: files}, nil
+	hashes := map[string]string{}
+	for name, data := range files {
+		h := sha256.Sum256(data)
+		hashes[name] = hex.EncodeToString(h[:])
+	}
+	return Release{Meta: ReleaseMeta{Sequence: p.Sequence, Pool: p.Pool, Digest: sum, Files: hashes}, Files: files}, nil
 }
 
 // digest hashes file names and contents in name order.
@@ -250,4 +260,73 @@ func Activate(s Slot, r Release) (ReleaseMeta, bool, error) {
 		return r.Meta, true, fmt.Errorf("prune releases of %s: %w", s.Name, err)
 	}
 	return r.Meta, true, nil
+}
+
+// ErrCorrupt marks a release whose files do not match its release.json.
+var ErrCorrupt = errors.New("release corrupt")
+
+// VerifyRelease re-reads a release directory and checks every file against
+// the hashes in its release.json: an offline start serves only a release
+// that is whole.
+func VerifyRelease(dir string) (ReleaseMeta, error) {
+	data, err := os.ReadFile(filepath.Join(dir, metaFile))
+	if err != nil {
+		return ReleaseMeta{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
+	}
+	var m ReleaseMeta
+	if err := json.Unmarshal(data, &m); err != nil || len(m.Files) == 0 {
+		return ReleaseMeta{}, fmt.Errorf("%w: %s: unreadable release.json", ErrCorrupt, dir)
+	}
+	for name, want := range m.Files {
+		if strings.Contains(name, "..") || filepath.IsAbs(name) {
+			return ReleaseMeta{}, fmt.Errorf("%w: %s: bad file name %q", ErrCorrupt, dir, name)
+		}
+		data, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(name)))
+		if err != nil {
+			return ReleaseMeta{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
+		}
+		if h := sha256.Sum256(data); hex.EncodeToString(h[:]) != want {
+			return ReleaseMeta{}, fmt.Errorf("%w: %s: %s does not match its hash", ErrCorrupt, dir, name)
+		}
+	}
+	return m, nil
+}
+
+// VerifyCurrent verifies the slot's active release; if it is damaged it
+// switches back to the newest older release that verifies, and says so. It
+// returns the release now active.
+func VerifyCurrent(s Slot) (meta ReleaseMeta, rolledBack bool, err error) {
+	cur, cerr := Current(s)
+	if cerr == ErrNoRelease {
+		return ReleaseMeta{}, false, ErrNoRelease
+	}
+	if cerr == nil {
+		if m, err := VerifyRelease(filepath.Join(s.RuntimeDir(), releasesDir, releaseID(cur.Sequence))); err == nil {
+			return m, false, nil
+		} else {
+			cerr = err
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(s.RuntimeDir(), releasesDir))
+	if err != nil {
+		return ReleaseMeta{}, false, err
+	}
+	var seqs []int64
+	for _, e := range ents {
+		if seq, err := strconv.ParseInt(e.Name(), 10, 64); err == nil && (cur.Sequence == 0 || seq < cur.Sequence) {
+			seqs = append(seqs, seq)
+		}
+	}
+	sort.Slice(seqs, func(i, j int) bool { return seqs[i] > seqs[j] })
+	for _, seq := range seqs {
+		m, err := VerifyRelease(filepath.Join(s.RuntimeDir(), releasesDir, releaseID(seq)))
+		if err != nil {
+			continue
+		}
+		if err := Switch(s, seq); err != nil {
+			return ReleaseMeta{}, false, err
+		}
+		return m, true, nil
+	}
+	return ReleaseMeta{}, false, fmt.Errorf("%s: no intact release (%v)", s.Name, cerr)
 }

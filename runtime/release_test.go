@@ -118,3 +118,34 @@ func TestInstallReplacesALeftoverFromACrashedInstall(t *testing.T) {
 		t.Error("the crashed install's file survived")
 	}
 }
+
+func TestVerifyCurrentRollsBackFromADamagedRelease(t *testing.T) {
+	s := slotFor(t)
+	for seq := int64(1); seq <= 2; seq++ {
+		r, _ := BuildRelease(testParams(s, seq), &PoolRuntime{Pool: PoolSharedDefault, Hosts: map[string]*Domain{
+			"a.test": {Domain: "a.test", Revision: seq}}})
+		if _, _, err := Activate(s, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, rolled, err := VerifyCurrent(s); err != nil || rolled || m.Sequence != 2 {
+		t.Fatalf("intact: %+v rolled=%v %v", m, rolled, err)
+	}
+	// Damage the active release's pool file.
+	pool := filepath.Join(s.RuntimeDir(), "current", "pools", PoolSharedDefault+".json")
+	if err := os.WriteFile(pool, []byte(`{"hosts":{}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, rolled, err := VerifyCurrent(s)
+	if err != nil || !rolled || m.Sequence != 1 {
+		t.Fatalf("damaged: %+v rolled=%v %v, want a rollback to 1", m, rolled, err)
+	}
+	if cur, _ := Current(s); cur.Sequence != 1 {
+		t.Errorf("current is %d after the rollback", cur.Sequence)
+	}
+	// Nothing intact left: an error, nothing switched.
+	os.WriteFile(filepath.Join(s.RuntimeDir(), "current", "nginx.conf"), []byte("x"), 0o644)
+	if _, _, err := VerifyCurrent(s); err == nil {
+		t.Error("no intact release: want an error")
+	}
+}

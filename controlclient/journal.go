@@ -1,0 +1,158 @@
+// Package controlclient is the agent's side of the control plane: for now
+// the acknowledgement journal, which makes every ack durable before it is
+// sent and resends it until the control plane takes it; the outbound mTLS
+// client joins it.
+package controlclient
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/manifest"
+	"cellvisor/runtime"
+)
+
+// Journal is an append-only file of acknowledgements not yet delivered:
+// each is fsynced before it is sent, survives agent restarts, and is
+// compacted away once the control plane has taken it.
+type Journal struct {
+	path string
+	log  *zap.Logger
+	wake chan struct{}
+
+	mu      sync.Mutex // guards the following fields and the file
+	pending []manifest.Ack
+}
+
+// OpenJournal reads the journal at path (creating none yet). A torn last
+// line, from a crash in the middle of a write, is dropped: its ack was never
+// sent, and the activation that made it is redone.
+func OpenJournal(path string, log *zap.Logger) (*Journal, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	j := &Journal{path: path, log: log.Named("acks"), wake: make(chan struct{}, 1)}
+	data, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("read ack journal: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var a manifest.Ack
+		if err := json.Unmarshal(sc.Bytes(), &a); err != nil {
+			j.log.Warn("dropping a torn ack journal line", zap.Error(err))
+			continue
+		}
+		j.pending = append(j.pending, a)
+	}
+	return j, j.rewriteLocked()
+}
+
+// Append makes a durable: written and fsynced before Append returns.
+func (j *Journal) Append(a manifest.Ack) error {
+	line, err := json.Marshal(a)
+	if err != nil {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	f, err := os.OpenFile(j.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("ack journal: %w", err)
+	}
+	if _, err := f.Write(append(line, '\n')); err != nil {
+		f.Close()
+		return fmt.Errorf("ack journal: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("ack journal: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	j.pending = append(j.pending, a)
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Pending returns the acks not yet delivered, oldest first.
+func (j *Journal) Pending() []manifest.Ack {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return append([]manifest.Ack(nil), j.pending...)
+}
+
+// delivered removes the oldest pending ack and compacts the file.
+func (j *Journal) delivered(a manifest.Ack) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if len(j.pending) > 0 && j.pending[0].Sequence == a.Sequence && j.pending[0].Status == a.Status {
+		j.pending = j.pending[1:]
+	}
+	return j.rewriteLocked()
+}
+
+// rewriteLocked replaces the file with the pending acks, atomically.
+func (j *Journal) rewriteLocked() error {
+	var b bytes.Buffer
+	for _, a := range j.pending {
+		line, err := json.Marshal(a)
+		if err != nil {
+			return err
+		}
+		b.Write(append(line, '\n'))
+	}
+	if err := runtime.WriteFileAtomic(j.path, b.Bytes(), 0o600); err != nil {
+		return fmt.Errorf("compact ack journal: %w", err)
+	}
+	return nil
+}
+
+// Run sends pending acks in order until ctx ends, retrying each with
+// exponential backoff (capped at maxDelay, ±50% jitter, reset on success).
+func (j *Journal) Run(ctx context.Context, send func(context.Context, manifest.Ack) error, maxDelay time.Duration) {
+	delay := 100 * time.Millisecond
+	for {
+		pending := j.Pending()
+		if len(pending) == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-j.wake:
+				continue
+			}
+		}
+		a := pending[0]
+		if err := send(ctx, a); err != nil {
+			j.log.Warn("ack not delivered; will retry", zap.Int64("sequence", a.Sequence), zap.Duration("in", delay), zap.Error(err))
+			t := time.NewTimer(time.Duration(float64(delay) * (0.5 + rand.Float64())))
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			delay = min(delay*2, maxDelay)
+			continue
+		}
+		delay = 100 * time.Millisecond
+		if err := j.delivered(a); err != nil {
+			j.log.Error("ack journal", zap.Error(err))
+		}
+		j.log.Info("ack delivered", zap.Int64("sequence", a.Sequence), zap.String("status", a.Status))
+	}
+}

@@ -1,0 +1,73 @@
+package controlclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"cellvisor/internal/testutil"
+	"cellvisor/manifest"
+)
+
+func TestJournalSurvivesRestartAndDeliversInOrder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "acks.journal")
+	j, err := OpenJournal(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := int64(1); seq <= 3; seq++ {
+		if err := j.Append(manifest.Ack{Sequence: seq, Status: manifest.AckApplied}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A crash mid-append leaves a torn line; a restarted agent drops it.
+	f, _ := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	f.WriteString(`{"sequence":4,"sta`)
+	f.Close()
+	j, err = OpenJournal(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := j.Pending(); len(p) != 3 || p[0].Sequence != 1 || p[2].Sequence != 3 {
+		t.Fatalf("pending after restart: %+v", p)
+	}
+
+	var mu sync.Mutex
+	var got []int64
+	fails := 2 // the control plane is down for the first two tries
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		j.Run(ctx, func(_ context.Context, a manifest.Ack) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if fails > 0 {
+				fails--
+				return errors.New("control plane unreachable")
+			}
+			got = append(got, a.Sequence)
+			return nil
+		}, 20*time.Millisecond)
+	}()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if p := j.Pending(); len(p) > 0 {
+			return fmt.Errorf("still pending: %+v", p)
+		}
+		return nil
+	})
+	cancel()
+	<-done
+	if len(got) != 3 || got[0] != 1 || got[1] != 2 || got[2] != 3 {
+		t.Errorf("delivered %v, want 1 2 3 once each", got)
+	}
+	data, _ := os.ReadFile(path)
+	if len(data) != 0 {
+		t.Errorf("journal not compacted after delivery: %q", data)
+	}
+}

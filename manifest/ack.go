@@ -1,0 +1,41 @@
+package manifest
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Ack statuses.
+const (
+	AckApplied = "applied"
+	AckRefused = "refused"
+	// AckPartial: the release is active but not every affected cell has
+	// reported loading it; Cells names those that did not.
+	AckPartial = "partial"
+)
+
+// Ack tells the control plane what became of one manifest sequence.
+type Ack struct {
+	Sequence int64     `json:"sequence"`
+	Status   string    `json:"status"`
+	Reason   string    `json:"reason,omitempty"`
+	Cells    []string  `json:"cells,omitempty"`
+	At       time.Time `json:"at"`
+}
+
+// ErrNoChange is returned by a Source when there is no manifest after the
+// active sequence.
+var ErrNoChange = errors.New("no manifest after the active sequence")
+
+// Source is where an edge gets its manifests and artifacts and sends its
+// acknowledgements: the control API (controlclient) or a directory.
+type Source interface {
+	// Page returns the page at cursor of the newest manifest after
+	// sequence after, or ErrNoChange.
+	Page(ctx context.Context, after int64, cursor string) (Page, error)
+	// Artifact returns the bytes of the artifact with this SHA-256.
+	Artifact(ctx context.Context, sha256 string) ([]byte, error)
+	// Ack delivers an acknowledgement; the source de-duplicates by sequence.
+	Ack(ctx context.Context, a Ack) error
+}
