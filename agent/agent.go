@@ -234,8 +234,8 @@ func (a *Agent) summary() string {
 	for _, s := range st.Slots {
 		counts[s.State]++
 	}
-	return fmt.Sprintf("%d slots: %d ready, %d degraded, %d stopped; cgroups %s",
-		len(st.Slots), counts[supervisor.StateReady], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], st.CgroupMode)
+	return fmt.Sprintf("%d slots: %d ready, %d drained, %d degraded, %d stopped; cgroups %s",
+		len(st.Slots), counts[supervisor.StateReady], counts[supervisor.StateDrained], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], st.CgroupMode)
 }
 
 // buildStandalone compiles the local domains directory into a release for

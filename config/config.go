@@ -60,7 +60,8 @@ type OpenResty struct {
 	// nginx that has the Lua module as a dynamic module (Debian's packages).
 	// Empty for an openresty binary, which has Lua built in.
 	Modules []string `yaml:"modules"`
-	// ReadyTimeout bounds the wait for a started cell's listener to accept.
+	// ReadyTimeout bounds the wait for a started cell to answer its
+	// readiness probe (a worker must answer /.cellvisor/ready).
 	ReadyTimeout Duration `yaml:"ready_timeout"`
 	// StopTimeout is the graceful-stop grace period (SIGQUIT) before SIGKILL.
 	StopTimeout Duration `yaml:"stop_timeout"`
@@ -112,7 +113,7 @@ type Cgroup struct {
 	PlaceAgent *bool `yaml:"place_agent"`
 }
 
-// Restart is the crash-restart backoff policy.
+// Restart is the crash-restart backoff policy and the operator-restart limits.
 type Restart struct {
 	// InitialDelay is the delay before the second restart in a row; the first
 	// restart after a healthy period is immediate.

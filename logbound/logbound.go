@@ -54,6 +54,10 @@ func New(o Options) (*Bound, error) {
 	return &Bound{o: o, log: o.Logger.Named("logbound")}, nil
 }
 
+// minInterval spaces budget checks under a stream of writes. At 16 MiB a
+// cell would have to log over 40 MiB/s to outrun a quarter-budget rotation.
+const minInterval = 100 * time.Millisecond
+
 // rotateAt is the size at which a live log is rotated: a quarter of the
 // budget, so that live and rotated generations of a few files, plus what is
 // written while the writer reopens, stay within it.
@@ -75,6 +79,15 @@ func (b *Bound) Run(ctx context.Context) error {
 	for {
 		if err := b.Enforce(); err != nil {
 			b.log.Warn("enforce log budget", zap.String("dir", b.o.Dir), zap.Error(err))
+		}
+		// At most one check per minInterval: access logs are written on every
+		// request, and the agent has a quarter of a CPU for all its cells.
+		pause := time.NewTimer(minInterval)
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return nil
+		case <-pause.C:
 		}
 		select {
 		case <-ctx.Done():

@@ -203,37 +203,44 @@ type Fetch func(ctx context.Context, after int64, cursor string) (Page, error)
 // Collect walks every page of the manifest after sequence active and
 // returns it whole, refusing pages for another edge, pages that disagree on
 // the sequence, a sequence that does not move forward, duplicate domains
-// across pages and cursors that loop.
-func Collect(ctx context.Context, fetch Fetch, edgeID string, active int64) (Manifest, error) {
-	m := Manifest{EdgeID: edgeID}
+// across pages and cursors that loop. On a refusal the returned manifest
+// carries the sequence when the first page named one, for the refusal ack.
+func Collect(ctx context.Context, fetch Fetch, edgeID string, active int64) (m Manifest, err error) {
+	defer func() {
+		if err != nil {
+			m = Manifest{EdgeID: edgeID, Sequence: m.Sequence}
+		}
+	}()
+	m = Manifest{EdgeID: edgeID}
 	seen := map[string]bool{}
 	cursors := map[string]bool{}
 	cursor := ""
 	for n := 0; ; n++ {
 		if n == MaxPages {
-			return Manifest{}, fmt.Errorf("%w: more than %d pages", ErrInvalid, MaxPages)
+			return m, fmt.Errorf("%w: more than %d pages", ErrInvalid, MaxPages)
 		}
 		p, err := fetch(ctx, active, cursor)
 		if err != nil {
-			return Manifest{}, err
+			return m, err
+		}
+		if n == 0 {
+			m.Sequence = p.Sequence
 		}
 		if err := p.Validate(); err != nil {
-			return Manifest{}, err
+			return m, err
 		}
 		switch {
 		case p.EdgeID != edgeID:
-			return Manifest{}, fmt.Errorf("%w: page for edge %q, this is %q", ErrInvalid, p.EdgeID, edgeID)
-		case n == 0:
-			m.Sequence = p.Sequence
+			return m, fmt.Errorf("%w: page for edge %q, this is %q", ErrInvalid, p.EdgeID, edgeID)
 		case p.Sequence != m.Sequence:
-			return Manifest{}, fmt.Errorf("%w: pages disagree on the sequence (%d, %d)", ErrInvalid, m.Sequence, p.Sequence)
+			return m, fmt.Errorf("%w: pages disagree on the sequence (%d, %d)", ErrInvalid, m.Sequence, p.Sequence)
 		}
 		if m.Sequence <= active {
-			return Manifest{}, fmt.Errorf("%w: manifest sequence %d, active %d", ErrStale, m.Sequence, active)
+			return m, fmt.Errorf("%w: manifest sequence %d, active %d", ErrStale, m.Sequence, active)
 		}
 		for _, e := range p.Entries {
 			if seen[e.Domain] {
-				return Manifest{}, fmt.Errorf("%w: %s", ErrDuplicate, e.Domain)
+				return m, fmt.Errorf("%w: %s", ErrDuplicate, e.Domain)
 			}
 			seen[e.Domain] = true
 			m.Entries = append(m.Entries, e)
@@ -242,7 +249,7 @@ func Collect(ctx context.Context, fetch Fetch, edgeID string, active int64) (Man
 			return m, nil
 		}
 		if cursors[p.Next] {
-			return Manifest{}, fmt.Errorf("%w: cursor %q repeats", ErrInvalid, p.Next)
+			return m, fmt.Errorf("%w: cursor %q repeats", ErrInvalid, p.Next)
 		}
 		cursors[p.Next] = true
 		cursor = p.Next
@@ -262,4 +269,15 @@ func Paginate(m Manifest, size int) []Page {
 		pages = append(pages, p)
 	}
 	return pages
+}
+
+// IsRefusal tells a refusal of the manifest's content (ack it as refused)
+// from a failure to get it (retry later).
+func IsRefusal(err error) bool {
+	for _, e := range []error{ErrInvalid, ErrStale, ErrSize, ErrDigest, ErrSignature, ErrDuplicate, ErrTooMany, ErrSnapshot, ErrTooLarge} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }

@@ -217,13 +217,16 @@ func (t Topology) MakeDirs() error {
 		if err := os.MkdirAll(s.RunDir, 0o700); err != nil {
 			return fmt.Errorf("create %s: %w", s.RunDir, err)
 		}
+		if err := os.Chmod(s.RunDir, 0o700); err != nil { // an older, wider one
+			return err
+		}
 		if err := ensureSecret(s.SecretFile()); err != nil {
 			return fmt.Errorf("secret of %s: %w", s.Name, err)
 		}
-		if _, err := os.Stat(s.DrainConf()); os.IsNotExist(err) {
-			if err := WriteDrainConf(s, s.Drained()); err != nil {
-				return err
-			}
+		// The marker is the truth; the include follows it (a crash may have
+		// come between writing the two).
+		if err := WriteDrainConf(s, s.Drained()); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -79,10 +79,10 @@ func (s *Supervisor) slotNamed(name string) (*slot, error) {
 	return nil, fmt.Errorf("%w: %q", ErrNoSlot, name)
 }
 
-// Drain makes a cell stop advertising readiness: its readiness probe answers
-// 503 at once, requests in flight complete, and a graceful reload closes
-// keep-alive connections after their current request. The drained state is
-// persisted and survives agent and cell restarts.
+// Drain makes a cell stop advertising readiness: the drained state is
+// persisted (it survives agent and cell restarts), the cell's readiness probe
+// answers 503 from then on, requests in flight complete, and a graceful
+// reload closes keep-alive connections after their current request.
 func (s *Supervisor) Drain(ctx context.Context, name string) (SlotStatus, error) {
 	return s.setDrained(ctx, name, true)
 }
@@ -104,18 +104,26 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 	defer c.ctl.Unlock()
 	verb := map[bool]string{true: "drain", false: "undrain"}[drained]
 	pid, _ := c.running()
-	if pid != 0 && drained {
-		// Readiness first: that is what the load balancer watches.
-		api, err := c.client()
-		if err != nil {
-			return SlotStatus{}, err
-		}
-		if _, err := api.Drain(ctx); err != nil {
-			return SlotStatus{}, fmt.Errorf("%s %s: %w", verb, name, err)
-		}
-	}
+	// Persist first, so that the agent never believes a state the cell is
+	// not in; if the cell then refuses, the persisted state is put back.
 	if err := runtime.SetDrained(c.spec, drained); err != nil {
 		return SlotStatus{}, err
+	}
+	if pid != 0 {
+		api, err := c.client()
+		if err == nil {
+			if drained {
+				_, err = api.Drain(ctx)
+			} else {
+				_, err = api.Undrain(ctx)
+			}
+		}
+		if err != nil {
+			if rerr := runtime.SetDrained(c.spec, !drained); rerr != nil {
+				c.log.Error("restore drained state", zap.Error(rerr))
+			}
+			return SlotStatus{}, fmt.Errorf("%s %s: %w", verb, name, err)
+		}
 	}
 	c.mu.Lock()
 	c.drained = drained
@@ -131,15 +139,6 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 		// requests and close keep-alive connections; new ones follow it.
 		if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
 			c.log.Warn("reload after "+verb, zap.Error(err))
-		}
-		if !drained {
-			api, err := c.client()
-			if err != nil {
-				return SlotStatus{}, err
-			}
-			if _, err := api.Undrain(ctx); err != nil {
-				return SlotStatus{}, fmt.Errorf("%s %s: %w", verb, name, err)
-			}
 		}
 	}
 	c.log.Info("cell "+verb+"ed", zap.Int("pid", pid))
@@ -260,6 +259,9 @@ func (s *Supervisor) monitor(ctx context.Context) {
 			}
 			c.mu.Lock()
 			seen := c.secSeen
+			if cs.Security.AuthFailures < seen {
+				seen = 0 // the cell restarted: its counters did too
+			}
 			c.secSeen = cs.Security.AuthFailures
 			c.mu.Unlock()
 			if n := cs.Security.AuthFailures - seen; n > 0 {

@@ -37,7 +37,8 @@ type Options struct {
 	Refusal error
 	// Policy is the restart backoff.
 	Policy Policy
-	// ReadyTimeout bounds the wait for a started cell's listener; zero means 10s.
+	// ReadyTimeout bounds the wait for a started cell to answer its readiness
+	// probe; zero means 10s.
 	ReadyTimeout time.Duration
 	// StopTimeout is the graceful-stop grace period; zero means 10s.
 	StopTimeout time.Duration

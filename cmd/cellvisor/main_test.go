@@ -183,7 +183,7 @@ func TestAgentSIGTERMLeavesNothingBehind(t *testing.T) {
 		procs, _ := g.Procs()
 		pids = append(pids, procs...)
 	}
-	notify.await(t, "READY=1", "STATUS=4 slots: 2 ready, 0 degraded, 2 stopped", "WATCHDOG=1")
+	notify.await(t, "READY=1", "STATUS=4 slots: 2 ready, 0 drained, 0 degraded, 2 stopped", "WATCHDOG=1")
 	if fi, err := os.Stat(agent.AdminSocket(cfg)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("admin socket: %v mode %v, want 0600", err, fi.Mode().Perm())
 	}

@@ -60,6 +60,7 @@ local function lookup(host)
 end
 
 function _M.ready()
+    ngx.ctx.probe = true -- not counted as a request served
     ngx.header["Content-Type"] = "text/plain"
     if dict:get("drained") then
         ngx.status = 503
@@ -110,6 +111,7 @@ end
 -- records a passive-origin failure when the origin could not be reached, timed
 -- out or answered 5xx.
 function _M.log()
+    if ngx.ctx.probe then return end
     dict:incr("requests", 1, 0)
     local origin = ngx.var.cv_origin_name
     if origin == nil or origin == "" then return end

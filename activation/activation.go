@@ -1,0 +1,325 @@
+// Package activation turns an edge's manifest into running configuration.
+// One Poll pulls every page after the active sequence, fetches and verifies
+// every artifact (size, SHA-256, Ed25519 by the pinned key), decodes and
+// compiles the domains into per-pool runtime JSON, installs a complete
+// release for every slot whose content changed, switches those slots
+// atomically, reloads only those cells, waits until each reports the new
+// sequence, and journals the acknowledgement. Everything is verified before
+// anything is written, so a refusal leaves the previous release active and
+// untouched and journals a refusal ack instead.
+package activation
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/controlclient"
+	"cellvisor/manifest"
+	"cellvisor/runtime"
+)
+
+// Cells is the part of the supervisor activation drives.
+type Cells interface {
+	// Reload makes a cell load its switched release: a graceful reload of a
+	// running cell, a start of one that waited for a release.
+	Reload(cell string) error
+	// Loaded returns the release sequence a running, ready cell reports
+	// having loaded (from its private status); running is false otherwise.
+	Loaded(ctx context.Context, cell string) (seq int64, running bool, err error)
+}
+
+// Options configures an Activator.
+type Options struct {
+	// EdgeID and PublicKey come from the agent's identity: entries must be
+	// signed for this edge by this key. Required.
+	EdgeID    string
+	PublicKey ed25519.PublicKey
+	// Source serves manifests and artifacts and takes acks. Required.
+	Source manifest.Source
+	// Journal makes acks durable. Required.
+	Journal *controlclient.Journal
+	// Topology and Assignments say which slots serve which pool. Required.
+	Topology    runtime.Topology
+	Assignments runtime.Assignments
+	// Render gives the render inputs of a slot's release. Required.
+	Render func(s runtime.Slot, pool string, seq int64) runtime.RenderParams
+	// Cells reloads cells and reports what they loaded. Required.
+	Cells Cells
+	// StateDir holds active.json, the active sequence. Required.
+	StateDir string
+	// ApplyTimeout bounds the wait for cells to report a new release; zero
+	// means 30s.
+	ApplyTimeout time.Duration
+	// Logger, or nil for none.
+	Logger *zap.Logger
+}
+
+// Activator applies manifests.
+type Activator struct {
+	o   Options
+	log *zap.Logger
+
+	mu          sync.Mutex // guards the following fields
+	active      int64
+	lastRefused int64
+	lastPoll    time.Time
+	lastErr     error
+}
+
+type activeFile struct {
+	Sequence int64 `json:"sequence"`
+}
+
+// New loads the active sequence and validates options.
+func New(o Options) (*Activator, error) {
+	if o.EdgeID == "" || len(o.PublicKey) != ed25519.PublicKeySize || o.Source == nil || o.Journal == nil ||
+		o.Render == nil || o.Cells == nil || o.StateDir == "" {
+		return nil, errors.New("activation: EdgeID, PublicKey, Source, Journal, Render, Cells and StateDir are required")
+	}
+	if o.ApplyTimeout == 0 {
+		o.ApplyTimeout = 30 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	a := &Activator{o: o, log: o.Logger.Named("activation")}
+	data, err := os.ReadFile(a.activePath())
+	switch {
+	case err == nil:
+		var f activeFile
+		if err := json.Unmarshal(data, &f); err != nil {
+			return nil, fmt.Errorf("read active sequence: %w", err)
+		}
+		a.active = f.Sequence
+	case !os.IsNotExist(err):
+		return nil, fmt.Errorf("read active sequence: %w", err)
+	}
+	return a, nil
+}
+
+func (a *Activator) activePath() string { return filepath.Join(a.o.StateDir, "active.json") }
+
+// Active returns the active sequence.
+func (a *Activator) Active() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.active
+}
+
+// LastPoll returns when the last poll finished and its error, if any.
+func (a *Activator) LastPoll() (time.Time, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.lastPoll, a.lastErr
+}
+
+// Run polls every interval (with jittered backoff up to maxDelay while the
+// source fails) until ctx ends. Cells keep serving the last good release
+// whatever happens here.
+func (a *Activator) Run(ctx context.Context, interval, maxDelay time.Duration) {
+	delay := interval
+	for {
+		err := a.Poll(ctx)
+		a.mu.Lock()
+		a.lastPoll, a.lastErr = time.Now(), err
+		a.mu.Unlock()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			a.log.Warn("poll failed; keeping the active release", zap.Duration("retry_in", delay), zap.Error(err))
+			delay = min(delay*2, maxDelay)
+		} else {
+			delay = interval
+		}
+		t := time.NewTimer(time.Duration(float64(delay) * (0.75 + rand.Float64()/2)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Poll applies the newest manifest after the active sequence, if any. It
+// returns an error only for failures to be retried (source unreachable,
+// local I/O); refusals are journaled as acks and return nil.
+func (a *Activator) Poll(ctx context.Context) error {
+	active := a.Active()
+	m, err := manifest.Collect(ctx, a.o.Source.Page, a.o.EdgeID, active)
+	switch {
+	case errors.Is(err, manifest.ErrNoChange):
+		return nil
+	case manifest.IsRefusal(err):
+		return a.refuse(m.Sequence, err)
+	case err != nil:
+		return fmt.Errorf("fetch manifest: %w", err)
+	}
+	a.mu.Lock()
+	refused := a.lastRefused == m.Sequence
+	a.mu.Unlock()
+	if refused {
+		return nil // already refused and acknowledged
+	}
+	pools, err := a.verify(ctx, m)
+	if manifest.IsRefusal(err) || errors.Is(err, runtime.ErrBadDomain) || errors.Is(err, errUnknownPool) {
+		return a.refuse(m.Sequence, err)
+	}
+	if err != nil {
+		return err
+	}
+	return a.apply(ctx, m.Sequence, pools)
+}
+
+var errUnknownPool = errors.New("pool not assigned on this edge")
+
+// verify fetches every artifact and checks it against its signed entry,
+// decodes it, and compiles the pools. It writes nothing.
+func (a *Activator) verify(ctx context.Context, m manifest.Manifest) (map[string]*runtime.PoolRuntime, error) {
+	assigned := map[string]bool{}
+	for _, pool := range a.o.Assignments {
+		assigned[pool] = true
+	}
+	domains := make([]runtime.Domain, 0, len(m.Entries))
+	for _, e := range m.Entries {
+		if !assigned[e.Pool] {
+			return nil, fmt.Errorf("%w: %s is for pool %s", errUnknownPool, e.Domain, e.Pool)
+		}
+		data, err := a.o.Source.Artifact(ctx, e.SHA256)
+		if err != nil {
+			return nil, fmt.Errorf("fetch artifact of %s: %w", e.Domain, err)
+		}
+		if err := e.Verify(a.o.PublicKey, a.o.EdgeID, data); err != nil {
+			return nil, err
+		}
+		d, err := runtime.DecodeDomain(data)
+		if err != nil {
+			return nil, fmt.Errorf("artifact of %s revision %d: %w", e.Domain, e.Revision, err)
+		}
+		if d.Domain != e.Domain || d.Pool != e.Pool || d.Revision != e.Revision {
+			return nil, fmt.Errorf("%w: artifact says %s/%s revision %d, its entry %s/%s revision %d",
+				manifest.ErrInvalid, d.Domain, d.Pool, d.Revision, e.Domain, e.Pool, e.Revision)
+		}
+		domains = append(domains, d)
+	}
+	return runtime.CompilePools(domains)
+}
+
+// apply installs and switches the changed slots, reloads their cells,
+// waits for them to report the sequence, journals the ack, and only then
+// records the sequence as active: a crash anywhere before that redoes the
+// activation (a no-op on disk) and the ack.
+func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runtime.PoolRuntime) error {
+	var changed []runtime.Slot
+	for _, s := range a.o.Topology.Slots {
+		pool := a.o.Assignments[s.Name]
+		if pool == "" {
+			continue
+		}
+		r, err := runtime.BuildRelease(a.o.Render(s, pool, seq), pools[pool])
+		if err != nil {
+			return err
+		}
+		if cur, err := runtime.Current(s); err == nil && cur.Digest == r.Meta.Digest && cur.Pool == pool {
+			continue
+		}
+		if _, err := runtime.Install(s, r); err != nil {
+			return fmt.Errorf("activate release %d: %w", seq, err)
+		}
+		changed = append(changed, s)
+	}
+	for _, s := range changed {
+		if err := runtime.Switch(s, seq); err != nil {
+			return fmt.Errorf("activate release %d: %w", seq, err)
+		}
+		if err := runtime.Prune(s); err != nil {
+			a.log.Warn("prune releases", zap.String("cell", s.Name), zap.Error(err))
+		}
+	}
+	for _, s := range changed {
+		if err := a.o.Cells.Reload(s.Name); err != nil {
+			a.log.Warn("reload cell", zap.String("cell", s.Name), zap.Error(err))
+		}
+	}
+	missing := a.awaitLoaded(ctx, seq, changed)
+	ack := manifest.Ack{Sequence: seq, Status: manifest.AckApplied, At: time.Now().UTC()}
+	if len(missing) > 0 {
+		ack.Status, ack.Cells = manifest.AckPartial, missing
+		ack.Reason = fmt.Sprintf("release %d is active but %d cell(s) have not reported loading it", seq, len(missing))
+	}
+	if err := a.o.Journal.Append(ack); err != nil {
+		return err
+	}
+	if err := runtime.WriteFileAtomic(a.activePath(), []byte(fmt.Sprintf(`{"sequence":%d}`+"\n", seq)), 0o644); err != nil {
+		return fmt.Errorf("record active sequence %d: %w", seq, err)
+	}
+	a.mu.Lock()
+	a.active = seq
+	a.mu.Unlock()
+	names := make([]string, len(changed))
+	for i, s := range changed {
+		names[i] = s.Name
+	}
+	a.log.Info("manifest applied", zap.Int64("sequence", seq), zap.Strings("reloaded", names), zap.String("ack", ack.Status), zap.Strings("not_loaded", missing))
+	return nil
+}
+
+// awaitLoaded waits until every changed cell reports seq, and returns the
+// ones that did not within the apply timeout.
+func (a *Activator) awaitLoaded(ctx context.Context, seq int64, changed []runtime.Slot) []string {
+	ctx, cancel := context.WithTimeout(ctx, a.o.ApplyTimeout)
+	defer cancel()
+	waiting := map[string]bool{}
+	for _, s := range changed {
+		waiting[s.Name] = true
+	}
+	delay := 2 * time.Millisecond
+	for len(waiting) > 0 {
+		for name := range waiting {
+			if got, running, err := a.o.Cells.Loaded(ctx, name); err == nil && running && got == seq {
+				delete(waiting, name)
+			}
+		}
+		if len(waiting) == 0 {
+			break
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			var out []string
+			for name := range waiting {
+				out = append(out, name)
+			}
+			sort.Strings(out)
+			return out
+		case <-t.C:
+		}
+		delay = min(delay*2, 100*time.Millisecond)
+	}
+	return nil
+}
+
+// refuse journals a refusal ack; the previous release stays active.
+func (a *Activator) refuse(seq int64, why error) error {
+	a.log.Error("manifest refused; the previous release stays active", zap.Int64("sequence", seq), zap.Error(why))
+	if err := a.o.Journal.Append(manifest.Ack{Sequence: seq, Status: manifest.AckRefused, Reason: why.Error(), At: time.Now().UTC()}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.lastRefused = seq
+	a.mu.Unlock()
+	return nil
+}
