@@ -162,16 +162,17 @@ func (a *Activator) Poll(ctx context.Context) error {
 	switch {
 	case errors.Is(err, manifest.ErrNoChange):
 		return nil
-	case manifest.IsRefusal(err):
-		return a.refuse(m.Sequence, err)
-	case err != nil:
+	case err != nil && !manifest.IsRefusal(err):
 		return fmt.Errorf("fetch manifest: %w", err)
 	}
 	a.mu.Lock()
-	refused := a.lastRefused == m.Sequence
+	refused := m.Sequence != 0 && a.lastRefused == m.Sequence
 	a.mu.Unlock()
 	if refused {
 		return nil // already refused and acknowledged
+	}
+	if err != nil {
+		return a.refuse(m.Sequence, err)
 	}
 	pools, err := a.verify(ctx, m)
 	if manifest.IsRefusal(err) || errors.Is(err, runtime.ErrBadDomain) || errors.Is(err, errUnknownPool) {

@@ -203,6 +203,50 @@ func (c *slot) admitRestart(now time.Time) error {
 	return nil
 }
 
+// Reload makes a cell load its switched release: a graceful reload (SIGHUP)
+// of a running cell, or the first start of one that waited for a release.
+func (s *Supervisor) Reload(name string) error {
+	c, err := s.slotNamed(name)
+	if err != nil {
+		return err
+	}
+	meta, err := runtime.Current(c.spec)
+	if err != nil {
+		return fmt.Errorf("reload %s: %w", name, err)
+	}
+	c.mu.Lock()
+	c.seq = meta.Sequence
+	pid := c.pid
+	c.mu.Unlock()
+	select {
+	case c.released <- struct{}{}:
+	default:
+	}
+	if pid != 0 {
+		if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+			return fmt.Errorf("reload %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// Loaded returns the release sequence a running, ready cell reports having
+// loaded from its private status.
+func (s *Supervisor) Loaded(ctx context.Context, name string) (int64, bool, error) {
+	c, err := s.slotNamed(name)
+	if err != nil {
+		return 0, false, err
+	}
+	if _, st := c.running(); st != StateReady && st != StateDrained {
+		return 0, false, nil
+	}
+	cs, err := c.cellStatus(ctx)
+	if err != nil || cs == nil {
+		return 0, false, err
+	}
+	return cs.Sequence, true, nil
+}
+
 // cellStatus asks a running cell for its own status.
 func (c *slot) cellStatus(ctx context.Context) (*cellapi.Status, error) {
 	if pid, _ := c.running(); pid == 0 {

@@ -36,6 +36,8 @@ type slot struct {
 	restartCh chan *restartReq
 	// ctl serialises drain, undrain and restart of this slot.
 	ctl sync.Mutex
+	// released wakes a slot waiting for its first release.
+	released chan struct{}
 
 	mu         sync.Mutex // guards the following fields
 	group      cgroup.Group
@@ -63,6 +65,7 @@ func newSlot(s *Supervisor, spec runtime.Slot, pool string) *slot {
 		s: s, spec: spec, pool: pool, state: StateStopped,
 		log:       s.log.With(zap.String("cell", spec.Name)),
 		restartCh: make(chan *restartReq),
+		released:  make(chan struct{}, 1),
 		drained:   spec.Drained(),
 	}
 }
@@ -113,17 +116,23 @@ func (c *slot) run(ctx context.Context) {
 		c.set(StateStopped, "not started: "+c.s.o.Refusal.Error())
 		return
 	}
-	meta, err := runtime.Current(c.spec)
-	if err != nil {
+	for {
+		meta, err := runtime.Current(c.spec)
+		if err == nil {
+			c.mu.Lock()
+			c.seq = meta.Sequence
+			c.mu.Unlock()
+			break
+		}
 		c.set(StateDegraded, "runtime missing: "+err.Error())
 		c.firstOutcome()
-		<-ctx.Done()
-		c.set(StateStopped, "agent stopping")
-		return
+		select {
+		case <-ctx.Done():
+			c.set(StateStopped, "agent stopping")
+			return
+		case <-c.released:
+		}
 	}
-	c.mu.Lock()
-	c.seq = meta.Sequence
-	c.mu.Unlock()
 	tr := tracker{p: c.s.o.Policy, jitter: c.s.o.Jitter}
 	var pending *restartReq // an operator restart waiting for the new cell
 	defer func() {

@@ -1,0 +1,369 @@
+package activation
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cellvisor/controlclient"
+	"cellvisor/manifest"
+	"cellvisor/runtime"
+)
+
+const edge = "edge-1"
+
+// memSource serves one manifest from memory, and can fail.
+type memSource struct {
+	mu        sync.Mutex
+	m         manifest.Manifest
+	pageSize  int
+	artifacts map[string][]byte
+	fail      error
+	acks      []manifest.Ack
+	// ignoreAfter serves the manifest whatever the edge's active sequence,
+	// as a misbehaving control plane would.
+	ignoreAfter bool
+}
+
+func (s *memSource) Page(_ context.Context, after int64, cursor string) (manifest.Page, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail != nil {
+		return manifest.Page{}, s.fail
+	}
+	if s.m.Sequence == 0 || (s.m.Sequence <= after && !s.ignoreAfter) {
+		return manifest.Page{}, manifest.ErrNoChange
+	}
+	size := s.pageSize
+	if size == 0 {
+		size = manifest.MaxEntries
+	}
+	pages := manifest.Paginate(s.m, size)
+	for i, p := range pages {
+		if (i == 0 && cursor == "") || (i > 0 && pages[i-1].Next == cursor) {
+			return p, nil
+		}
+	}
+	return manifest.Page{}, errors.New("no such cursor")
+}
+
+func (s *memSource) Artifact(_ context.Context, sum string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.artifacts[sum]; ok {
+		return d, nil
+	}
+	return nil, errors.New("no such artifact")
+}
+
+func (s *memSource) Ack(_ context.Context, a manifest.Ack) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.acks = append(s.acks, a)
+	return nil
+}
+
+// fakeCells loads the switched release on Reload, unless told not to.
+type fakeCells struct {
+	topo     runtime.Topology
+	mu       sync.Mutex
+	loaded   map[string]int64
+	reloads  []string
+	deadCell string
+}
+
+func (f *fakeCells) Reload(cell string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reloads = append(f.reloads, cell)
+	s, _ := f.topo.Slot(cell)
+	if m, err := runtime.Current(s); err == nil && cell != f.deadCell {
+		f.loaded[cell] = m.Sequence
+	}
+	return nil
+}
+
+func (f *fakeCells) Loaded(_ context.Context, cell string) (int64, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if cell == f.deadCell {
+		return 0, false, nil
+	}
+	return f.loaded[cell], true, nil
+}
+
+type rig struct {
+	t     *testing.T
+	pub   ed25519.PublicKey
+	priv  ed25519.PrivateKey
+	src   *memSource
+	cells *fakeCells
+	topo  runtime.Topology
+	a     *Activator
+	j     *controlclient.Journal
+	state string
+}
+
+func newRig(t *testing.T) *rig {
+	seed := sha256.Sum256([]byte(t.Name()))
+	priv := ed25519.NewKeyFromSeed(seed[:])
+	dir := t.TempDir()
+	topo := runtime.Plan(runtime.Layout{Slots: 3, HTTPBase: 20000, HTTPSBase: 21000, StateDir: dir, RunDir: filepath.Join(dir, "run")})
+	if err := topo.MakeDirs(); err != nil {
+		t.Fatal(err)
+	}
+	j, err := controlclient.OpenJournal(filepath.Join(dir, "acks.journal"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, pub: priv.Public().(ed25519.PublicKey), priv: priv, topo: topo, j: j, state: dir,
+		src:   &memSource{artifacts: map[string][]byte{}},
+		cells: &fakeCells{topo: topo, loaded: map[string]int64{}}}
+	r.a, err = New(Options{
+		EdgeID: edge, PublicKey: r.pub, Source: r.src, Journal: j, Topology: topo,
+		Assignments: runtime.InitialAssignments(topo), Cells: r.cells, StateDir: dir,
+		ApplyTimeout: 300 * time.Millisecond,
+		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {
+			return runtime.RenderParams{Slot: s, Pool: pool, Sequence: seq, WorkerConnections: 64, WorkerShutdownTimeout: 5,
+				CacheMaxBytes: 1 << 20, RequestMaxBytes: 1 << 20}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func domainJSON(domain, pool string, rev int64, body string) []byte {
+	return []byte(fmt.Sprintf(`{"domain":%q,"pool":%q,"revision":%d,"hostnames":[%q],"routes":[{"prefix":"/","respond":{"status":200,"body":%q}}]}`,
+		domain, pool, rev, domain, body))
+}
+
+// publish makes seq the served manifest with the given domain bodies.
+func (r *rig) publish(seq int64, domains map[string]string) {
+	m := manifest.Manifest{EdgeID: edge, Sequence: seq}
+	for d, body := range domains {
+		pool := runtime.PoolSharedDefault
+		if strings.HasPrefix(d, "q.") {
+			pool = runtime.PoolQuarantineDefault
+		}
+		art := domainJSON(d, pool, seq, body)
+		e := manifest.NewEntry(r.priv, edge, d, pool, seq, art)
+		r.src.artifacts[e.SHA256] = art
+		m.Entries = append(m.Entries, e)
+	}
+	r.src.mu.Lock()
+	r.src.m = m
+	r.src.mu.Unlock()
+}
+
+func (r *rig) slot(name string) runtime.Slot {
+	s, _ := r.topo.Slot(name)
+	return s
+}
+
+func (r *rig) poolJSON(name string) string {
+	s := r.slot(name)
+	m, err := runtime.Current(s)
+	if err != nil {
+		return ""
+	}
+	b, _ := os.ReadFile(filepath.Join(s.RuntimeDir(), "current", "pools", m.Pool+".json"))
+	return string(b)
+}
+
+func (r *rig) lastAck() manifest.Ack {
+	p := r.j.Pending()
+	if len(p) == 0 {
+		r.t.Fatal("no ack journaled")
+	}
+	return p[len(p)-1]
+}
+
+func TestApplyReloadsOnlyChangedCellsAndAcks(t *testing.T) {
+	r := newRig(t)
+	r.publish(1, map[string]string{"a.example.com": "one", "q.example.com": "quarantined"})
+	if err := r.a.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if a := r.lastAck(); a.Sequence != 1 || a.Status != manifest.AckApplied {
+		t.Fatalf("ack %+v", a)
+	}
+	if r.a.Active() != 1 || !strings.Contains(r.poolJSON("cell-01"), "one") || !strings.Contains(r.poolJSON("cell-02"), "quarantined") {
+		t.Fatalf("active %d; cell-01 %q", r.a.Active(), r.poolJSON("cell-01"))
+	}
+	if got := strings.Join(r.cells.reloads, ","); got != "cell-01,cell-02" {
+		t.Errorf("reloaded %s, want cell-01,cell-02 (cell-03 is unassigned)", got)
+	}
+	// Sequence 2 changes only the shared-default domain.
+	r.cells.reloads = nil
+	r.publish(2, map[string]string{"a.example.com": "two", "q.example.com": "quarantined"})
+	r.src.m.Entries[1] = manifest.NewEntry(r.priv, edge, "q.example.com", runtime.PoolQuarantineDefault, 1, domainJSON("q.example.com", runtime.PoolQuarantineDefault, 1, "quarantined"))
+	r.src.artifacts[r.src.m.Entries[1].SHA256] = domainJSON("q.example.com", runtime.PoolQuarantineDefault, 1, "quarantined")
+	if err := r.a.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(r.cells.reloads, ","); got != "cell-01" {
+		t.Errorf("reloaded %q, want only cell-01", got)
+	}
+	if a := r.lastAck(); a.Sequence != 2 || a.Status != manifest.AckApplied || r.a.Active() != 2 {
+		t.Fatalf("ack %+v active %d", a, r.a.Active())
+	}
+	// The active sequence survives a restart of the activator.
+	again, err := New(r.a.o)
+	if err != nil || again.Active() != 2 {
+		t.Fatalf("after restart: active %d, %v", again.Active(), err)
+	}
+}
+
+// Every bad input is refused with a reason, journaled as a refusal, and
+// leaves the previous release active and untouched.
+func TestRefusalsLeaveThePreviousReleaseActive(t *testing.T) {
+	_, otherKey, _ := ed25519.GenerateKey(nil)
+	tests := []struct {
+		name   string
+		mutate func(r *rig)
+		reason string
+	}{
+		{"tampered artifact bytes", func(r *rig) {
+			e := r.src.m.Entries[0]
+			r.src.artifacts[e.SHA256] = bytes.Replace(r.src.artifacts[e.SHA256], []byte("two"), []byte("owt"), 1)
+		}, "SHA-256 mismatch"},
+		{"wrong size", func(r *rig) {
+			e := &r.src.m.Entries[0]
+			art := r.src.artifacts[e.SHA256]
+			*e = manifest.NewEntry(r.priv, edge, e.Domain, e.Pool, e.Revision, art)
+			e.Size++
+			*e = resign(r.priv, *e)
+		}, "size mismatch"},
+		{"bad signature", func(r *rig) {
+			e := &r.src.m.Entries[0]
+			e.Signature = r.src.m.Entries[1].Signature
+		}, "signature invalid"},
+		{"missing signature", func(r *rig) { r.src.m.Entries[0].Signature = "" }, "signature"},
+		{"signed by another key", func(r *rig) {
+			e := &r.src.m.Entries[0]
+			*e = resign(otherKey, *e)
+		}, "not signed by the pinned control-plane key"},
+		{"more than 500 entries in a page", func(r *rig) {
+			for i := 0; len(r.src.m.Entries) <= 500; i++ {
+				d := fmt.Sprintf("x%d.example.com", i)
+				art := domainJSON(d, runtime.PoolSharedDefault, 2, "x")
+				e := manifest.NewEntry(r.priv, edge, d, runtime.PoolSharedDefault, 2, art)
+				r.src.artifacts[e.SHA256] = art
+				r.src.m.Entries = append(r.src.m.Entries, e)
+			}
+			r.src.pageSize = 501
+		}, "too many entries"},
+		{"duplicate domains", func(r *rig) {
+			r.src.m.Entries = append(r.src.m.Entries, r.src.m.Entries[0])
+		}, "duplicate domain"},
+		{"sequence going backwards", func(r *rig) { r.src.m.Sequence, r.src.ignoreAfter = 1, true }, "does not move forward"},
+		{"malformed artifact JSON", func(r *rig) {
+			art := []byte(`{"domain": "a.example.com", "pool": `)
+			e := manifest.NewEntry(r.priv, edge, "a.example.com", runtime.PoolSharedDefault, 2, art)
+			r.src.artifacts[e.SHA256] = art
+			r.src.m.Entries[0] = e
+		}, "invalid domain configuration"},
+		{"unknown pool", func(r *rig) {
+			art := domainJSON("r.example.com", "reserved-eu", 2, "r")
+			e := manifest.NewEntry(r.priv, edge, "r.example.com", "reserved-eu", 2, art)
+			r.src.artifacts[e.SHA256] = art
+			r.src.m.Entries = append(r.src.m.Entries, e)
+		}, "pool not assigned on this edge"},
+		{"invalid hostname", func(r *rig) {
+			e := &r.src.m.Entries[0]
+			e.Domain = "bad_host.example.com"
+			*e = resign(r.priv, *e)
+		}, "not a valid hostname"},
+		{"artifact for another domain", func(r *rig) {
+			art := domainJSON("evil.example.com", runtime.PoolSharedDefault, 2, "x")
+			e := manifest.NewEntry(r.priv, edge, "a.example.com", runtime.PoolSharedDefault, 2, art)
+			r.src.artifacts[e.SHA256] = art
+			r.src.m.Entries[0] = e
+		}, "artifact says evil.example.com"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.publish(1, map[string]string{"a.example.com": "one", "q.example.com": "q"})
+			if err := r.a.Poll(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			before := r.poolJSON("cell-01")
+			r.cells.reloads = nil
+			r.publish(2, map[string]string{"a.example.com": "two", "q.example.com": "q"})
+			r.src.m.Entries = sortEntries(r.src.m.Entries)
+			tc.mutate(r)
+			if err := r.a.Poll(context.Background()); err != nil {
+				t.Fatalf("a refusal is not an error to retry: %v", err)
+			}
+			a := r.lastAck()
+			if a.Status != manifest.AckRefused || !strings.Contains(a.Reason, tc.reason) {
+				t.Errorf("ack %+v, want refused with %q", a, tc.reason)
+			}
+			if r.a.Active() != 1 || r.poolJSON("cell-01") != before || len(r.cells.reloads) != 0 {
+				t.Errorf("active %d, reloads %v, cell-01 changed %v: the previous release must stay", r.a.Active(), r.cells.reloads, r.poolJSON("cell-01") != before)
+			}
+			// Polling again does not refuse (and ack) the same sequence twice.
+			n := len(r.j.Pending())
+			r.a.Poll(context.Background())
+			if len(r.j.Pending()) != n {
+				t.Error("the same refused manifest was acknowledged again")
+			}
+		})
+	}
+}
+
+func sortEntries(es []manifest.Entry) []manifest.Entry {
+	out := append([]manifest.Entry(nil), es...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j].Domain < out[i].Domain {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+// resign signs e (as it now is) with key.
+func resign(key ed25519.PrivateKey, e manifest.Entry) manifest.Entry {
+	sig := ed25519.Sign(key, manifest.SigningMessage(edge, e))
+	e.Signature = encodeSig(sig)
+	return e
+}
+
+func TestPartialAckNamesCellsThatDidNotLoad(t *testing.T) {
+	r := newRig(t)
+	r.cells.deadCell = "cell-02"
+	r.publish(1, map[string]string{"a.example.com": "one", "q.example.com": "q"})
+	if err := r.a.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a := r.lastAck()
+	if a.Status != manifest.AckPartial || len(a.Cells) != 1 || a.Cells[0] != "cell-02" {
+		t.Errorf("ack %+v, want partial naming cell-02", a)
+	}
+}
+
+func TestSourceDownIsRetriedNotAcked(t *testing.T) {
+	r := newRig(t)
+	r.publish(1, map[string]string{"a.example.com": "one"})
+	r.src.fail = errors.New("connection refused")
+	if err := r.a.Poll(context.Background()); err == nil {
+		t.Fatal("want an error to retry")
+	}
+	if len(r.j.Pending()) != 0 || r.a.Active() != 0 {
+		t.Error("an unreachable source produced an ack or an activation")
+	}
+}

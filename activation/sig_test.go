@@ -1,0 +1,5 @@
+package activation
+
+import "encoding/base64"
+
+func encodeSig(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
