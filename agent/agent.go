@@ -12,12 +12,16 @@ import (
 	"os/user"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
+	"cellvisor/activation"
 	"cellvisor/cgroup"
 	"cellvisor/config"
+	"cellvisor/controlclient"
+	"cellvisor/manifest"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
 	"cellvisor/systemd"
@@ -37,6 +41,10 @@ type Agent struct {
 	sup     *supervisor.Supervisor
 	admin   *supervisor.AdminServer
 	limitsN string
+	// act and acks are set when a manifest source is configured.
+	act    *activation.Activator
+	acks   *controlclient.Journal
+	source manifest.Source
 }
 
 // CellLimits converts the configured per-cell limits.
@@ -111,6 +119,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 			return nil, err
 		}
 	}
+	verifyReleases(topo, assign, log)
 	a.sup, err = supervisor.New(supervisor.Options{
 		Binary:        cfg.OpenResty.Binary,
 		Topology:      topo,
@@ -132,8 +141,56 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Source.Dir != "" {
+		if err := a.setupActivation(topo, assign); err != nil {
+			return nil, err
+		}
+	}
 	ok = true
 	return a, nil
+}
+
+// setupActivation prepares the manifest source, the ack journal and the
+// activator.
+func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignments) error {
+	id, key, err := LoadIdentity(a.cfg.Identity())
+	if err != nil {
+		return err
+	}
+	a.source = controlclient.DirSource{Dir: a.cfg.Source.Dir}
+	a.acks, err = controlclient.OpenJournal(filepath.Join(a.cfg.StateDir, "acks.journal"), a.log)
+	if err != nil {
+		return err
+	}
+	a.act, err = activation.New(activation.Options{
+		EdgeID: id.EdgeID, PublicKey: key, Source: a.source, Journal: a.acks,
+		Topology: topo, Assignments: assign, Cells: a.sup, StateDir: a.cfg.StateDir,
+		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), Logger: a.log,
+		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {
+			return RenderParams(a.cfg, s, pool, seq)
+		},
+	})
+	return err
+}
+
+// verifyReleases re-checks every assigned slot's active release before any
+// cell starts: a damaged one is replaced by the newest intact older one, and
+// a slot with none stays degraded. This is what lets an agent restarted with
+// its control plane unreachable serve from disk, and only what is whole.
+func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) {
+	for _, s := range topo.Slots {
+		if assign[s.Name] == "" {
+			continue
+		}
+		m, rolledBack, err := runtime.VerifyCurrent(s)
+		switch {
+		case errors.Is(err, runtime.ErrNoRelease):
+		case err != nil:
+			log.Error("no intact release; the cell stays degraded", zap.String("cell", s.Name), zap.Error(err))
+		case rolledBack:
+			log.Warn("active release was damaged; rolled back", zap.String("cell", s.Name), zap.Int64("sequence", m.Sequence))
+		}
+	}
 }
 
 // probeHost is the loopback address that reaches listeners bound to addr.
@@ -150,15 +207,31 @@ func probeHost(addr string) string {
 // Status reports the agent.
 func (a *Agent) Status() supervisor.Status {
 	st := a.sup.Status()
-	st.AgentLimits = a.limitsN
+	a.decorate(&st)
 	return st
 }
 
 // LiveStatus reports the agent with each running cell's own report.
 func (a *Agent) LiveStatus(ctx context.Context) supervisor.Status {
 	st := a.sup.LiveStatus(ctx)
-	st.AgentLimits = a.limitsN
+	a.decorate(&st)
 	return st
+}
+
+func (a *Agent) decorate(st *supervisor.Status) {
+	st.AgentLimits = a.limitsN
+	if a.act == nil {
+		return
+	}
+	at, err := a.act.LastPoll()
+	c := &supervisor.ControlStatus{ActiveSequence: a.act.Active(), PendingAcks: len(a.acks.Pending())}
+	if !at.IsZero() {
+		c.LastPoll = &at
+	}
+	if err != nil {
+		c.LastPollError = err.Error()
+	}
+	st.Control = c
 }
 
 // Drain, Undrain and Restart control one cell (see supervisor).
@@ -188,6 +261,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	supDone := make(chan error, 1)
 	go func() { supDone <- a.sup.Run(ctx) }()
 	go n.Watchdog(ctx, func() bool { return true })
+	var side sync.WaitGroup
+	if a.act != nil {
+		side.Add(2)
+		go func() {
+			defer side.Done()
+			a.act.Run(ctx, a.cfg.Source.PollInterval.D(), a.cfg.Source.MaxBackoff.D())
+		}()
+		go func() {
+			defer side.Done()
+			a.acks.Run(ctx, a.source.Ack, a.cfg.Source.MaxBackoff.D())
+		}()
+	}
+	defer side.Wait()
 	select {
 	case <-a.sup.Ready():
 		n.Ready()

@@ -50,6 +50,32 @@ type Agent struct {
 	// agent compiles into its cells' runtime at start (standalone mode, before a
 	// control plane is configured). Empty means none.
 	DomainsDir string `yaml:"domains_dir"`
+	// Source is where signed manifests come from.
+	Source Source `yaml:"source"`
+	// IdentityFile holds the edge id and the pinned control-plane key; empty
+	// means <state_dir>/identity.json.
+	IdentityFile string `yaml:"identity_file"`
+}
+
+// Source configures the manifest source.
+type Source struct {
+	// Dir is a manifest spool directory (manifests/, artifacts/, acks/), for
+	// edges fed by file transfer. Empty means none.
+	Dir string `yaml:"dir"`
+	// PollInterval is how often the source is asked for a newer manifest.
+	PollInterval Duration `yaml:"poll_interval"`
+	// MaxBackoff caps the retry delay while the source is unreachable.
+	MaxBackoff Duration `yaml:"max_backoff"`
+	// ApplyTimeout bounds the wait for cells to report a new release.
+	ApplyTimeout Duration `yaml:"apply_timeout"`
+}
+
+// Identity returns the identity file's path.
+func (c Agent) Identity() string {
+	if c.IdentityFile != "" {
+		return c.IdentityFile
+	}
+	return filepath.Join(c.StateDir, "identity.json")
 }
 
 // OpenResty configures the cell binary.
@@ -172,7 +198,8 @@ func Default() Agent {
 			RateWindow:   Duration(10 * time.Minute),
 			DrainTimeout: Duration(30 * time.Second),
 		},
-		Log: Log{Format: "json", Level: "info"},
+		Log:    Log{Format: "json", Level: "info"},
+		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second)},
 	}
 }
 
@@ -223,6 +250,24 @@ func (c Agent) Validate() error {
 	}
 	if c.DomainsDir != "" && !filepath.IsAbs(c.DomainsDir) {
 		bad("domains_dir", "must be an absolute path, got %q", c.DomainsDir)
+	}
+	if c.Source.Dir != "" && !filepath.IsAbs(c.Source.Dir) {
+		bad("source.dir", "must be an absolute path, got %q", c.Source.Dir)
+	}
+	if c.Source.Dir != "" && c.DomainsDir != "" {
+		bad("domains_dir", "cannot be used together with source.dir: one source of configuration")
+	}
+	if c.IdentityFile != "" && !filepath.IsAbs(c.IdentityFile) {
+		bad("identity_file", "must be an absolute path, got %q", c.IdentityFile)
+	}
+	if d := c.Source.PollInterval.D(); d < 100*time.Millisecond || d > time.Hour {
+		bad("source.poll_interval", "must be 100ms–1h, got %s", d)
+	}
+	if d := c.Source.MaxBackoff.D(); d < c.Source.PollInterval.D() || d > time.Hour {
+		bad("source.max_backoff", "must be poll_interval–1h, got %s", d)
+	}
+	if d := c.Source.ApplyTimeout.D(); d < 100*time.Millisecond || d > 10*time.Minute {
+		bad("source.apply_timeout", "must be 100ms–10m, got %s", d)
 	}
 	if c.StateDir != "" && c.StateDir == c.RunDir {
 		bad("run_dir", "must differ from state_dir")

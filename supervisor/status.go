@@ -50,13 +50,23 @@ type SlotStatus struct {
 
 // Status is the whole agent as the admin endpoint reports it.
 type Status struct {
-	Version     string       `json:"version"`
-	PID         int          `json:"pid"`
-	StartedAt   time.Time    `json:"started_at"`
-	CgroupMode  cgroup.Mode  `json:"cgroup_mode"`
-	CgroupPath  string       `json:"cgroup_path,omitempty"`
-	Enforced    bool         `json:"limits_enforced"`
-	Refusal     string       `json:"refusal,omitempty"`
-	AgentLimits string       `json:"agent_limits,omitempty"`
-	Slots       []SlotStatus `json:"slots"`
+	Version    string      `json:"version"`
+	PID        int         `json:"pid"`
+	StartedAt  time.Time   `json:"started_at"`
+	CgroupMode cgroup.Mode `json:"cgroup_mode"`
+	CgroupPath string      `json:"cgroup_path,omitempty"`
+	Enforced   bool        `json:"limits_enforced"`
+	Refusal    string      `json:"refusal,omitempty"`
+	// Control is the manifest source's side, when one is configured.
+	Control     *ControlStatus `json:"control,omitempty"`
+	AgentLimits string         `json:"agent_limits,omitempty"`
+	Slots       []SlotStatus   `json:"slots"`
+}
+
+// ControlStatus is the agent's configuration delivery.
+type ControlStatus struct {
+	ActiveSequence int64      `json:"active_sequence"`
+	LastPoll       *time.Time `json:"last_poll,omitempty"`
+	LastPollError  string     `json:"last_poll_error,omitempty"`
+	PendingAcks    int        `json:"pending_acks"`
 }

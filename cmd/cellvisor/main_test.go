@@ -51,9 +51,13 @@ func agentConfig(t testing.TB, slots int, extra string) (string, config.Agent) {
 	for _, m := range mods {
 		fmt.Fprintf(&mb, "\n    - %s", m)
 	}
+	domainsDir := "domains_dir: " + dir + "/domains"
+	if strings.Contains(extra, "source:") {
+		domainsDir = "" // one source of configuration
+	}
 	yaml := fmt.Sprintf(`state_dir: %[1]s/state
 run_dir: %[1]s/run
-domains_dir: %[1]s/domains
+%[9]s
 slots: %[2]d
 openresty:
   binary: %[3]s
@@ -66,7 +70,7 @@ cgroup:
   subtree: cvtest-%[7]d-%[5]d
 log:
   level: debug
-%[8]s`, dir, slots, bin, mb.String(), base, base+slots, os.Getpid(), extra)
+%[8]s`, dir, slots, bin, mb.String(), base, base+slots, os.Getpid(), extra, domainsDir)
 	path := filepath.Join(dir, "agent.yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)

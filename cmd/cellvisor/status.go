@@ -57,6 +57,17 @@ func printStatus(w io.Writer, st supervisor.Status) {
 	if st.Refusal != "" {
 		fmt.Fprintf(w, "refusal: %s\n", st.Refusal)
 	}
+	if c := st.Control; c != nil {
+		last := "never"
+		if c.LastPoll != nil {
+			last = time.Since(*c.LastPoll).Round(time.Second).String() + " ago"
+		}
+		fmt.Fprintf(w, "manifests: active sequence %d, last poll %s, %d ack(s) pending", c.ActiveSequence, last, c.PendingAcks)
+		if c.LastPollError != "" {
+			fmt.Fprintf(w, ", last error: %s", c.LastPollError)
+		}
+		fmt.Fprintln(w)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tPID\tHTTP\tHTTPS\tMEMORY\tPIDS\tTHROTTLED\tCONNS\tRESTARTS\tREASON")
 	for _, s := range st.Slots {
