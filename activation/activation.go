@@ -18,8 +18,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -193,29 +195,68 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest) (map[string
 	for _, pool := range a.o.Assignments {
 		assigned[pool] = true
 	}
-	domains := make([]runtime.Domain, 0, len(m.Entries))
 	for _, e := range m.Entries {
 		if !assigned[e.Pool] {
 			return nil, fmt.Errorf("%w: %s is for pool %s", errUnknownPool, e.Domain, e.Pool)
 		}
-		data, err := a.o.Source.Artifact(ctx, e.SHA256)
-		if err != nil {
-			return nil, fmt.Errorf("fetch artifact of %s: %w", e.Domain, err)
-		}
-		if err := e.Verify(a.o.PublicKey, a.o.EdgeID, data); err != nil {
+	}
+	// Verification and decoding are CPU-bound and independent per entry: they
+	// run on as many workers as the runtime has processors (Go sizes
+	// GOMAXPROCS from the agent's cgroup CPU limit). The first error in
+	// entry order is the one reported.
+	domains := make([]runtime.Domain, len(m.Entries))
+	errs := make([]error, len(m.Entries))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next atomic.Int64 // the next entry to claim
+	var wg sync.WaitGroup
+	for range max(goruntime.GOMAXPROCS(0), 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(m.Entries) {
+					return
+				}
+				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i])
+				if errs[i] != nil {
+					cancel()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, context.Canceled) {
 			return nil, err
 		}
-		d, err := runtime.DecodeDomain(data)
-		if err != nil {
-			return nil, fmt.Errorf("artifact of %s revision %d: %w", e.Domain, e.Revision, err)
-		}
-		if d.Domain != e.Domain || d.Pool != e.Pool || d.Revision != e.Revision {
-			return nil, fmt.Errorf("%w: artifact says %s/%s revision %d, its entry %s/%s revision %d",
-				manifest.ErrInvalid, d.Domain, d.Pool, d.Revision, e.Domain, e.Pool, e.Revision)
-		}
-		domains = append(domains, d)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	return runtime.CompilePools(domains)
+}
+
+// verifyEntry fetches one artifact, verifies it against its entry and
+// decodes it.
+func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry) (runtime.Domain, error) {
+	data, err := a.o.Source.Artifact(ctx, e.SHA256)
+	if err != nil {
+		return runtime.Domain{}, fmt.Errorf("fetch artifact of %s: %w", e.Domain, err)
+	}
+	if err := e.Verify(a.o.PublicKey, a.o.EdgeID, data); err != nil {
+		return runtime.Domain{}, err
+	}
+	d, err := runtime.DecodeDomain(data)
+	if err != nil {
+		return runtime.Domain{}, fmt.Errorf("artifact of %s revision %d: %w", e.Domain, e.Revision, err)
+	}
+	if d.Domain != e.Domain || d.Pool != e.Pool || d.Revision != e.Revision {
+		return runtime.Domain{}, fmt.Errorf("%w: artifact says %s/%s revision %d, its entry %s/%s revision %d",
+			manifest.ErrInvalid, d.Domain, d.Pool, d.Revision, e.Domain, e.Pool, e.Revision)
+	}
+	return d, nil
 }
 
 // apply installs and switches the changed slots, reloads their cells,

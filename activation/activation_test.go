@@ -102,7 +102,7 @@ func (f *fakeCells) Loaded(_ context.Context, cell string) (int64, bool, error) 
 }
 
 type rig struct {
-	t     *testing.T
+	t     testing.TB
 	pub   ed25519.PublicKey
 	priv  ed25519.PrivateKey
 	src   *memSource
@@ -113,7 +113,7 @@ type rig struct {
 	state string
 }
 
-func newRig(t *testing.T) *rig {
+func newRig(t testing.TB) *rig {
 	seed := sha256.Sum256([]byte(t.Name()))
 	priv := ed25519.NewKeyFromSeed(seed[:])
 	dir := t.TempDir()
@@ -207,8 +207,14 @@ func TestApplyReloadsOnlyChangedCellsAndAcks(t *testing.T) {
 	// Sequence 2 changes only the shared-default domain.
 	r.cells.reloads = nil
 	r.publish(2, map[string]string{"a.example.com": "two", "q.example.com": "quarantined"})
-	r.src.m.Entries[1] = manifest.NewEntry(r.priv, edge, "q.example.com", runtime.PoolQuarantineDefault, 1, domainJSON("q.example.com", runtime.PoolQuarantineDefault, 1, "quarantined"))
-	r.src.artifacts[r.src.m.Entries[1].SHA256] = domainJSON("q.example.com", runtime.PoolQuarantineDefault, 1, "quarantined")
+	// The quarantine domain keeps its revision-1 artifact: same content.
+	for i, e := range r.src.m.Entries {
+		if e.Domain == "q.example.com" {
+			art := domainJSON("q.example.com", runtime.PoolQuarantineDefault, 1, "quarantined")
+			r.src.m.Entries[i] = manifest.NewEntry(r.priv, edge, "q.example.com", runtime.PoolQuarantineDefault, 1, art)
+			r.src.artifacts[r.src.m.Entries[i].SHA256] = art
+		}
+	}
 	if err := r.a.Poll(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strconv"
 
 	"cellvisor/runtime"
@@ -79,7 +78,18 @@ type Manifest struct {
 	Entries  []Entry `json:"entries"`
 }
 
-var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+// isSHA256 reports 64 lowercase hex digits.
+func isSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // SigningMessage is the canonical bytes an entry's signature covers: a
 // domain-separation prefix, then edge id, domain, pool, revision, sha256 and
@@ -120,7 +130,7 @@ func (e Entry) Validate() error {
 		return bad("revision %d is not positive", e.Revision)
 	case e.Size < 1 || e.Size > MaxArtifactBytes:
 		return bad("size %d is not 1–%d", e.Size, MaxArtifactBytes)
-	case !sha256RE.MatchString(e.SHA256):
+	case !isSHA256(e.SHA256):
 		return bad("sha256 is not 64 lowercase hex digits")
 	}
 	sig, err := base64.StdEncoding.DecodeString(e.Signature)

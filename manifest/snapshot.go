@@ -128,7 +128,7 @@ func snapshotName(h *tar.Header) (string, error) {
 		return "", fmt.Errorf("%w: %q escapes the snapshot", ErrSnapshot, name)
 	case name == "manifest.json":
 		return name, nil
-	case strings.HasPrefix(name, "artifacts/") && sha256RE.MatchString(strings.TrimPrefix(name, "artifacts/")):
+	case strings.HasPrefix(name, "artifacts/") && isSHA256(strings.TrimPrefix(name, "artifacts/")):
 		return name, nil
 	}
 	return "", fmt.Errorf("%w: unexpected entry %q", ErrSnapshot, name)

@@ -69,3 +69,17 @@ func FuzzDecodeDomain(f *testing.F) {
 		}
 	})
 }
+
+func TestValidHostname(t *testing.T) {
+	for h, want := range map[string]bool{
+		"example.com": true, "a.b-c.d1": true, "*.example.com": true, "x": true, "xn--bcher-kva.example": true,
+		strings.Repeat("a", 63) + ".com": true, strings.Repeat("a", 64) + ".com": false,
+		"": false, "Example.com": false, "a..b": false, ".a": false, "a.": false, "-a.com": false, "a-.com": false,
+		"a.-b": false, "*.": false, "a.*.b": false, "*": false, "a_b.com": false, "a b": false,
+		strings.Repeat("a.", 126) + "aa": false,
+	} {
+		if got := ValidHostname(h); got != want {
+			t.Errorf("ValidHostname(%q) = %v, want %v", h, got, want)
+		}
+	}
+}

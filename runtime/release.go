@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -39,10 +41,20 @@ type ReleaseMeta struct {
 type Release struct {
 	Meta  ReleaseMeta
 	Files map[string][]byte // relative path -> content
+	// pool is written as pools/<pool>.json by streaming (it can be tens of
+	// megabytes); its hash is in Meta.Files like every other file's.
+	pool     *PoolRuntime
+	poolFile string
 }
 
 // releaseID names a release directory: the zero-padded sequence, so names sort.
 func releaseID(seq int64) string { return fmt.Sprintf("%012d", seq) }
+
+// hashOf returns the hex SHA-256 of data.
+func hashOf(data []byte) string {
+	h := sha256.Sum256(data)
+	return hex.EncodeToString(h[:])
+}
 
 // BuildRelease assembles the files of a slot's release for sequence seq: its
 // pool runtime JSON, the cell Lua and the rendered nginx.conf.
@@ -52,47 +64,47 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 	if err != nil {
 		return Release{}, err
 	}
-	files := map[string][]byte{"lua/cellvisor.lua": cellLua}
+	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "nginx.conf": conf}}
+	hashes := map[string]string{}
+	for name, data := range r.Files {
+		hashes[name] = hashOf(data)
+	}
 	if p.Pool != "" {
 		if pool == nil {
 			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*Domain{}}
 		}
-		data, err := json.MarshalIndent(pool, "", " ")
-		if err != nil {
+		h := sha256.New()
+		if err := pool.WriteJSON(h); err != nil {
 			return Release{}, err
 		}
-		files["pools/"+p.Pool+".json"] = data
+		r.pool, r.poolFile = pool, "pools/"+p.Pool+".json"
+		hashes[r.poolFile] = hex.EncodeToString(h.Sum(nil))
 	}
 	// The digest covers what the release does, not where it lives: nginx.conf
 	// rendered without its sequence and directory, so equal content compares
 	// equal across sequences.
 	neutral := p
 	neutral.Sequence, neutral.ReleaseDir = 0, "/release"
-	files["nginx.conf"], err = RenderConf(neutral)
+	nconf, err := RenderConf(neutral)
 	if err != nil {
 		return Release{}, err
 	}
-	sum := digest(files)
-	files["nginx.conf"] = conf
-	hashes := map[string]string{}
-	for name, data := range files {
-		h := sha256.Sum256(data)
-		hashes[name] = hex.EncodeToString(h[:])
-	}
-	return Release{Meta: ReleaseMeta{Sequence: p.Sequence, Pool: p.Pool, Digest: sum, Files: hashes}, Files: files}, nil
+	ident := maps.Clone(hashes)
+	ident["nginx.conf"] = hashOf(nconf)
+	r.Meta = ReleaseMeta{Sequence: p.Sequence, Pool: p.Pool, Digest: digest(ident), Files: hashes}
+	return r, nil
 }
 
-// digest hashes file names and contents in name order.
-func digest(files map[string][]byte) string {
-	names := make([]string, 0, len(files))
-	for n := range files {
+// digest hashes file names and their hashes in name order.
+func digest(hashes map[string]string) string {
+	names := make([]string, 0, len(hashes))
+	for n := range hashes {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	h := sha256.New()
 	for _, n := range names {
-		fmt.Fprintf(h, "%s\x00%d\x00", n, len(files[n]))
-		h.Write(files[n])
+		fmt.Fprintf(h, "%s\x00%s\n", n, hashes[n])
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -120,24 +132,33 @@ func Install(s Slot, r Release) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	names := make([]string, 0, len(r.Files))
+	names := make([]string, 0, len(r.Files)+2)
 	for n := range r.Files {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	if r.pool != nil {
+		names = append(names, r.poolFile)
+	}
 	dirs := map[string]bool{stage: true}
 	for _, n := range append(names, metaFile) {
-		data := meta
-		if n != metaFile {
-			data = r.Files[n]
-		}
 		path := filepath.Join(stage, filepath.FromSlash(n))
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return "", err
 		}
 		dirs[filepath.Dir(path)] = true
-		if err := writeSynced(path, data); err != nil {
-			return "", fmt.Errorf("install release %d: %w", r.Meta.Sequence, err)
+		var err error
+		switch {
+		case n == metaFile:
+			err = writeSynced(path, func(w io.Writer) error { _, err := w.Write(meta); return err }, "")
+		case r.pool != nil && n == r.poolFile:
+			err = writeSynced(path, r.pool.WriteJSON, r.Meta.Files[n])
+		default:
+			data := r.Files[n]
+			err = writeSynced(path, func(w io.Writer) error { _, err := w.Write(data); return err }, r.Meta.Files[n])
+		}
+		if err != nil {
+			return "", fmt.Errorf("install release %d: %s: %w", r.Meta.Sequence, n, err)
 		}
 	}
 	for d := range dirs {
@@ -154,14 +175,21 @@ func Install(s Slot, r Release) (string, error) {
 	return final, syncDir(root)
 }
 
-func writeSynced(path string, data []byte) error {
+// writeSynced creates path with what write produces, hashing it on the way
+// and refusing it unless it hashes to want ("" skips the check), then fsyncs.
+func writeSynced(path string, write func(io.Writer) error, want string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
 	}
-	if _, err := f.Write(data); err != nil {
+	h := sha256.New()
+	if err := write(io.MultiWriter(f, h)); err != nil {
 		f.Close()
 		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); want != "" && got != want {
+		f.Close()
+		return fmt.Errorf("%w: wrote content hashing to %s, expected %s", ErrCorrupt, got, want)
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()

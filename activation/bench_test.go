@@ -1,0 +1,72 @@
+package activation
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+
+	"cellvisor/manifest"
+	"cellvisor/runtime"
+)
+
+// bigManifest publishes n artifacts of about 2 KiB each in shared-default.
+func (r *rig) bigManifest(seq int64, n int) {
+	pad := strings.Repeat("x", 1900)
+	m := manifest.Manifest{EdgeID: edge, Sequence: seq}
+	r.src.artifacts = map[string][]byte{}
+	for i := 0; i < n; i++ {
+		d := fmt.Sprintf("d%05d.example.com", i)
+		art := domainJSON(d, runtime.PoolSharedDefault, seq, fmt.Sprintf("%d %s", seq, pad))
+		e := manifest.NewEntry(r.priv, edge, d, runtime.PoolSharedDefault, seq, art)
+		r.src.artifacts[e.SHA256] = art
+		m.Entries = append(m.Entries, e)
+	}
+	r.src.m = m
+}
+
+// BenchmarkActivation: Poll of a manifest of n ~2 KiB artifacts, from the
+// first page to the switched release and its journaled ack; beside it, the
+// floor: the same SHA-256s and Ed25519 verifications in a tight loop.
+func BenchmarkActivation(b *testing.B) {
+	for _, n := range []int{500, 5000, 20000} {
+		b.Run(fmt.Sprintf("artifacts=%d", n), func(b *testing.B) {
+			r := newRig(b)
+			seq := int64(0)
+			for b.Loop() {
+				b.StopTimer()
+				seq++
+				r.bigManifest(seq, n)
+				b.StartTimer()
+				if err := r.a.Poll(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if r.a.Active() != seq {
+					b.Fatalf("active %d, want %d", r.a.Active(), seq)
+				}
+				b.StartTimer()
+			}
+		})
+		b.Run(fmt.Sprintf("floor/artifacts=%d", n), func(b *testing.B) {
+			r := newRig(b)
+			r.bigManifest(1, n)
+			for b.Loop() {
+				for _, e := range r.src.m.Entries {
+					art := r.src.artifacts[e.SHA256]
+					sum := sha256.Sum256(art)
+					if hex.EncodeToString(sum[:]) != e.SHA256 {
+						b.Fatal("digest")
+					}
+					sig, _ := decodeSig(e.Signature)
+					if !ed25519.Verify(r.pub, manifest.SigningMessage(edge, e), sig) {
+						b.Fatal("signature")
+					}
+				}
+			}
+		})
+	}
+}
