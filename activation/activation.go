@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -160,6 +161,14 @@ func (a *Activator) Run(ctx context.Context, interval, maxDelay time.Duration) {
 // local I/O); refusals are journaled as acks and return nil.
 func (a *Activator) Poll(ctx context.Context) error {
 	active := a.Active()
+	if active == 0 {
+		// A new edge, or one whose state was lost: a full snapshot, when the
+		// source has one, is the quickest way to everything.
+		if err := a.recover(ctx); err != nil {
+			return err
+		}
+		active = a.Active()
+	}
 	m, err := manifest.Collect(ctx, a.o.Source.Page, a.o.EdgeID, active)
 	switch {
 	case errors.Is(err, manifest.ErrNoChange):
@@ -176,7 +185,7 @@ func (a *Activator) Poll(ctx context.Context) error {
 	if err != nil {
 		return a.refuse(m.Sequence, err)
 	}
-	pools, err := a.verify(ctx, m)
+	pools, err := a.verify(ctx, m, a.o.Source.Artifact)
 	if manifest.IsRefusal(err) || errors.Is(err, runtime.ErrBadDomain) || errors.Is(err, errUnknownPool) {
 		return a.refuse(m.Sequence, err)
 	}
@@ -188,9 +197,54 @@ func (a *Activator) Poll(ctx context.Context) error {
 
 var errUnknownPool = errors.New("pool not assigned on this edge")
 
+// recover applies the source's recovery snapshot, if it has one.
+func (a *Activator) recover(ctx context.Context) error {
+	rc, err := a.o.Source.Snapshot(ctx)
+	if errors.Is(err, manifest.ErrNoChange) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open recovery snapshot: %w", err)
+	}
+	defer rc.Close()
+	return a.ApplySnapshot(ctx, rc)
+}
+
+// ApplySnapshot applies a full recovery snapshot read from r, with the hard
+// bounds of manifest.ReadSnapshot, verifying every artifact against its
+// signed entry exactly as for a manifest; a refusal is acknowledged and
+// changes nothing.
+func (a *Activator) ApplySnapshot(ctx context.Context, r io.Reader) error {
+	s, err := manifest.ReadSnapshot(r, manifest.SnapshotLimit)
+	seq := s.Manifest.Sequence
+	if err == nil && s.Manifest.EdgeID != a.o.EdgeID {
+		err = fmt.Errorf("%w: snapshot for edge %q, this is %q", manifest.ErrSnapshot, s.Manifest.EdgeID, a.o.EdgeID)
+	}
+	if active := a.Active(); err == nil && seq <= active {
+		err = fmt.Errorf("%w: snapshot sequence %d, active %d", manifest.ErrStale, seq, active)
+	}
+	a.mu.Lock()
+	refused := seq != 0 && a.lastRefused == seq
+	a.mu.Unlock()
+	if refused {
+		return nil
+	}
+	if err != nil {
+		return a.refuse(seq, fmt.Errorf("recovery snapshot: %w", err))
+	}
+	pools, err := a.verify(ctx, s.Manifest, func(_ context.Context, sum string) ([]byte, error) {
+		return s.Artifacts[sum], nil
+	})
+	if err != nil {
+		return a.refuse(seq, fmt.Errorf("recovery snapshot: %w", err))
+	}
+	a.log.Info("applying recovery snapshot", zap.Int64("sequence", seq), zap.Int("entries", len(s.Manifest.Entries)))
+	return a.apply(ctx, seq, pools)
+}
+
 // verify fetches every artifact and checks it against its signed entry,
 // decodes it, and compiles the pools. It writes nothing.
-func (a *Activator) verify(ctx context.Context, m manifest.Manifest) (map[string]*runtime.PoolRuntime, error) {
+func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(context.Context, string) ([]byte, error)) (map[string]*runtime.PoolRuntime, error) {
 	assigned := map[string]bool{}
 	for _, pool := range a.o.Assignments {
 		assigned[pool] = true
@@ -219,7 +273,7 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest) (map[string
 				if i >= len(m.Entries) {
 					return
 				}
-				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i])
+				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i], fetch)
 				if errs[i] != nil {
 					cancel()
 				}
@@ -240,8 +294,8 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest) (map[string
 
 // verifyEntry fetches one artifact, verifies it against its entry and
 // decodes it.
-func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry) (runtime.Domain, error) {
-	data, err := a.o.Source.Artifact(ctx, e.SHA256)
+func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch func(context.Context, string) ([]byte, error)) (runtime.Domain, error) {
+	data, err := fetch(ctx, e.SHA256)
 	if err != nil {
 		return runtime.Domain{}, fmt.Errorf("fetch artifact of %s: %w", e.Domain, err)
 	}

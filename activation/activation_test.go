@@ -1,12 +1,15 @@
 package activation
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +35,7 @@ type memSource struct {
 	// ignoreAfter serves the manifest whatever the edge's active sequence,
 	// as a misbehaving control plane would.
 	ignoreAfter bool
+	snapshot    []byte
 }
 
 func (s *memSource) Page(_ context.Context, after int64, cursor string) (manifest.Page, error) {
@@ -63,6 +67,15 @@ func (s *memSource) Artifact(_ context.Context, sum string) ([]byte, error) {
 		return d, nil
 	}
 	return nil, errors.New("no such artifact")
+}
+
+func (s *memSource) Snapshot(context.Context) (io.ReadCloser, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.snapshot == nil {
+		return nil, manifest.ErrNoChange
+	}
+	return io.NopCloser(bytes.NewReader(s.snapshot)), nil
 }
 
 func (s *memSource) Ack(_ context.Context, a manifest.Ack) error {
@@ -371,5 +384,57 @@ func TestSourceDownIsRetriedNotAcked(t *testing.T) {
 	}
 	if len(r.j.Pending()) != 0 || r.a.Active() != 0 {
 		t.Error("an unreachable source produced an ack or an activation")
+	}
+}
+
+// A new edge recovers from a full snapshot; a snapshot that is a gzip bomb,
+// or signed by another key, is refused and changes nothing.
+func TestRecoverySnapshot(t *testing.T) {
+	r := newRig(t)
+	r.publish(5, map[string]string{"a.example.com": "from snapshot"})
+	var buf bytes.Buffer
+	if err := manifest.WriteSnapshot(&buf, manifest.Snapshot{Manifest: r.src.m, Artifacts: r.src.artifacts}); err != nil {
+		t.Fatal(err)
+	}
+	r.src.snapshot = buf.Bytes()
+	r.src.m = manifest.Manifest{} // no pages: only the snapshot
+	if err := r.a.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r.a.Active() != 5 || !strings.Contains(r.poolJSON("cell-01"), "from snapshot") {
+		t.Fatalf("active %d after recovery", r.a.Active())
+	}
+	if a := r.lastAck(); a.Sequence != 5 || a.Status != manifest.AckApplied {
+		t.Errorf("ack %+v", a)
+	}
+
+	bomb := newRig(t)
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	tw := tar.NewWriter(zw)
+	tw.WriteHeader(&tar.Header{Name: "manifest.json", Typeflag: tar.TypeReg, Size: 100 << 20, Mode: 0o644})
+	tw.Write(make([]byte, 100<<20))
+	tw.Close()
+	zw.Close()
+	bomb.src.snapshot = z.Bytes()
+	if err := bomb.a.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if a := bomb.lastAck(); a.Status != manifest.AckRefused || !strings.Contains(a.Reason, "over its bound") || bomb.a.Active() != 0 {
+		t.Errorf("gzip bomb: ack %+v active %d", a, bomb.a.Active())
+	}
+
+	forged := newRig(t)
+	forged.publish(5, map[string]string{"a.example.com": "forged"})
+	_, other, _ := ed25519.GenerateKey(nil)
+	for i, e := range forged.src.m.Entries {
+		forged.src.m.Entries[i] = resign(other, e)
+	}
+	buf.Reset()
+	manifest.WriteSnapshot(&buf, manifest.Snapshot{Manifest: forged.src.m, Artifacts: forged.src.artifacts})
+	forged.src.snapshot, forged.src.m = buf.Bytes(), manifest.Manifest{}
+	forged.a.Poll(context.Background())
+	if a := forged.lastAck(); a.Status != manifest.AckRefused || forged.a.Active() != 0 || forged.poolJSON("cell-01") != "" {
+		t.Errorf("forged snapshot: ack %+v active %d", a, forged.a.Active())
 	}
 }

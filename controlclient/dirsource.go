@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 //	manifests/<sequence>/<cursor>.json   pages; the first page's cursor is "0"
 //	artifacts/<sha256>                   artifact bytes
 //	acks/<sequence>.json                 acks the edge wrote (one per sequence)
+//	snapshot.tar.gz                      a full recovery snapshot, optional
 //
 // Publish writes a manifest so that a reader never sees part of one.
 type DirSource struct {
@@ -90,6 +92,15 @@ func (d DirSource) Ack(_ context.Context, a manifest.Ack) error {
 		return err
 	}
 	return runtime.WriteFileAtomic(filepath.Join(dir, strconv.FormatInt(a.Sequence, 10)+".json"), data, 0o644)
+}
+
+// Snapshot opens snapshot.tar.gz, the spool's full recovery snapshot.
+func (d DirSource) Snapshot(context.Context) (io.ReadCloser, error) {
+	f, err := os.Open(filepath.Join(d.Dir, "snapshot.tar.gz"))
+	if os.IsNotExist(err) {
+		return nil, manifest.ErrNoChange
+	}
+	return f, err
 }
 
 // Acks returns the acks recorded, by sequence.

@@ -3,6 +3,7 @@ package manifest
 import (
 	"context"
 	"errors"
+	"io"
 	"time"
 )
 
@@ -38,4 +39,7 @@ type Source interface {
 	Artifact(ctx context.Context, sha256 string) ([]byte, error)
 	// Ack delivers an acknowledgement; the source de-duplicates by sequence.
 	Ack(ctx context.Context, a Ack) error
+	// Snapshot opens the full recovery snapshot (gzip'd tar, see
+	// ReadSnapshot), or returns ErrNoChange when there is none.
+	Snapshot(ctx context.Context) (io.ReadCloser, error)
 }
