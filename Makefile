@@ -85,6 +85,8 @@ lint: tools ## go vet, gofmt, staticcheck, and fail if go mod tidy would change 
 bench: deps ## run the benchmarks into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
 	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ ./cmd/cellvisor/ | tee bench/latest.txt
+	@# An activation of 20,000 artifacts takes about a second: fewer rounds.
+	$(GO) test -run '^$$' -bench . -benchtime 3x -count 5 ./activation/ | tee -a bench/latest.txt
 	@if [ -f bench/base.txt ] && [ -x "$(TOOLBIN)/benchstat" ]; then \
 	  "$(TOOLBIN)/benchstat" bench/base.txt bench/latest.txt; \
 	elif [ -f bench/base.txt ]; then \
