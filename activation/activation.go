@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -319,6 +320,10 @@ func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch fun
 // activation (a no-op on disk) and the ack.
 func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runtime.PoolRuntime) error {
 	var changed []runtime.Slot
+	// want is the release sequence each reloaded cell must report: seq for
+	// changed slots, the active one for unchanged slots whose running cell
+	// had not loaded it (an earlier reload that failed, acked as partial).
+	want := map[string]int64{}
 	for _, s := range a.o.Topology.Slots {
 		pool := a.o.Assignments[s.Name]
 		if pool == "" {
@@ -329,8 +334,12 @@ func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runt
 			return err
 		}
 		if cur, err := runtime.Current(s); err == nil && cur.Digest == r.Meta.Digest && cur.Pool == pool {
+			if loaded, running, err := a.o.Cells.Loaded(ctx, s.Name); err == nil && running && loaded != cur.Sequence {
+				want[s.Name] = cur.Sequence
+			}
 			continue
 		}
+		want[s.Name] = seq
 		if _, err := runtime.Install(s, r); err != nil {
 			return fmt.Errorf("activate release %d: %w", seq, err)
 		}
@@ -344,12 +353,12 @@ func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runt
 			a.log.Warn("prune releases", zap.String("cell", s.Name), zap.Error(err))
 		}
 	}
-	for _, s := range changed {
-		if err := a.o.Cells.Reload(s.Name); err != nil {
-			a.log.Warn("reload cell", zap.String("cell", s.Name), zap.Error(err))
+	for name := range want {
+		if err := a.o.Cells.Reload(name); err != nil {
+			a.log.Warn("reload cell", zap.String("cell", name), zap.Error(err))
 		}
 	}
-	missing := a.awaitLoaded(ctx, seq, changed)
+	missing := a.awaitLoaded(ctx, want)
 	ack := manifest.Ack{Sequence: seq, Status: manifest.AckApplied, At: time.Now().UTC()}
 	if len(missing) > 0 {
 		ack.Status, ack.Cells = manifest.AckPartial, missing
@@ -372,18 +381,15 @@ func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runt
 	return nil
 }
 
-// awaitLoaded waits until every changed cell reports seq, and returns the
-// ones that did not within the apply timeout.
-func (a *Activator) awaitLoaded(ctx context.Context, seq int64, changed []runtime.Slot) []string {
+// awaitLoaded waits until every cell in want reports its sequence, and
+// returns the ones that did not within the apply timeout.
+func (a *Activator) awaitLoaded(ctx context.Context, want map[string]int64) []string {
 	ctx, cancel := context.WithTimeout(ctx, a.o.ApplyTimeout)
 	defer cancel()
-	waiting := map[string]bool{}
-	for _, s := range changed {
-		waiting[s.Name] = true
-	}
+	waiting := maps.Clone(want)
 	delay := 2 * time.Millisecond
 	for len(waiting) > 0 {
-		for name := range waiting {
+		for name, seq := range waiting {
 			if got, running, err := a.o.Cells.Loaded(ctx, name); err == nil && running && got == seq {
 				delete(waiting, name)
 			}

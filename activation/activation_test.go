@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -372,6 +373,31 @@ func TestPartialAckNamesCellsThatDidNotLoad(t *testing.T) {
 	a := r.lastAck()
 	if a.Status != manifest.AckPartial || len(a.Cells) != 1 || a.Cells[0] != "cell-02" {
 		t.Errorf("ack %+v, want partial naming cell-02", a)
+	}
+	// cell-02 comes back but still runs its old configuration; the next
+	// manifest leaves quarantine unchanged on disk, and still reloads and
+	// awaits cell-02 instead of acking it as applied.
+	r.cells.mu.Lock()
+	r.cells.deadCell = ""
+	r.cells.loaded["cell-02"] = 0
+	r.cells.reloads = nil
+	r.cells.mu.Unlock()
+	r.publish(2, map[string]string{"a.example.com": "two", "q.example.com": "q"})
+	for i, e := range r.src.m.Entries {
+		if e.Domain == "q.example.com" {
+			art := domainJSON("q.example.com", runtime.PoolQuarantineDefault, 1, "q")
+			r.src.m.Entries[i] = manifest.NewEntry(r.priv, edge, "q.example.com", runtime.PoolQuarantineDefault, 1, art)
+			r.src.artifacts[r.src.m.Entries[i].SHA256] = art
+		}
+	}
+	if err := r.a.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if a := r.lastAck(); a.Sequence != 2 || a.Status != manifest.AckApplied {
+		t.Errorf("ack %+v, want applied once cell-02 loaded its release", a)
+	}
+	if !slices.Contains(r.cells.reloads, "cell-02") {
+		t.Errorf("reloads %v: the stale cell-02 was not reloaded", r.cells.reloads)
 	}
 }
 
