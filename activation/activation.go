@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,11 +75,13 @@ type Activator struct {
 	o   Options
 	log *zap.Logger
 
-	mu          sync.Mutex // guards the following fields
-	active      int64
-	lastRefused int64
-	lastPoll    time.Time
-	lastErr     error
+	mu       sync.Mutex // guards the following fields
+	active   int64
+	refused  string // sequence and reason of the last refusal acknowledged
+	lastPoll time.Time
+	lastErr  error
+	// snapshotRefused stops re-reading a snapshot already refused.
+	snapshotRefused bool
 }
 
 type activeFile struct {
@@ -138,16 +141,18 @@ func (a *Activator) Run(ctx context.Context, interval, maxDelay time.Duration) {
 		a.mu.Lock()
 		a.lastPoll, a.lastErr = time.Now(), err
 		a.mu.Unlock()
+		wait := interval
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			a.log.Warn("poll failed; keeping the active release", zap.Duration("retry_in", delay), zap.Error(err))
+			wait = delay
+			a.log.Warn("poll failed; keeping the active release", zap.Duration("retry_in", wait), zap.Error(err))
 			delay = min(delay*2, maxDelay)
 		} else {
 			delay = interval
 		}
-		t := time.NewTimer(time.Duration(float64(delay) * (0.75 + rand.Float64()/2)))
+		t := time.NewTimer(time.Duration(float64(wait) * (0.75 + rand.Float64()/2)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -177,14 +182,11 @@ func (a *Activator) Poll(ctx context.Context) error {
 	case err != nil && !manifest.IsRefusal(err):
 		return fmt.Errorf("fetch manifest: %w", err)
 	}
-	a.mu.Lock()
-	refused := m.Sequence != 0 && a.lastRefused == m.Sequence
-	a.mu.Unlock()
-	if refused {
-		return nil // already refused and acknowledged
-	}
 	if err != nil {
 		return a.refuse(m.Sequence, err)
+	}
+	if a.alreadyRefused(m.Sequence) {
+		return nil
 	}
 	pools, err := a.verify(ctx, m, a.o.Source.Artifact)
 	if manifest.IsRefusal(err) || errors.Is(err, runtime.ErrBadDomain) || errors.Is(err, errUnknownPool) {
@@ -198,8 +200,15 @@ func (a *Activator) Poll(ctx context.Context) error {
 
 var errUnknownPool = errors.New("pool not assigned on this edge")
 
-// recover applies the source's recovery snapshot, if it has one.
+// recover applies the source's recovery snapshot, if it has one and it was
+// not refused already.
 func (a *Activator) recover(ctx context.Context) error {
+	a.mu.Lock()
+	skip := a.snapshotRefused
+	a.mu.Unlock()
+	if skip {
+		return nil
+	}
 	rc, err := a.o.Source.Snapshot(ctx)
 	if errors.Is(err, manifest.ErrNoChange) {
 		return nil
@@ -224,19 +233,19 @@ func (a *Activator) ApplySnapshot(ctx context.Context, r io.Reader) error {
 	if active := a.Active(); err == nil && seq <= active {
 		err = fmt.Errorf("%w: snapshot sequence %d, active %d", manifest.ErrStale, seq, active)
 	}
-	a.mu.Lock()
-	refused := seq != 0 && a.lastRefused == seq
-	a.mu.Unlock()
-	if refused {
-		return nil
-	}
 	if err != nil {
+		a.mu.Lock()
+		a.snapshotRefused = true
+		a.mu.Unlock()
 		return a.refuse(seq, fmt.Errorf("recovery snapshot: %w", err))
 	}
 	pools, err := a.verify(ctx, s.Manifest, func(_ context.Context, sum string) ([]byte, error) {
 		return s.Artifacts[sum], nil
 	})
 	if err != nil {
+		a.mu.Lock()
+		a.snapshotRefused = true
+		a.mu.Unlock()
 		return a.refuse(seq, fmt.Errorf("recovery snapshot: %w", err))
 	}
 	a.log.Info("applying recovery snapshot", zap.Int64("sequence", seq), zap.Int("entries", len(s.Manifest.Entries)))
@@ -320,6 +329,7 @@ func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch fun
 // activation (a no-op on disk) and the ack.
 func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runtime.PoolRuntime) error {
 	var changed []runtime.Slot
+	ids := map[string]string{} // slot -> installed release
 	// want is the release sequence each reloaded cell must report: seq for
 	// changed slots, the active one for unchanged slots whose running cell
 	// had not loaded it (an earlier reload that failed, acked as partial).
@@ -343,10 +353,11 @@ func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runt
 		if _, err := runtime.Install(s, r); err != nil {
 			return fmt.Errorf("activate release %d: %w", seq, err)
 		}
+		ids[s.Name] = r.Meta.ID
 		changed = append(changed, s)
 	}
 	for _, s := range changed {
-		if err := runtime.Switch(s, seq); err != nil {
+		if err := runtime.Switch(s, ids[s.Name]); err != nil {
 			return fmt.Errorf("activate release %d: %w", seq, err)
 		}
 		if err := runtime.Prune(s); err != nil {
@@ -414,14 +425,47 @@ func (a *Activator) awaitLoaded(ctx context.Context, want map[string]int64) []st
 	return nil
 }
 
-// refuse journals a refusal ack; the previous release stays active.
+// refuse journals a refusal ack, once for the same sequence and reason (a
+// source keeps serving a bad manifest until it is replaced); the previous
+// release stays active.
 func (a *Activator) refuse(seq int64, why error) error {
+	key := fmt.Sprintf("%d\x00%s", seq, why)
+	a.mu.Lock()
+	again := a.refused == key
+	a.mu.Unlock()
+	if again {
+		return nil
+	}
 	a.log.Error("manifest refused; the previous release stays active", zap.Int64("sequence", seq), zap.Error(why))
 	if err := a.o.Journal.Append(manifest.Ack{Sequence: seq, Status: manifest.AckRefused, Reason: why.Error(), At: time.Now().UTC()}); err != nil {
 		return err
 	}
 	a.mu.Lock()
-	a.lastRefused = seq
+	a.refused = key
 	a.mu.Unlock()
+	return nil
+}
+
+// alreadyRefused tells whether seq was refused (for any reason) last.
+func (a *Activator) alreadyRefused(seq int64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return seq != 0 && strings.HasPrefix(a.refused, fmt.Sprintf("%d\x00", seq))
+}
+
+// Rewind lowers the active sequence to seq (a damaged release was rolled
+// back to it at start), so that the next poll applies the newest manifest
+// again instead of believing it is already active.
+func (a *Activator) Rewind(seq int64) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if seq >= a.active {
+		return nil
+	}
+	if err := runtime.WriteFileAtomic(a.activePath(), []byte(fmt.Sprintf(`{"sequence":%d}`+"\n", seq)), 0o644); err != nil {
+		return err
+	}
+	a.log.Warn("active sequence rewound after a rollback", zap.Int64("from", a.active), zap.Int64("to", seq))
+	a.active = seq
 	return nil
 }

@@ -464,3 +464,47 @@ func TestRecoverySnapshot(t *testing.T) {
 		t.Errorf("forged snapshot: ack %+v active %d", a, forged.a.Active())
 	}
 }
+
+// A spool that serves a bad page: refused once, with its sequence.
+func TestBadSpoolPageRefusedOnceWithItsSequence(t *testing.T) {
+	r := newRig(t)
+	spool := controlclient.DirSource{Dir: t.TempDir()}
+	r.a.o.Source = spool
+	r.publish(7, map[string]string{"a.example.com": "one"})
+	m := r.src.m
+	m.Entries = append(m.Entries, m.Entries[0]) // a duplicate domain
+	if err := spool.Publish(m, r.src.artifacts); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := r.a.Poll(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := r.j.Pending()
+	if len(p) != 1 || p[0].Sequence != 7 || p[0].Status != manifest.AckRefused || !strings.Contains(p[0].Reason, "duplicate domain") {
+		t.Errorf("acks %+v, want one refusal of sequence 7", p)
+	}
+}
+
+// After a rollback at start the active sequence is rewound, and the next
+// poll applies the newest manifest again.
+func TestRewindReappliesTheNewestManifest(t *testing.T) {
+	r := newRig(t)
+	r.publish(1, map[string]string{"a.example.com": "one"})
+	r.a.Poll(context.Background())
+	r.publish(2, map[string]string{"a.example.com": "two"})
+	r.a.Poll(context.Background())
+	if err := r.a.Rewind(1); err != nil || r.a.Active() != 1 {
+		t.Fatalf("rewind: %v, active %d", err, r.a.Active())
+	}
+	if err := r.a.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r.a.Active() != 2 || r.lastAck().Sequence != 2 {
+		t.Errorf("active %d, last ack %+v: want 2 re-applied", r.a.Active(), r.lastAck())
+	}
+	if err := r.a.Rewind(5); err != nil || r.a.Active() != 2 {
+		t.Errorf("a rewind forward moved the active sequence to %d", r.a.Active())
+	}
+}

@@ -119,7 +119,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 			return nil, err
 		}
 	}
-	verifyReleases(topo, assign, log)
+	rewind := verifyReleases(topo, assign, log)
 	a.sup, err = supervisor.New(supervisor.Options{
 		Binary:        cfg.OpenResty.Binary,
 		Topology:      topo,
@@ -144,6 +144,11 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if cfg.Source.Dir != "" {
 		if err := a.setupActivation(topo, assign); err != nil {
 			return nil, err
+		}
+		if rewind > 0 {
+			if err := a.act.Rewind(rewind); err != nil {
+				return nil, err
+			}
 		}
 	}
 	ok = true
@@ -176,8 +181,10 @@ func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignment
 // verifyReleases re-checks every assigned slot's active release before any
 // cell starts: a damaged one is replaced by the newest intact older one, and
 // a slot with none stays degraded. This is what lets an agent restarted with
-// its control plane unreachable serve from disk, and only what is whole.
-func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) {
+// its control plane unreachable serve from disk, and only what is whole. It
+// returns the lowest sequence a slot was rolled back to (0 if none), which
+// the active sequence must go back to so that the newer one is fetched again.
+func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) (rewind int64) {
 	for _, s := range topo.Slots {
 		if assign[s.Name] == "" {
 			continue
@@ -189,8 +196,12 @@ func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.
 			log.Error("no intact release; the cell stays degraded", zap.String("cell", s.Name), zap.Error(err))
 		case rolledBack:
 			log.Warn("active release was damaged; rolled back", zap.String("cell", s.Name), zap.Int64("sequence", m.Sequence))
+			if rewind == 0 || m.Sequence < rewind {
+				rewind = m.Sequence
+			}
 		}
 	}
+	return rewind
 }
 
 // probeHost is the loopback address that reaches listeners bound to addr.

@@ -62,7 +62,7 @@ func (d DirSource) Page(_ context.Context, after int64, cursor string) (manifest
 	if err != nil {
 		return manifest.Page{}, err
 	}
-	return manifest.DecodePage(data)
+	return manifest.ParsePage(data) // Collect validates, and refuses naming the sequence
 }
 
 // Artifact returns an artifact's bytes.

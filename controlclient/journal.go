@@ -47,13 +47,22 @@ func OpenJournal(path string, log *zap.Logger) (*Journal, error) {
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
+	for n := 1; sc.Scan(); n++ {
 		var a manifest.Ack
 		if err := json.Unmarshal(sc.Bytes(), &a); err != nil {
-			j.log.Warn("dropping a torn ack journal line", zap.Error(err))
+			if bytes.HasSuffix(data, sc.Bytes()) && !bytes.HasSuffix(data, []byte("\n")) {
+				// The last line, never finished: a crash mid-append, whose
+				// ack was never sent and whose activation is redone.
+				j.log.Warn("dropping a torn last ack journal line", zap.Error(err))
+				continue
+			}
+			j.log.Error("ack journal line is damaged; it is dropped", zap.Int("line", n), zap.Error(err))
 			continue
 		}
 		j.pending = append(j.pending, a)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read ack journal %s: %w", path, err)
 	}
 	return j, j.rewriteLocked()
 }

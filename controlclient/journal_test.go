@@ -1,6 +1,7 @@
 package controlclient
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -69,5 +70,22 @@ func TestJournalSurvivesRestartAndDeliversInOrder(t *testing.T) {
 	data, _ := os.ReadFile(path)
 	if len(data) != 0 {
 		t.Errorf("journal not compacted after delivery: %q", data)
+	}
+}
+
+func TestJournalDropsOnlyDamagedLines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "acks.journal")
+	os.WriteFile(path, []byte("{\"sequence\":1,\"status\":\"applied\"}\nnot json\n{\"sequence\":3,\"status\":\"applied\"}\n"), 0o600)
+	j, err := OpenJournal(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := j.Pending(); len(p) != 2 || p[0].Sequence != 1 || p[1].Sequence != 3 {
+		t.Errorf("pending %+v, want 1 and 3", p)
+	}
+	long := bytes.Repeat([]byte("x"), 2<<20)
+	os.WriteFile(path, append(long, '\n'), 0o600)
+	if _, err := OpenJournal(path, nil); err == nil {
+		t.Error("a line too long to read: want an error, not silently lost acks")
 	}
 }

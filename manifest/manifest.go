@@ -167,6 +167,17 @@ func (e Entry) Verify(pub ed25519.PublicKey, edgeID string, artifact []byte) err
 
 // DecodePage strictly decodes and validates one page.
 func DecodePage(data []byte) (Page, error) {
+	p, err := ParsePage(data)
+	if err != nil {
+		return p, err
+	}
+	return p, p.Validate()
+}
+
+// ParsePage strictly decodes one page without validating it, so that a
+// source can hand a bad page to Collect, which refuses it knowing its
+// sequence.
+func ParsePage(data []byte) (Page, error) {
 	if len(data) > MaxPageBytes {
 		return Page{}, fmt.Errorf("%w: page of %d bytes over %d", ErrInvalid, len(data), MaxPageBytes)
 	}
@@ -179,7 +190,7 @@ func DecodePage(data []byte) (Page, error) {
 	if dec.More() {
 		return Page{}, fmt.Errorf("%w: trailing data after the page", ErrInvalid)
 	}
-	return p, p.Validate()
+	return p, nil
 }
 
 // Validate checks a page: its bounds and every entry's fields.

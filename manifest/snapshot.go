@@ -66,14 +66,20 @@ func ReadSnapshot(r io.Reader, limit int64) (Snapshot, error) {
 			}
 			return Snapshot{}, fmt.Errorf("%w: %v", ErrSnapshot, err)
 		}
+		if h.Typeflag == tar.TypeDir && (h.Name == "artifacts/" || h.Name == "artifacts") {
+			continue // what `tar czf … manifest.json artifacts` writes
+		}
 		name, err := snapshotName(h)
 		if err != nil {
 			return Snapshot{}, err
 		}
-		if h.Size > MaxPageBytes*MaxPages {
+		// Read into a buffer of the declared size (no doubling growth):
+		// the whole snapshot must fit in the agent's memory limit.
+		if h.Size < 0 || h.Size > limit-expanded.n {
 			return Snapshot{}, fmt.Errorf("%w: entry %s of %d bytes", ErrTooLarge, name, h.Size)
 		}
-		data, err := io.ReadAll(tr)
+		data := make([]byte, h.Size)
+		_, err = io.ReadFull(tr, data)
 		if err != nil {
 			if errors.Is(err, ErrTooLarge) {
 				return Snapshot{}, err

@@ -29,8 +29,8 @@ type Domain struct {
 	Routes    []Route  `json:"routes"`
 	Cache     *Cache   `json:"cache,omitempty"`
 
-	// raw is the document this domain was decoded from, already validated:
-	// the pool runtime JSON splices it in instead of encoding it again.
+	// raw is the canonical encoding of this domain, made once when it was
+	// decoded and validated: the pool runtime JSON splices it in.
 	raw []byte
 }
 
@@ -112,8 +112,18 @@ func DecodeDomain(data []byte) (Domain, error) {
 	if dec.More() {
 		return Domain{}, fmt.Errorf("%w: trailing data after the document", ErrBadDomain)
 	}
-	d.raw = data
-	return d, d.Validate()
+	if err := d.Validate(); err != nil {
+		return Domain{}, err
+	}
+	// The cells read the canonical encoding of what was validated, never the
+	// input: Go matches JSON keys case-insensitively and keeps the last of
+	// duplicate keys, the cells' Lua does neither.
+	raw, err := json.Marshal(d)
+	if err != nil {
+		return Domain{}, err
+	}
+	d.raw = raw
+	return d, nil
 }
 
 // Validate checks every field.

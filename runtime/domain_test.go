@@ -83,3 +83,27 @@ func TestValidHostname(t *testing.T) {
 		}
 	}
 }
+
+// What the cells run is what was validated: a second key differing only in
+// case (Go's decoder takes the last, matching case-insensitively; the cells'
+// Lua reads exact keys) cannot smuggle unvalidated routes to the cell.
+func TestPoolJSONIsTheValidatedDomain(t *testing.T) {
+	doc := `{"domain":"a.test","pool":"shared-default","revision":1,"hostnames":["a.test"],
+	 "routes":[{"prefix":"no-slash","respond":{"status":999,"body":"smuggled"}}],
+	 "Routes":[{"prefix":"/","respond":{"status":200,"body":"validated"}}]}`
+	d, err := DecodeDomain([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools, err := CompilePools([]Domain{d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pools[PoolSharedDefault].MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "smuggled") || !strings.Contains(string(out), `"routes":[{"prefix":"/"`) {
+		t.Errorf("pool JSON carries what was not validated:\n%s", out)
+	}
+}

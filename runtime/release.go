@@ -26,6 +26,8 @@ const (
 
 // ReleaseMeta describes a release; it is written last into the release.
 type ReleaseMeta struct {
+	// ID names the release directory: sequence and content (see releaseID).
+	ID       string `json:"id"`
 	Sequence int64  `json:"sequence"`
 	Pool     string `json:"pool"`
 	// Digest identifies what the release does: the SHA-256 of its files with
@@ -47,8 +49,21 @@ type Release struct {
 	poolFile string
 }
 
-// releaseID names a release directory: the zero-padded sequence, so names sort.
-func releaseID(seq int64) string { return fmt.Sprintf("%012d", seq) }
+// releaseID names a release directory: the zero-padded sequence, so names
+// sort, and the start of the content digest, so that two releases of one
+// sequence (a configuration change, or an install a crash interrupted)
+// never share a directory and the active one is never overwritten.
+func releaseID(seq int64, digest string) string { return fmt.Sprintf("%012d-%s", seq, digest[:16]) }
+
+// idSequence reads the sequence back from a release directory's name.
+func idSequence(name string) (int64, bool) {
+	prefix, _, ok := strings.Cut(name, "-")
+	if !ok {
+		return 0, false
+	}
+	seq, err := strconv.ParseInt(prefix, 10, 64)
+	return seq, err == nil
+}
 
 // hashOf returns the hex SHA-256 of data.
 func hashOf(data []byte) string {
@@ -59,16 +74,8 @@ func hashOf(data []byte) string {
 // BuildRelease assembles the files of a slot's release for sequence seq: its
 // pool runtime JSON, the cell Lua and the rendered nginx.conf.
 func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
-	p.ReleaseDir = filepath.Join(p.Slot.RuntimeDir(), releasesDir, releaseID(p.Sequence))
-	conf, err := RenderConf(p)
-	if err != nil {
-		return Release{}, err
-	}
-	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "nginx.conf": conf}}
-	hashes := map[string]string{}
-	for name, data := range r.Files {
-		hashes[name] = hashOf(data)
-	}
+	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua}}
+	hashes := map[string]string{"lua/cellvisor.lua": hashOf(cellLua)}
 	if p.Pool != "" {
 		if pool == nil {
 			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*Domain{}}
@@ -91,7 +98,16 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 	}
 	ident := maps.Clone(hashes)
 	ident["nginx.conf"] = hashOf(nconf)
-	r.Meta = ReleaseMeta{Sequence: p.Sequence, Pool: p.Pool, Digest: digest(ident), Files: hashes}
+	sum := digest(ident)
+	id := releaseID(p.Sequence, sum)
+	p.ReleaseDir = filepath.Join(p.Slot.RuntimeDir(), releasesDir, id)
+	conf, err := RenderConf(p)
+	if err != nil {
+		return Release{}, err
+	}
+	r.Files["nginx.conf"] = conf
+	hashes["nginx.conf"] = hashOf(conf)
+	r.Meta = ReleaseMeta{ID: id, Sequence: p.Sequence, Pool: p.Pool, Digest: sum, Files: hashes}
 	return r, nil
 }
 
@@ -114,9 +130,9 @@ func digest(hashes map[string]string) string {
 // directory is renamed into place and the parent fsynced. It does not switch.
 func Install(s Slot, r Release) (string, error) {
 	root := filepath.Join(s.RuntimeDir(), releasesDir)
-	final := filepath.Join(root, releaseID(r.Meta.Sequence))
-	if cur, err := Current(s); err == nil && cur.Sequence == r.Meta.Sequence {
-		return "", fmt.Errorf("install release %d for %s: it is the active release", r.Meta.Sequence, s.Name)
+	final := filepath.Join(root, r.Meta.ID)
+	if cur, err := Current(s); err == nil && cur.ID == r.Meta.ID {
+		return "", fmt.Errorf("install release %s for %s: it is the active release", r.Meta.ID, s.Name)
 	}
 	// A directory left by an install that crashed before its switch is not
 	// active (the check above) and is replaced whole.
@@ -198,25 +214,63 @@ func writeSynced(path string, write func(io.Writer) error, want string) error {
 	return f.Close()
 }
 
-// Switch points the slot's current link at release seq atomically: a new
+// Switch points the slot's current link at release id atomically: a new
 // link is created beside it and renamed over it (rename(2) replaces the old
 // link in one step), then the directory is fsynced.
-func Switch(s Slot, seq int64) error {
+func Switch(s Slot, id string) error {
 	dir := s.RuntimeDir()
-	target := filepath.Join(releasesDir, releaseID(seq))
+	target := filepath.Join(releasesDir, id)
 	if _, err := os.Stat(filepath.Join(dir, target, metaFile)); err != nil {
-		return fmt.Errorf("switch %s to release %d: %w", s.Name, seq, err)
+		return fmt.Errorf("switch %s to release %s: %w", s.Name, id, err)
 	}
 	tmp := filepath.Join(dir, ".current.tmp")
 	_ = os.Remove(tmp)
 	if err := os.Symlink(target, tmp); err != nil {
-		return fmt.Errorf("switch %s to release %d: %w", s.Name, seq, err)
+		return fmt.Errorf("switch %s to release %s: %w", s.Name, id, err)
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, currentLink)); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("switch %s to release %d: %w", s.Name, seq, err)
+		return fmt.Errorf("switch %s to release %s: %w", s.Name, id, err)
 	}
 	return syncDir(dir)
+}
+
+// currentID is the directory the current link names, "" without one.
+func currentID(s Slot) string {
+	target, err := os.Readlink(filepath.Join(s.RuntimeDir(), currentLink))
+	if err != nil {
+		return ""
+	}
+	return filepath.Base(target)
+}
+
+// releaseDirs lists the slot's release directories, newest sequence first.
+func releaseDirs(s Slot) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(s.RuntimeDir(), releasesDir))
+	if err != nil {
+		return nil, err
+	}
+	type rel struct {
+		id  string
+		seq int64
+	}
+	var rels []rel
+	for _, e := range ents {
+		if seq, ok := idSequence(e.Name()); ok && e.IsDir() {
+			rels = append(rels, rel{e.Name(), seq})
+		}
+	}
+	sort.Slice(rels, func(i, j int) bool {
+		if rels[i].seq != rels[j].seq {
+			return rels[i].seq > rels[j].seq
+		}
+		return rels[i].id > rels[j].id
+	})
+	out := make([]string, len(rels))
+	for i, r := range rels {
+		out[i] = r.id
+	}
+	return out, nil
 }
 
 // Current reads the active release's metadata.
@@ -235,35 +289,36 @@ func Current(s Slot) (ReleaseMeta, error) {
 	return m, nil
 }
 
-// Prune removes every release but the current one and the newest older one
+// Prune removes every release but the current one and the newest other one
 // (kept for rollback), and leftover staging directories.
 func Prune(s Slot) error {
 	root := filepath.Join(s.RuntimeDir(), releasesDir)
-	cur, err := Current(s)
-	if err != nil {
-		return err
+	cur := currentID(s)
+	if cur == "" {
+		return ErrNoRelease
 	}
 	ents, err := os.ReadDir(root)
 	if err != nil {
 		return err
 	}
-	var older []int64
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), ".stage-") {
 			os.RemoveAll(filepath.Join(root, e.Name()))
-			continue
-		}
-		seq, err := strconv.ParseInt(e.Name(), 10, 64)
-		if err == nil && seq < cur.Sequence {
-			older = append(older, seq)
 		}
 	}
-	sort.Slice(older, func(i, j int) bool { return older[i] > older[j] })
-	for i, seq := range older {
-		if i == 0 {
+	ids, err := releaseDirs(s)
+	if err != nil {
+		return err
+	}
+	kept := 0
+	for _, id := range ids {
+		if id == cur {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(root, releaseID(seq))); err != nil {
+		if kept++; kept == 1 {
+			continue // the rollback
+		}
+		if err := os.RemoveAll(filepath.Join(root, id)); err != nil {
 			return err
 		}
 	}
@@ -281,7 +336,7 @@ func Activate(s Slot, r Release) (ReleaseMeta, bool, error) {
 	if _, err := Install(s, r); err != nil {
 		return ReleaseMeta{}, false, err
 	}
-	if err := Switch(s, r.Meta.Sequence); err != nil {
+	if err := Switch(s, r.Meta.ID); err != nil {
 		return ReleaseMeta{}, false, err
 	}
 	if err := Prune(s); err != nil {
@@ -320,38 +375,32 @@ func VerifyRelease(dir string) (ReleaseMeta, error) {
 	return m, nil
 }
 
-// VerifyCurrent verifies the slot's active release; if it is damaged it
-// switches back to the newest older release that verifies, and says so. It
-// returns the release now active.
+// VerifyCurrent verifies the slot's active release; if it is damaged (a
+// file does not match its hash, or release.json is gone) it switches to the
+// newest other release that verifies, and says so. It returns the release
+// now active.
 func VerifyCurrent(s Slot) (meta ReleaseMeta, rolledBack bool, err error) {
-	cur, cerr := Current(s)
-	if cerr == ErrNoRelease {
+	cur := currentID(s)
+	if cur == "" {
 		return ReleaseMeta{}, false, ErrNoRelease
 	}
+	m, cerr := VerifyRelease(filepath.Join(s.RuntimeDir(), releasesDir, cur))
 	if cerr == nil {
-		if m, err := VerifyRelease(filepath.Join(s.RuntimeDir(), releasesDir, releaseID(cur.Sequence))); err == nil {
-			return m, false, nil
-		} else {
-			cerr = err
-		}
+		return m, false, nil
 	}
-	ents, err := os.ReadDir(filepath.Join(s.RuntimeDir(), releasesDir))
+	ids, err := releaseDirs(s)
 	if err != nil {
 		return ReleaseMeta{}, false, err
 	}
-	var seqs []int64
-	for _, e := range ents {
-		if seq, err := strconv.ParseInt(e.Name(), 10, 64); err == nil && (cur.Sequence == 0 || seq < cur.Sequence) {
-			seqs = append(seqs, seq)
+	for _, id := range ids {
+		if id == cur {
+			continue
 		}
-	}
-	sort.Slice(seqs, func(i, j int) bool { return seqs[i] > seqs[j] })
-	for _, seq := range seqs {
-		m, err := VerifyRelease(filepath.Join(s.RuntimeDir(), releasesDir, releaseID(seq)))
+		m, err := VerifyRelease(filepath.Join(s.RuntimeDir(), releasesDir, id))
 		if err != nil {
 			continue
 		}
-		if err := Switch(s, seq); err != nil {
+		if err := Switch(s, id); err != nil {
 			return ReleaseMeta{}, false, err
 		}
 		return m, true, nil

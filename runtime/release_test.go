@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,7 +69,7 @@ func TestActivateSwitchesAtomicallyKeepsPreviousAndPrunes(t *testing.T) {
 			t.Fatalf("activate %d: %+v %v %v", seq, meta, changed, err)
 		}
 		conf, err := os.ReadFile(s.ConfPath())
-		if err != nil || !strings.Contains(string(conf), "releases/"+releaseID(seq)) {
+		if err != nil || !strings.Contains(string(conf), "releases/"+r.Meta.ID) || !strings.HasPrefix(r.Meta.ID, fmt.Sprintf("%012d-", seq)) {
 			t.Fatalf("current nginx.conf is not release %d: %v", seq, err)
 		}
 		pool, _ := os.ReadFile(filepath.Join(s.RuntimeDir(), "current", "pools", PoolSharedDefault+".json"))
@@ -81,11 +82,11 @@ func TestActivateSwitchesAtomicallyKeepsPreviousAndPrunes(t *testing.T) {
 	for _, e := range ents {
 		names = append(names, e.Name())
 	}
-	if strings.Join(names, ",") != releaseID(2)+","+releaseID(3) {
+	if len(names) != 2 || !strings.HasPrefix(names[0], fmt.Sprintf("%012d-", 2)) || !strings.HasPrefix(names[1], fmt.Sprintf("%012d-", 3)) {
 		t.Errorf("releases kept: %v, want the previous and the current", names)
 	}
 	link, err := os.Readlink(filepath.Join(s.RuntimeDir(), currentLink))
-	if err != nil || link != filepath.Join(releasesDir, releaseID(3)) {
+	if cur, _ := Current(s); err != nil || link != filepath.Join(releasesDir, cur.ID) || cur.Sequence != 3 {
 		t.Errorf("current -> %q %v", link, err)
 	}
 	// Same content again: nothing changes.
@@ -106,7 +107,7 @@ func TestActivateSwitchesAtomicallyKeepsPreviousAndPrunes(t *testing.T) {
 func TestInstallReplacesALeftoverFromACrashedInstall(t *testing.T) {
 	s := slotFor(t)
 	r, _ := BuildRelease(testParams(s, 1), nil)
-	stale := filepath.Join(s.RuntimeDir(), releasesDir, releaseID(1))
+	stale := filepath.Join(s.RuntimeDir(), releasesDir, r.Meta.ID)
 	if err := os.MkdirAll(stale, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -147,5 +148,49 @@ func TestVerifyCurrentRollsBackFromADamagedRelease(t *testing.T) {
 	os.WriteFile(filepath.Join(s.RuntimeDir(), "current", "nginx.conf"), []byte("x"), 0o644)
 	if _, _, err := VerifyCurrent(s); err == nil {
 		t.Error("no intact release: want an error")
+	}
+}
+
+// Two releases of one sequence (the configuration changed, or an install
+// was interrupted) get their own directories: the active one is never
+// overwritten, and switching between them works.
+func TestSameSequenceDifferentContent(t *testing.T) {
+	s := slotFor(t)
+	a, _ := BuildRelease(testParams(s, 4), nil)
+	p := testParams(s, 4)
+	p.WorkerConnections = 2048 // a configuration change
+	b, _ := BuildRelease(p, nil)
+	if a.Meta.ID == b.Meta.ID {
+		t.Fatal("different content, same release id")
+	}
+	for _, r := range []Release{a, b} {
+		if _, err := Install(s, r); err != nil {
+			t.Fatal(err)
+		}
+		if err := Switch(s, r.Meta.ID); err != nil {
+			t.Fatal(err)
+		}
+		if cur, _ := Current(s); cur.ID != r.Meta.ID {
+			t.Fatalf("current %s, want %s", cur.ID, r.Meta.ID)
+		}
+	}
+	if _, err := Install(s, b); err == nil {
+		t.Error("installing over the active release: want a refusal")
+	}
+}
+
+// A current release whose release.json is gone is damaged, not absent.
+func TestMissingReleaseJSONRollsBack(t *testing.T) {
+	s := slotFor(t)
+	for seq := int64(1); seq <= 2; seq++ {
+		r, _ := BuildRelease(testParams(s, seq), &PoolRuntime{Pool: PoolSharedDefault, Hosts: map[string]*Domain{"a.test": {Domain: "a.test", Revision: seq}}})
+		if _, _, err := Activate(s, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Remove(filepath.Join(s.RuntimeDir(), "current", metaFile))
+	m, rolled, err := VerifyCurrent(s)
+	if err != nil || !rolled || m.Sequence != 1 {
+		t.Fatalf("%+v rolled=%v %v, want a rollback to 1", m, rolled, err)
 	}
 }
