@@ -50,7 +50,10 @@ type Agent struct {
 // CellLimits converts the configured per-cell limits.
 func CellLimits(c config.Agent) cgroup.Limits {
 	q, p := cgroup.CPULimits(c.Limits.CPU)
-	return cgroup.Limits{MemoryBytes: int64(c.Limits.Memory), CPUQuotaUS: q, CPUPeriodUS: p, PIDs: c.Limits.PIDs}
+	// Burst of one period's quota: a cell that idled restarts on the credit
+	// it saved, instead of being throttled in the middle of its start-up; its
+	// average stays within the quota.
+	return cgroup.Limits{MemoryBytes: int64(c.Limits.Memory), CPUQuotaUS: q, CPUPeriodUS: p, PIDs: c.Limits.PIDs, CPUBurstUS: uint64(q)}
 }
 
 // New prepares the agent: it detects cgroups, places itself in its leaf,

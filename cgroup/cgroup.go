@@ -48,6 +48,10 @@ type Limits struct {
 	CPUPeriodUS uint64 `json:"cpu_period_us"`
 	// PIDs is the task limit (pids.max); 0 means unlimited.
 	PIDs int64 `json:"pids"`
+	// CPUBurstUS lets a group spend quota it left unused in earlier periods
+	// in a burst (cpu.max.burst / cpu.cfs_burst_us, kernel 5.14+; skipped
+	// where the kernel lacks it). The long-run average stays at the quota.
+	CPUBurstUS uint64 `json:"cpu_burst_us,omitempty"`
 }
 
 // CPULimits converts a CPU count into quota and period (period 100ms).

@@ -151,3 +151,11 @@ func listCells(dir string) ([]string, error) {
 }
 
 func join(parts ...string) string { return filepath.Join(parts...) }
+
+// writeBurst sets a CPU burst file, where the kernel has one.
+func writeBurst(path string, us uint64) error {
+	if _, err := os.Stat(path); os.IsNotExist(err) {
+		return nil
+	}
+	return writeFile(path, strconv.FormatUint(us, 10))
+}

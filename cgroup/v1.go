@@ -74,6 +74,9 @@ func (m *v1) Ensure(name string, l Limits) (Group, error) {
 	if _, err := cgroup1.New(p, res, cgroup1.WithHierarchy(m.hierarchy)); err != nil {
 		return nil, fmt.Errorf("create v1 cgroup %s: %w", name, err)
 	}
+	if err := writeBurst(join(m.dir("cpu", name), "cpu.cfs_burst_us"), l.CPUBurstUS); err != nil {
+		return nil, fmt.Errorf("create v1 cgroup %s: %w", name, err)
+	}
 	return m.Open(name)
 }
 
@@ -255,5 +258,6 @@ func (g *v1Group) Limits() (Limits, error) {
 	if err != nil {
 		return l, err
 	}
-	return Limits{MemoryBytes: int64(mem), CPUQuotaUS: q, CPUPeriodUS: period, PIDs: int64(pids)}, nil
+	burst, _ := readUint(g.file("cpu", "cpu.cfs_burst_us")) // 0 where the kernel lacks it
+	return Limits{MemoryBytes: int64(mem), CPUQuotaUS: q, CPUPeriodUS: period, PIDs: int64(pids), CPUBurstUS: burst}, nil
 }

@@ -71,7 +71,11 @@ func resources(l Limits) *cgroup2.Resources {
 }
 
 func (m *v2) Ensure(name string, l Limits) (Group, error) {
-	if _, err := cgroup2.NewManager(m.root, path.Join(m.base, name), resources(l)); err != nil {
+	_, err := cgroup2.NewManager(m.root, path.Join(m.base, name), resources(l))
+	if err == nil {
+		err = writeBurst(join(m.dir(name), "cpu.max.burst"), l.CPUBurstUS)
+	}
+	if err != nil {
 		if errors.Is(err, syscall.EBUSY) {
 			// "No internal processes": controllers cannot be handed to
 			// children of a cgroup that holds processes itself.
@@ -230,5 +234,6 @@ func (g *v2Group) Limits() (Limits, error) {
 	if err != nil {
 		return l, err
 	}
-	return Limits{MemoryBytes: int64(mem), CPUQuotaUS: quota, CPUPeriodUS: period, PIDs: int64(pids)}, nil
+	burst, _ := readUint(g.file("cpu.max.burst")) // 0 where the kernel lacks it
+	return Limits{MemoryBytes: int64(mem), CPUQuotaUS: quota, CPUPeriodUS: period, PIDs: int64(pids), CPUBurstUS: burst}, nil
 }

@@ -67,7 +67,17 @@ func prepareHarness(t testing.TB, n int) *harness {
 	if os.Getenv("CELLVISOR_BENCH_UNENFORCED") != "" {
 		o.cg = unenforcedTB(t)
 	}
-	return layoutHarness(t, o)
+	h := layoutHarness(t, o)
+	if v := os.Getenv("CELLVISOR_BENCH_CPUS"); v != "" {
+		cpus, _ := strconv.ParseFloat(v, 64)
+		h.opts.Limits.CPUQuotaUS, h.opts.Limits.CPUPeriodUS = cgroup.CPULimits(cpus)
+		sup, err := supervisor.New(h.opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.sup = sup
+	}
+	return h
 }
 
 func layoutHarness(t testing.TB, o harnessOpts) *harness {
@@ -226,4 +236,18 @@ func (h *harness) waitReady(name string, not int) supervisor.SlotStatus {
 		return nil
 	})
 	return st
+}
+
+func supervisorPolicyFast() supervisor.Policy {
+	return supervisor.Policy{Initial: 10 * time.Millisecond, Max: time.Second, HealthyAfter: time.Millisecond}
+}
+
+// restartWith starts a new supervisor with h.opts (temporary tracing helper).
+func (h *harness) restartWith() {
+	sup, err := supervisor.New(h.opts)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.sup = sup
+	h.start()
 }

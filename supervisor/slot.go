@@ -312,33 +312,51 @@ func (c *slot) onReady() {
 	c.firstOutcome()
 }
 
-// probe asks the cell's public listener for /.cellvisor/ready until a worker
-// answers (200, or 503 while drained), the process exits, or ctx ends. A bare
-// connect is not enough: nginx listens before its initialisation is done and
-// can still fail (a bind of its private socket, say) and exit. It polls every
-// millisecond for the first 250ms (a cell is up within tens of milliseconds,
-// and a refused loopback dial costs microseconds), then backs off to 20ms.
+// probe waits until the cell is ready: first until its public listener
+// accepts (bare dials: a refused loopback dial costs microseconds, and eight
+// cells starting together on a small host should not compete with HTTP
+// clients), then until a worker answers /.cellvisor/ready (200, or 503
+// while drained). A listener alone is not enough: nginx listens before its
+// initialisation is done and can still fail and exit. It polls every
+// millisecond for the first 250ms (a cell is up within tens of
+// milliseconds), then backs off to 20ms; it gives up when the process exits
+// or ctx ends.
 func (c *slot) probe(ctx context.Context, exited <-chan struct{}) error {
-	url := "http://" + net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort)) + "/.cellvisor/ready"
+	addr := net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort))
+	url := "http://" + addr + "/.cellvisor/ready"
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
 	defer hc.CloseIdleConnections()
 	start := time.Now()
 	delay := time.Millisecond
+	listening := false
+	var d net.Dialer
 	var last error
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := hc.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusServiceUnavailable {
-				return nil
+		if !listening {
+			dctx, cancel := context.WithTimeout(ctx, time.Second)
+			conn, err := d.DialContext(dctx, "tcp", addr)
+			cancel()
+			if err == nil {
+				conn.Close()
+				listening = true
 			}
-			err = fmt.Errorf("readiness answered %s", resp.Status)
+			last = err
 		}
-		last = err
+		if listening {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			if err != nil {
+				return err
+			}
+			resp, err := hc.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusServiceUnavailable {
+					return nil
+				}
+				err = fmt.Errorf("readiness answered %s", resp.Status)
+			}
+			last = err
+		}
 		if time.Since(start) > 250*time.Millisecond {
 			delay = min(delay*2, 20*time.Millisecond)
 		}
