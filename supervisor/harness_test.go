@@ -237,17 +237,3 @@ func (h *harness) waitReady(name string, not int) supervisor.SlotStatus {
 	})
 	return st
 }
-
-func supervisorPolicyFast() supervisor.Policy {
-	return supervisor.Policy{Initial: 10 * time.Millisecond, Max: time.Second, HealthyAfter: time.Millisecond}
-}
-
-// restartWith starts a new supervisor with h.opts (temporary tracing helper).
-func (h *harness) restartWith() {
-	sup, err := supervisor.New(h.opts)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	h.sup = sup
-	h.start()
-}
