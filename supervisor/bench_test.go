@@ -195,31 +195,29 @@ func BenchmarkCrashToReady(b *testing.B) {
 	}
 }
 
-func awaitNewPID(b *testing.B, h *harness, old int) {
+// awaitSlot polls cell-01's status until ok holds for it (bounded).
+func awaitSlot(b *testing.B, h *harness, what string, ok func(supervisor.SlotStatus) bool) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if s := h.slot("cell-01"); s.PID != old && s.PID != 0 {
+		s := h.slot("cell-01")
+		if ok(s) {
 			return
 		}
 		if time.Now().After(deadline) {
-			b.Fatal("no new master")
+			b.Fatalf("%s: %+v", what, s)
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
 }
 
+func awaitNewPID(b *testing.B, h *harness, old int) {
+	awaitSlot(b, h, "no new master", func(s supervisor.SlotStatus) bool { return s.PID != old && s.PID != 0 })
+}
+
 func awaitNewReady(b *testing.B, h *harness, old int) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		s := h.slot("cell-01")
-		if s.State == supervisor.StateReady && s.PID != old && s.PID != 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("not ready again: %+v", s)
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	awaitSlot(b, h, "not ready again", func(s supervisor.SlotStatus) bool {
+		return s.State == supervisor.StateReady && s.PID != old && s.PID != 0
+	})
 }
 
 // BenchmarkDrain: the drain command to the readiness probe answering 503,

@@ -215,25 +215,6 @@ func TestDrainWithRequestInFlight(t *testing.T) {
 	}
 }
 
-// getWith sends a request tagged with X-Req.
-func getWith(port int, path, tag string) (int, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	req.Host = testHost
-	req.Header.Set("X-Req", tag)
-	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
-
 func (h *harness) waitState(name string, want supervisor.State) supervisor.SlotStatus {
 	var st supervisor.SlotStatus
 	testutil.Eventually(h.t, 30*time.Second, func() error {

@@ -208,14 +208,20 @@ func (h *harness) slot(name string) supervisor.SlotStatus {
 }
 
 // get fetches path from a cell's HTTP port with the test domain's Host.
-func get(port int, path string) (int, string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+func get(port int, path string) (int, string, error) { return getWith(port, path, "") }
+
+// getWith is get with the request tagged in X-Req (for an origin to see).
+func getWith(port int, path, tag string) (int, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
 	if err != nil {
 		return 0, "", err
 	}
 	req.Host = testHost
+	if tag != "" {
+		req.Header.Set("X-Req", tag)
+	}
 	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
 	if err != nil {
 		return 0, "", err
