@@ -84,10 +84,18 @@ func bareStart(b *testing.B, bin string, s runtime.Slot) *exec.Cmd {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
+	// Its own process group outlives the test binary: stop it even when the
+	// benchmark fails half-way.
+	b.Cleanup(func() { bareStop(cmd) })
 	return cmd
 }
 
+// bareStop kills a bare nginx's process group and reaps the master; a second
+// call is harmless.
 func bareStop(cmd *exec.Cmd) {
+	if cmd.ProcessState != nil {
+		return
+	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	_ = cmd.Wait()
 }
