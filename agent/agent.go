@@ -92,6 +92,10 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if created {
 		log.Info("topology created", zap.Int("slots", len(topo.Slots)), zap.Int("http_base", topo.HTTPBase), zap.Int("https_base", topo.HTTPSBase))
 	}
+	if ports := topo.InEphemeralRange(); len(ports) > 0 {
+		log.Warn("cell ports inside the kernel's ephemeral port range: an outgoing connection can take one and keep its cell from starting; choose port bases below it",
+			zap.Ints("ports", ports), zap.Int("ephemeral_from", runtime.EphemeralLow()))
+	}
 	assign, err := runtime.LoadOrCreateAssignments(cfg.StateDir, topo)
 	if err != nil {
 		return nil, err

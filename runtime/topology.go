@@ -231,3 +231,30 @@ func (t Topology) MakeDirs() error {
 	}
 	return nil
 }
+
+// EphemeralLow is the bottom of the kernel's ephemeral (client) port range,
+// 32768 where it cannot be read. A listener inside that range can find its
+// port taken by the local end of some outgoing connection.
+func EphemeralLow() int {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var lo, hi int
+		if _, err := fmt.Sscan(string(b), &lo, &hi); err == nil && lo > 1024 {
+			return lo
+		}
+	}
+	return 32768
+}
+
+// InEphemeralRange lists the slots' ports inside the kernel's ephemeral range.
+func (t Topology) InEphemeralRange() []int {
+	lo := EphemeralLow()
+	var out []int
+	for _, s := range t.Slots {
+		for _, p := range []int{s.HTTPPort, s.HTTPSPort} {
+			if p >= lo {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}

@@ -17,7 +17,7 @@ func layout(t *testing.T, slots, httpBase, httpsBase int) Layout {
 
 // freeBase finds 2n free consecutive loopback ports.
 func freeBase(t *testing.T, n int) int {
-	for base := 30000 + os.Getpid()%20000; base < 65000-n; base += n + 7 {
+	for base := 10000 + os.Getpid()%(EphemeralLow()-10000-n); base < EphemeralLow()-n; base += n + 7 {
 		ok := true
 		for p := base; p < base+n && ok; p++ {
 			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
