@@ -180,6 +180,18 @@ func (r *rig) publish(seq int64, domains map[string]string) {
 	r.src.mu.Unlock()
 }
 
+// keepRevision1 puts the quarantine domain back at its revision-1 artifact
+// in the published manifest, so that its pool's content does not change.
+func (r *rig) keepRevision1(domain, body string) {
+	for i, e := range r.src.m.Entries {
+		if e.Domain == domain {
+			art := domainJSON(domain, runtime.PoolQuarantineDefault, 1, body)
+			r.src.m.Entries[i] = manifest.NewEntry(r.priv, edge, domain, runtime.PoolQuarantineDefault, 1, art)
+			r.src.artifacts[r.src.m.Entries[i].SHA256] = art
+		}
+	}
+}
+
 func (r *rig) slot(name string) runtime.Slot {
 	s, _ := r.topo.Slot(name)
 	return s
@@ -222,13 +234,7 @@ func TestApplyReloadsOnlyChangedCellsAndAcks(t *testing.T) {
 	r.cells.reloads = nil
 	r.publish(2, map[string]string{"a.example.com": "two", "q.example.com": "quarantined"})
 	// The quarantine domain keeps its revision-1 artifact: same content.
-	for i, e := range r.src.m.Entries {
-		if e.Domain == "q.example.com" {
-			art := domainJSON("q.example.com", runtime.PoolQuarantineDefault, 1, "quarantined")
-			r.src.m.Entries[i] = manifest.NewEntry(r.priv, edge, "q.example.com", runtime.PoolQuarantineDefault, 1, art)
-			r.src.artifacts[r.src.m.Entries[i].SHA256] = art
-		}
-	}
+	r.keepRevision1("q.example.com", "quarantined")
 	if err := r.a.Poll(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -383,13 +389,7 @@ func TestPartialAckNamesCellsThatDidNotLoad(t *testing.T) {
 	r.cells.reloads = nil
 	r.cells.mu.Unlock()
 	r.publish(2, map[string]string{"a.example.com": "two", "q.example.com": "q"})
-	for i, e := range r.src.m.Entries {
-		if e.Domain == "q.example.com" {
-			art := domainJSON("q.example.com", runtime.PoolQuarantineDefault, 1, "q")
-			r.src.m.Entries[i] = manifest.NewEntry(r.priv, edge, "q.example.com", runtime.PoolQuarantineDefault, 1, art)
-			r.src.artifacts[r.src.m.Entries[i].SHA256] = art
-		}
-	}
+	r.keepRevision1("q.example.com", "q")
 	if err := r.a.Poll(context.Background()); err != nil {
 		t.Fatal(err)
 	}

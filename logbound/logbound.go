@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -37,10 +36,6 @@ type Options struct {
 type Bound struct {
 	o   Options
 	log *zap.Logger
-
-	mu        sync.Mutex // guards the following
-	rotations int
-	deleted   int
 }
 
 // New validates options.
@@ -134,9 +129,6 @@ func (b *Bound) Enforce() error {
 			return fmt.Errorf("rotate %s: %w", f.name, err)
 		}
 		rotated = true
-		b.mu.Lock()
-		b.rotations++
-		b.mu.Unlock()
 		b.log.Debug("rotated", zap.String("file", live), zap.Int64("bytes", f.size))
 	}
 	if rotated && b.o.Reopen != nil {
@@ -164,18 +156,8 @@ func (b *Bound) Enforce() error {
 			return err
 		}
 		total -= f.size
-		b.mu.Lock()
-		b.deleted++
-		b.mu.Unlock()
 	}
 	return nil
-}
-
-// Stats returns how many rotations and deletions the bound made.
-func (b *Bound) Stats() (rotations, deleted int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.rotations, b.deleted
 }
 
 func isRotated(name string) bool { return strings.HasSuffix(name, ".1") }

@@ -3,6 +3,8 @@ package runtime
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // ErrBadDomain marks a domain configuration that failed validation.
@@ -212,6 +215,21 @@ func LoadDomainsDir(dir string) ([]Domain, error) {
 type PoolRuntime struct {
 	Pool  string             `json:"pool"`
 	Hosts map[string]*Domain `json:"hosts"`
+
+	hashOnce sync.Once // the JSON's SHA-256, computed once for every slot of the pool
+	hash     string
+	hashErr  error
+}
+
+// contentHash is the hex SHA-256 of WriteJSON's output. A pool is not
+// changed after it is compiled, and its slots share it.
+func (p *PoolRuntime) contentHash() (string, error) {
+	p.hashOnce.Do(func() {
+		h := sha256.New()
+		p.hashErr = p.WriteJSON(h)
+		p.hash = hex.EncodeToString(h.Sum(nil))
+	})
+	return p.hash, p.hashErr
 }
 
 // WriteJSON writes the pool runtime JSON to w, hosts in name order,

@@ -80,12 +80,12 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 		if pool == nil {
 			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*Domain{}}
 		}
-		h := sha256.New()
-		if err := pool.WriteJSON(h); err != nil {
+		sum, err := pool.contentHash()
+		if err != nil {
 			return Release{}, err
 		}
 		r.pool, r.poolFile = pool, "pools/"+p.Pool+".json"
-		hashes[r.poolFile] = hex.EncodeToString(h.Sum(nil))
+		hashes[r.poolFile] = sum
 	}
 	// The digest covers what the release does, not where it lives: nginx.conf
 	// rendered without its sequence and directory, so equal content compares

@@ -101,49 +101,27 @@ func bareStop(cmd *exec.Cmd) {
 }
 
 // BenchmarkExecToListenFloor: one bare nginx, exec to its port accepting.
-func BenchmarkExecToListenFloor(b *testing.B) {
-	h := prepareHarness(b, 1)
-	s := h.topo.Slots[0]
-	var took []time.Duration
-	for b.Loop() {
-		t0 := time.Now()
-		cmd := bareStart(b, h.bin, s)
-		waitAccept(b, s.HTTPPort)
-		took = append(took, time.Since(t0))
-		b.StopTimer()
-		bareStop(cmd)
-		b.StartTimer()
-	}
-	reportMedian(b, took)
-}
+func BenchmarkExecToListenFloor(b *testing.B) { benchBareStart(b, waitAccept) }
 
 // BenchmarkExecToServeFloor: one bare nginx, exec until a worker answers
 // the readiness probe (what the supervisor's "ready" means).
-func BenchmarkExecToServeFloor(b *testing.B) {
+func BenchmarkExecToServeFloor(b *testing.B) { benchBareStart(b, waitServe) }
+
+// benchBareStart times a bare nginx from exec until wait returns for its port.
+func benchBareStart(b *testing.B, wait func(*testing.B, int)) {
 	h := prepareHarness(b, 1)
 	s := h.topo.Slots[0]
 	var took []time.Duration
 	for b.Loop() {
 		t0 := time.Now()
 		cmd := bareStart(b, h.bin, s)
-		deadline := time.Now().Add(10 * time.Second)
-		_ = deadline
-		waitServe(b, s.HTTPPort)
+		wait(b, s.HTTPPort)
 		took = append(took, time.Since(t0))
 		b.StopTimer()
 		bareStop(cmd)
 		b.StartTimer()
 	}
 	reportMedian(b, took)
-}
-
-// reportMedian adds the median of the samples as ms-median.
-func reportMedian(b *testing.B, took []time.Duration) {
-	if len(took) == 0 {
-		return
-	}
-	slices.Sort(took)
-	b.ReportMetric(float64(took[len(took)/2])/float64(time.Millisecond), "ms-median")
 }
 
 // waitServe polls until a worker answers the readiness probe (bounded).
@@ -286,4 +264,13 @@ func BenchmarkRestart(b *testing.B) {
 		took = append(took, time.Since(t0))
 	}
 	reportMedian(b, took)
+}
+
+// reportMedian adds the median of the samples as ms-median.
+func reportMedian(b *testing.B, took []time.Duration) {
+	if len(took) == 0 {
+		return
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2])/float64(time.Millisecond), "ms-median")
 }

@@ -60,7 +60,10 @@ func newHarness(t testing.TB, o harnessOpts) *harness {
 
 // prepareHarness lays out n slots, all assigned, without starting anything.
 // Every crash counts as a healthy cell's first (HealthyAfter 1ms), which is
-// what the crash-to-ready target is about.
+// what the crash-to-ready target is about. For analysis, benchmarks can run
+// unenforced (CELLVISOR_BENCH_UNENFORCED=1) or with another per-cell CPU
+// limit (CELLVISOR_BENCH_CPUS=2) to tell the supervisor's cost from the
+// limits'.
 func prepareHarness(t testing.TB, n int) *harness {
 	o := harnessOpts{slots: n, assign: allAssigned(n),
 		policy: supervisor.Policy{Initial: 10 * time.Millisecond, Max: time.Second, HealthyAfter: time.Millisecond}}
