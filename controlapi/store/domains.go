@@ -1,0 +1,350 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"cellvisor/manifest"
+)
+
+// Pool is a service class's pool.
+type Pool struct {
+	Name      string
+	Class     string
+	CreatedAt time.Time
+}
+
+// CreatePool creates a pool; ErrConflict when it exists.
+func (s *Store) CreatePool(ctx context.Context, name, class string) (Pool, error) {
+	now := s.Now()
+	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO pools (name, class, created_at) VALUES (?, ?, ?)`), name, class, ms(now))
+	if isUnique(err) {
+		return Pool{}, fmt.Errorf("pool %s: %w", name, ErrConflict)
+	}
+	if err != nil {
+		return Pool{}, fmt.Errorf("create pool %s: %w", name, err)
+	}
+	return Pool{Name: name, Class: class, CreatedAt: fromMS(ms(now))}, nil
+}
+
+// Pools returns every pool, by name.
+func (s *Store) Pools(ctx context.Context) ([]Pool, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, class, created_at FROM pools ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Pool
+	for rows.Next() {
+		var p Pool
+		var at int64
+		if err := rows.Scan(&p.Name, &p.Class, &at); err != nil {
+			return nil, err
+		}
+		p.CreatedAt = fromMS(at)
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// Domain is a domain's current revision.
+type Domain struct {
+	Name      string
+	Pool      string
+	Revision  int64
+	SHA256    string
+	Size      int64
+	Deleted   bool
+	UpdatedAt time.Time
+}
+
+// EdgeSequence is an edge's manifest sequence after a change.
+type EdgeSequence struct {
+	EdgeID   string
+	Sequence int64
+}
+
+// Published is the outcome of publishing or deleting a domain: its new
+// revision and every edge whose manifest advanced.
+type Published struct {
+	Domain Domain
+	Edges  []EdgeSequence
+}
+
+// Builder makes a domain revision's artifact bytes.
+type Builder func(revision int64) ([]byte, error)
+
+// PublishDomain stores the artifact build makes as the next revision of
+// domain in pool and advances the manifest of every edge with a cell in
+// that pool (or in the pool the domain leaves), signing the new entry for
+// each with sign. A concurrent publish of the same domain fails one of the
+// two with ErrConflict rather than give two artifacts one revision.
+func (s *Store) PublishDomain(ctx context.Context, domain, pool string, build Builder, sign Signer) (Published, error) {
+	var out Published
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var n int
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM pools WHERE name = ?`), pool).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("pool %s: %w", pool, ErrNotFound)
+		}
+		lock := ""
+		if s.dialect == Postgres {
+			lock = " FOR UPDATE"
+		}
+		var oldPool string
+		var oldRev int64
+		var deleted int
+		err := tx.QueryRowContext(ctx, s.q(`SELECT pool, revision, deleted FROM domains WHERE name = ?`+lock), domain).Scan(&oldPool, &oldRev, &deleted)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if deleted != 0 {
+			oldPool = ""
+		}
+		artifact, err := build(oldRev + 1)
+		if err != nil {
+			return err
+		}
+		sum := sha256.Sum256(artifact)
+		d := Domain{Name: domain, Pool: pool, Revision: oldRev + 1, SHA256: hex.EncodeToString(sum[:]), Size: int64(len(artifact)), UpdatedAt: fromMS(ms(s.Now()))}
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO artifacts (sha256, data, created_at) VALUES (?, ?, ?) ON CONFLICT (sha256) DO NOTHING`),
+			d.SHA256, artifact, ms(d.UpdatedAt)); err != nil {
+			return fmt.Errorf("store artifact: %w", err)
+		}
+		var rev int64
+		err = tx.QueryRowContext(ctx, s.q(`INSERT INTO domains (name, pool, revision, sha256, size, deleted, updated_at) VALUES (?, ?, ?, ?, ?, 0, ?)
+			ON CONFLICT (name) DO UPDATE SET pool = excluded.pool, revision = excluded.revision, sha256 = excluded.sha256,
+			size = excluded.size, deleted = 0, updated_at = excluded.updated_at WHERE domains.revision < excluded.revision RETURNING revision`),
+			domain, pool, d.Revision, d.SHA256, d.Size, ms(d.UpdatedAt)).Scan(&rev)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("revision %d published concurrently: %w", d.Revision, ErrConflict)
+		}
+		if err != nil {
+			return fmt.Errorf("store domain: %w", err)
+		}
+		out.Domain = d
+		entry := manifest.Entry{Domain: domain, Pool: pool, Revision: d.Revision, Size: d.Size, SHA256: d.SHA256}
+		out.Edges, err = s.advance(ctx, tx, domain, pool, oldPool, pool, entry, sign)
+		return err
+	})
+	if err != nil {
+		return Published{}, fmt.Errorf("publish %s to %s: %w", domain, pool, err)
+	}
+	return out, nil
+}
+
+// DeleteDomain withdraws a domain from every edge's manifest.
+func (s *Store) DeleteDomain(ctx context.Context, domain string) (Published, error) {
+	var out Published
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		d, err := s.domain(ctx, tx, domain)
+		if err != nil {
+			return err
+		}
+		if d.Deleted {
+			return fmt.Errorf("domain %s: %w", domain, ErrNotFound)
+		}
+		d.UpdatedAt, d.Deleted = fromMS(ms(s.Now())), true
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE domains SET deleted = 1, updated_at = ? WHERE name = ?`), ms(d.UpdatedAt), domain); err != nil {
+			return err
+		}
+		out.Domain = d
+		out.Edges, err = s.advance(ctx, tx, domain, d.Pool, d.Pool, "", manifest.Entry{}, nil)
+		return err
+	})
+	if err != nil {
+		return Published{}, fmt.Errorf("delete %s: %w", domain, err)
+	}
+	return out, nil
+}
+
+// advance gives every edge with a cell in poolA or poolB a new sequence in
+// which domain's entry is closed and, for edges in newPool, replaced by
+// entry signed for that edge.
+func (s *Store) advance(ctx context.Context, tx *sql.Tx, domain, poolA, poolB, newPool string, entry manifest.Entry, sign Signer) ([]EdgeSequence, error) {
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT DISTINCT edge_id, pool FROM assignments WHERE pool = ? OR pool = ? ORDER BY edge_id`), poolA, poolB)
+	if err != nil {
+		return nil, err
+	}
+	in := map[string]bool{}
+	var edges []string
+	for rows.Next() {
+		var id, pool string
+		if err := rows.Scan(&id, &pool); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if _, seen := in[id]; !seen {
+			edges = append(edges, id)
+			in[id] = false
+		}
+		if pool == newPool {
+			in[id] = true
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	gen, err := s.next(ctx, tx, "gen")
+	if err != nil {
+		return nil, err
+	}
+	var out []EdgeSequence
+	for _, id := range edges {
+		var seq int64
+		// The row lock taken here orders concurrent changes to one edge.
+		if err := tx.QueryRowContext(ctx, s.q(`UPDATE edges SET sequence = sequence + 1, gen = ? WHERE id = ? RETURNING sequence`), gen, id).Scan(&seq); err != nil {
+			return nil, fmt.Errorf("advance edge %s: %w", id, err)
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE manifest_entries SET to_seq = ? WHERE edge_id = ? AND domain = ? AND to_seq = 0`), seq, id, domain); err != nil {
+			return nil, err
+		}
+		if in[id] {
+			if err := s.insertEntry(ctx, tx, id, seq, sign(id, entry)); err != nil {
+				return nil, err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM manifest_entries WHERE edge_id = ? AND to_seq <> 0 AND to_seq <= ?`), id, seq-keepSequences); err != nil {
+			return nil, err
+		}
+		out = append(out, EdgeSequence{EdgeID: id, Sequence: seq})
+	}
+	return out, nil
+}
+
+func (s *Store) domain(ctx context.Context, q interface {
+	QueryRowContext(context.Context, string, ...any) *sql.Row
+}, name string) (Domain, error) {
+	var d Domain
+	var deleted int
+	var at int64
+	err := q.QueryRowContext(ctx, s.q(`SELECT name, pool, revision, sha256, size, deleted, updated_at FROM domains WHERE name = ?`), name).
+		Scan(&d.Name, &d.Pool, &d.Revision, &d.SHA256, &d.Size, &deleted, &at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Domain{}, fmt.Errorf("domain %s: %w", name, ErrNotFound)
+	}
+	d.Deleted, d.UpdatedAt = deleted != 0, fromMS(at)
+	return d, err
+}
+
+// Domain returns one domain, or ErrNotFound.
+func (s *Store) Domain(ctx context.Context, name string) (Domain, error) {
+	return s.domain(ctx, s.db, name)
+}
+
+// Domains returns every domain not deleted, by name.
+func (s *Store) Domains(ctx context.Context) ([]Domain, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, pool, revision, sha256, size, updated_at FROM domains WHERE deleted = 0 ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Domain
+	for rows.Next() {
+		var d Domain
+		var at int64
+		if err := rows.Scan(&d.Name, &d.Pool, &d.Revision, &d.SHA256, &d.Size, &at); err != nil {
+			return nil, err
+		}
+		d.UpdatedAt = fromMS(at)
+		out = append(out, d)
+	}
+	return out, rows.Err()
+}
+
+// Entries returns up to limit entries of an edge's manifest at sequence
+// seq, by domain, after domain after. ErrNotFound when seq is no longer
+// (or not yet) readable.
+func (s *Store) Entries(ctx context.Context, edgeID string, seq int64, after string, limit int) ([]manifest.Entry, error) {
+	var current int64
+	if err := s.db.QueryRowContext(ctx, s.q(`SELECT sequence FROM edges WHERE id = ?`), edgeID).Scan(&current); err != nil {
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil, fmt.Errorf("edge %s: %w", edgeID, ErrNotFound)
+		}
+		return nil, err
+	}
+	if seq < 1 || seq > current || seq <= current-keepSequences {
+		return nil, fmt.Errorf("edge %s manifest sequence %d (current %d): %w", edgeID, seq, current, ErrNotFound)
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT domain, pool, revision, size, sha256, signature FROM manifest_entries
+		WHERE edge_id = ? AND from_seq <= ? AND (to_seq = 0 OR to_seq > ?) AND domain > ? ORDER BY domain LIMIT ?`),
+		edgeID, seq, seq, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []manifest.Entry
+	for rows.Next() {
+		var e manifest.Entry
+		if err := rows.Scan(&e.Domain, &e.Pool, &e.Revision, &e.Size, &e.SHA256, &e.Signature); err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// Artifact returns an artifact's bytes if a readable manifest of the edge
+// names it: an edge gets only its own domains' configuration.
+func (s *Store) Artifact(ctx context.Context, edgeID, sha string) ([]byte, error) {
+	var data []byte
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT a.data FROM artifacts a WHERE a.sha256 = ?
+		AND EXISTS (SELECT 1 FROM manifest_entries m WHERE m.edge_id = ? AND m.sha256 = a.sha256)`), sha, edgeID).Scan(&data)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("artifact %s for edge %s: %w", sha, edgeID, ErrNotFound)
+	}
+	return data, err
+}
+
+// Ack stores an acknowledgement, replacing an earlier one for the same
+// sequence, and moves the edge's active sequence forward when it says the
+// sequence is active.
+func (s *Store) Ack(ctx context.Context, edgeID string, a manifest.Ack) error {
+	cells := strings.Join(a.Cells, ",")
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO acks (edge_id, sequence, status, reason, cells, at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (edge_id, sequence) DO UPDATE SET status = excluded.status, reason = excluded.reason, cells = excluded.cells,
+			at = excluded.at, received_at = excluded.received_at`), edgeID, a.Sequence, a.Status, a.Reason, cells, ms(a.At), ms(s.Now()))
+		if err != nil {
+			return fmt.Errorf("ack %d of edge %s: %w", a.Sequence, edgeID, err)
+		}
+		if a.Status == manifest.AckApplied || a.Status == manifest.AckPartial {
+			_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET active_sequence = ? WHERE id = ? AND active_sequence < ?`), a.Sequence, edgeID, a.Sequence)
+		}
+		return err
+	})
+}
+
+// Acks returns an edge's newest acknowledgements, newest first.
+func (s *Store) Acks(ctx context.Context, edgeID string, limit int) ([]manifest.Ack, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT sequence, status, reason, cells, at FROM acks WHERE edge_id = ? ORDER BY sequence DESC LIMIT ?`), edgeID, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []manifest.Ack
+	for rows.Next() {
+		var a manifest.Ack
+		var cells string
+		var at int64
+		if err := rows.Scan(&a.Sequence, &a.Status, &a.Reason, &cells, &at); err != nil {
+			return nil, err
+		}
+		a.At = fromMS(at)
+		if cells != "" {
+			a.Cells = strings.Split(cells, ",")
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+

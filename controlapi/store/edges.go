@@ -1,0 +1,305 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"cellvisor/manifest"
+)
+
+// Edge is one edge as stored, without its bootstrap token (only its hash is
+// kept, and never returned).
+type Edge struct {
+	ID        string
+	Name      string
+	Org       string
+	Country   string
+	Continent string
+	MgmtIPv4  string
+	MgmtIPv6  string
+	Slots     int
+	// CSRHash is the SHA-256 of the CSR that consumed the current token;
+	// empty while it is unconsumed.
+	CSRHash string
+	// CertPEM and CertSerial are the current client certificate; empty
+	// before enrollment and after a rotation.
+	CertPEM    string
+	CertSerial string
+	Rotations  int
+	// Sequence is the newest manifest sequence; ActiveSequence the newest
+	// one the edge acknowledged as applied.
+	Sequence       int64
+	ActiveSequence int64
+	EnrolledAt     time.Time
+	LastSeen       time.Time
+	Status         []byte
+	StatusAt       time.Time
+	CreatedAt      time.Time
+}
+
+// Enrolled reports whether the edge holds a valid certificate.
+func (e Edge) Enrolled() bool { return e.CertSerial != "" }
+
+// NewEdge is an edge to create.
+type NewEdge struct {
+	ID, Name, Org, Country, Continent, MgmtIPv4, MgmtIPv6 string
+	Slots                                                 int
+	// TokenHash is the SHA-256 of the one-time bootstrap token.
+	TokenHash string
+	// Assignments maps cells to pools.
+	Assignments map[string]string
+}
+
+// Signer signs an entry for an edge (sets Signature).
+type Signer func(edgeID string, e manifest.Entry) manifest.Entry
+
+const edgeColumns = `id, name, org, country, continent, mgmt_ipv4, mgmt_ipv6, slots, csr_hash, cert_pem, cert_serial,
+	rotations, sequence, active_sequence, enrolled_at, last_seen, status, status_at, created_at`
+
+type scanner interface{ Scan(...any) error }
+
+func scanEdge(r scanner) (Edge, error) {
+	var e Edge
+	var enrolled, seen, statusAt, created int64
+	var status string
+	err := r.Scan(&e.ID, &e.Name, &e.Org, &e.Country, &e.Continent, &e.MgmtIPv4, &e.MgmtIPv6, &e.Slots, &e.CSRHash,
+		&e.CertPEM, &e.CertSerial, &e.Rotations, &e.Sequence, &e.ActiveSequence, &enrolled, &seen, &status, &statusAt, &created)
+	e.EnrolledAt, e.LastSeen, e.StatusAt, e.CreatedAt = fromMS(enrolled), fromMS(seen), fromMS(statusAt), fromMS(created)
+	if status != "" {
+		e.Status = []byte(status)
+	}
+	return e, err
+}
+
+// CreateEdge creates an edge with its cell assignments and, when its pools
+// already hold domains, its first manifest (sequence 1), signed by sign.
+func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, error) {
+	now := ms(s.Now())
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		gen, err := s.next(ctx, tx, "gen")
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO edges (id, name, org, country, continent, mgmt_ipv4, mgmt_ipv6, slots, token_hash, created_at, gen)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			n.ID, n.Name, n.Org, n.Country, n.Continent, n.MgmtIPv4, n.MgmtIPv6, n.Slots, n.TokenHash, now, gen)
+		if isUnique(err) {
+			return fmt.Errorf("edge name %q: %w", n.Name, ErrConflict)
+		}
+		if err != nil {
+			return err
+		}
+		for cell, pool := range n.Assignments {
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO assignments (edge_id, cell, pool) VALUES (?, ?, ?)`), n.ID, cell, pool); err != nil {
+				return fmt.Errorf("assign %s to %s: %w", cell, pool, err)
+			}
+		}
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT d.name, d.pool, d.revision, d.size, d.sha256 FROM domains d
+			WHERE d.deleted = 0 AND d.pool IN (SELECT pool FROM assignments WHERE edge_id = ?) ORDER BY d.name`), n.ID)
+		if err != nil {
+			return err
+		}
+		var entries []manifest.Entry
+		for rows.Next() {
+			var e manifest.Entry
+			if err := rows.Scan(&e.Domain, &e.Pool, &e.Revision, &e.Size, &e.SHA256); err != nil {
+				rows.Close()
+				return err
+			}
+			entries = append(entries, sign(n.ID, e))
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(entries) == 0 {
+			return nil
+		}
+		for _, e := range entries {
+			if err := s.insertEntry(ctx, tx, n.ID, 1, e); err != nil {
+				return err
+			}
+		}
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET sequence = 1 WHERE id = ?`), n.ID)
+		return err
+	})
+	if err != nil {
+		return Edge{}, fmt.Errorf("create edge %s: %w", n.Name, err)
+	}
+	return s.Edge(ctx, n.ID)
+}
+
+func (s *Store) insertEntry(ctx context.Context, tx *sql.Tx, edgeID string, seq int64, e manifest.Entry) error {
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO manifest_entries (edge_id, domain, from_seq, pool, revision, size, sha256, signature)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`), edgeID, e.Domain, seq, e.Pool, e.Revision, e.Size, e.SHA256, e.Signature)
+	return err
+}
+
+// Edge returns one edge, or ErrNotFound.
+func (s *Store) Edge(ctx context.Context, id string) (Edge, error) {
+	e, err := scanEdge(s.db.QueryRowContext(ctx, s.q(`SELECT `+edgeColumns+` FROM edges WHERE id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Edge{}, fmt.Errorf("edge %s: %w", id, ErrNotFound)
+	}
+	return e, err
+}
+
+// EdgeByToken returns the edge whose current bootstrap token hashes to
+// tokenHash, or ErrNotFound.
+func (s *Store) EdgeByToken(ctx context.Context, tokenHash string) (Edge, error) {
+	e, err := scanEdge(s.db.QueryRowContext(ctx, s.q(`SELECT `+edgeColumns+` FROM edges WHERE token_hash = ?`), tokenHash))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Edge{}, fmt.Errorf("bootstrap token: %w", ErrNotFound)
+	}
+	return e, err
+}
+
+// Edges returns every edge, by name.
+func (s *Store) Edges(ctx context.Context) ([]Edge, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+edgeColumns+` FROM edges ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Edge
+	for rows.Next() {
+		e, err := scanEdge(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// Enroll records the certificate issued for the CSR that consumed the
+// edge's current token. It fails with ErrConflict when the token is not
+// the edge's current one or was consumed already (by this CSR or another):
+// the caller decides between an exact retry and a refusal first.
+func (s *Store) Enroll(ctx context.Context, id, tokenHash, csrHash, certPEM, serial string) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		gen, err := s.next(ctx, tx, "gen")
+		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET csr_hash = ?, cert_pem = ?, cert_serial = ?, enrolled_at = ?, gen = ?
+			WHERE id = ? AND token_hash = ? AND csr_hash = ''`), csrHash, certPEM, serial, ms(s.Now()), gen, id, tokenHash)
+		if err != nil {
+			return fmt.Errorf("enroll edge %s: %w", id, err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("enroll edge %s: token already consumed: %w", id, ErrConflict)
+		}
+		return nil
+	})
+}
+
+// Rotate replaces the edge's bootstrap token and invalidates its
+// certificate: the edge must enroll again with the new token.
+func (s *Store) Rotate(ctx context.Context, id, tokenHash string) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		gen, err := s.next(ctx, tx, "gen")
+		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET token_hash = ?, csr_hash = '', cert_pem = '', cert_serial = '',
+			rotations = rotations + 1, gen = ? WHERE id = ?`), tokenHash, gen, id)
+		if err != nil {
+			return fmt.Errorf("rotate edge %s: %w", id, err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("rotate edge %s: %w", id, ErrNotFound)
+		}
+		return nil
+	})
+}
+
+// Touch records when edges were last seen; it never moves a time back.
+func (s *Store) Touch(ctx context.Context, seen map[string]time.Time) error {
+	if len(seen) == 0 {
+		return nil
+	}
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		for id, at := range seen {
+			if _, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET last_seen = ? WHERE id = ? AND last_seen < ?`), ms(at), id, ms(at)); err != nil {
+				return fmt.Errorf("touch edge %s: %w", id, err)
+			}
+		}
+		return nil
+	})
+}
+
+// PutStatus stores an edge's latest status report.
+func (s *Store) PutStatus(ctx context.Context, id string, status []byte, at time.Time) error {
+	_, err := s.db.ExecContext(ctx, s.q(`UPDATE edges SET status = ?, status_at = ?, last_seen = ? WHERE id = ?`), string(status), ms(at), ms(s.Now()), id)
+	if err != nil {
+		return fmt.Errorf("status of edge %s: %w", id, err)
+	}
+	return nil
+}
+
+// EdgeState is what the poll path needs of an edge, cached by controlapi.
+type EdgeState struct {
+	ID           string
+	CertSerial   string
+	Sequence     int64
+	PendingTasks int
+	Gen          int64
+}
+
+// EdgeStates returns the states of edges changed after generation since
+// (all of them for 0), and the generation they are current to. The counter
+// is read first: a writer holds it until it commits, so every change up to
+// it is visible to the query that follows.
+func (s *Store) EdgeStates(ctx context.Context, since int64) ([]EdgeState, int64, error) {
+	gen, err := s.Generation(ctx)
+	if err != nil || gen == since {
+		return nil, gen, err
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT e.id, e.cert_serial, e.sequence, e.gen,
+		(SELECT COUNT(*) FROM tasks t WHERE t.edge_id = e.id AND t.state = 'pending')
+		FROM edges e WHERE e.gen > ?`), since)
+	if err != nil {
+		return nil, 0, fmt.Errorf("edge states: %w", err)
+	}
+	defer rows.Close()
+	var out []EdgeState
+	for rows.Next() {
+		var st EdgeState
+		if err := rows.Scan(&st.ID, &st.CertSerial, &st.Sequence, &st.Gen, &st.PendingTasks); err != nil {
+			return nil, 0, fmt.Errorf("edge states: %w", err)
+		}
+		out = append(out, st)
+	}
+	return out, gen, rows.Err()
+}
+
+// Generation is the current change generation of edges.
+func (s *Store) Generation(ctx context.Context) (int64, error) {
+	var gen int64
+	if err := s.db.QueryRowContext(ctx, `SELECT value FROM counters WHERE name = 'gen'`).Scan(&gen); err != nil {
+		return 0, fmt.Errorf("edge generation: %w", err)
+	}
+	return gen, nil
+}
+
+// Assignments returns an edge's cell → pool assignments.
+func (s *Store) Assignments(ctx context.Context, edgeID string) (map[string]string, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT cell, pool FROM assignments WHERE edge_id = ?`), edgeID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var c, p string
+		if err := rows.Scan(&c, &p); err != nil {
+			return nil, err
+		}
+		out[c] = p
+	}
+	return out, rows.Err()
+}

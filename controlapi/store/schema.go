@@ -1,0 +1,105 @@
+package store
+
+// migrations are applied in order, each once, each in its own transaction.
+// Never edit one that has shipped: add the next. {{blob}} and {{bigint}} are
+// the only spellings that differ between the dialects.
+var migrations = []string{
+	// 1: edges, their identity and manifests; pools, domains, artifacts;
+	// acknowledgements and control tasks.
+	`
+CREATE TABLE settings (
+	name  TEXT PRIMARY KEY,
+	value TEXT NOT NULL
+);
+CREATE TABLE counters (
+	name  TEXT PRIMARY KEY,
+	value {{bigint}} NOT NULL
+);
+CREATE TABLE edges (
+	id              TEXT PRIMARY KEY,
+	name            TEXT NOT NULL UNIQUE,
+	org             TEXT NOT NULL,
+	country         TEXT NOT NULL,
+	continent       TEXT NOT NULL,
+	mgmt_ipv4       TEXT NOT NULL DEFAULT '',
+	mgmt_ipv6       TEXT NOT NULL DEFAULT '',
+	slots           INTEGER NOT NULL,
+	token_hash      TEXT NOT NULL UNIQUE,
+	csr_hash        TEXT NOT NULL DEFAULT '',
+	cert_pem        TEXT NOT NULL DEFAULT '',
+	cert_serial     TEXT NOT NULL DEFAULT '',
+	rotations       INTEGER NOT NULL DEFAULT 0,
+	sequence        {{bigint}} NOT NULL DEFAULT 0,
+	active_sequence {{bigint}} NOT NULL DEFAULT 0,
+	enrolled_at     {{bigint}} NOT NULL DEFAULT 0,
+	last_seen       {{bigint}} NOT NULL DEFAULT 0,
+	status          TEXT NOT NULL DEFAULT '',
+	status_at       {{bigint}} NOT NULL DEFAULT 0,
+	created_at      {{bigint}} NOT NULL,
+	gen             {{bigint}} NOT NULL
+);
+CREATE INDEX edges_gen ON edges (gen);
+CREATE TABLE pools (
+	name       TEXT PRIMARY KEY,
+	class      TEXT NOT NULL,
+	created_at {{bigint}} NOT NULL
+);
+CREATE TABLE assignments (
+	edge_id TEXT NOT NULL REFERENCES edges (id) ON DELETE CASCADE,
+	cell    TEXT NOT NULL,
+	pool    TEXT NOT NULL REFERENCES pools (name),
+	PRIMARY KEY (edge_id, cell)
+);
+CREATE INDEX assignments_pool ON assignments (pool, edge_id);
+CREATE TABLE artifacts (
+	sha256     TEXT PRIMARY KEY,
+	data       {{blob}} NOT NULL,
+	created_at {{bigint}} NOT NULL
+);
+CREATE TABLE domains (
+	name       TEXT PRIMARY KEY,
+	pool       TEXT NOT NULL REFERENCES pools (name),
+	revision   {{bigint}} NOT NULL,
+	sha256     TEXT NOT NULL REFERENCES artifacts (sha256),
+	size       {{bigint}} NOT NULL,
+	deleted    INTEGER NOT NULL DEFAULT 0,
+	updated_at {{bigint}} NOT NULL
+);
+-- An entry is in every sequence from from_seq up to, not including, to_seq
+-- (0: still current), so a new sequence adds or closes rows and copies none.
+CREATE TABLE manifest_entries (
+	edge_id   TEXT NOT NULL REFERENCES edges (id) ON DELETE CASCADE,
+	domain    TEXT NOT NULL,
+	from_seq  {{bigint}} NOT NULL,
+	to_seq    {{bigint}} NOT NULL DEFAULT 0,
+	pool      TEXT NOT NULL,
+	revision  {{bigint}} NOT NULL,
+	size      {{bigint}} NOT NULL,
+	sha256    TEXT NOT NULL,
+	signature TEXT NOT NULL,
+	PRIMARY KEY (edge_id, domain, from_seq)
+);
+CREATE INDEX manifest_entries_sha ON manifest_entries (edge_id, sha256);
+CREATE TABLE acks (
+	edge_id     TEXT NOT NULL REFERENCES edges (id) ON DELETE CASCADE,
+	sequence    {{bigint}} NOT NULL,
+	status      TEXT NOT NULL,
+	reason      TEXT NOT NULL,
+	cells       TEXT NOT NULL,
+	at          {{bigint}} NOT NULL,
+	received_at {{bigint}} NOT NULL,
+	PRIMARY KEY (edge_id, sequence)
+);
+CREATE TABLE tasks (
+	id         {{bigint}} PRIMARY KEY,
+	edge_id    TEXT NOT NULL REFERENCES edges (id) ON DELETE CASCADE,
+	cell       TEXT NOT NULL,
+	action     TEXT NOT NULL,
+	state      TEXT NOT NULL,
+	result     TEXT NOT NULL DEFAULT '',
+	created_at {{bigint}} NOT NULL,
+	done_at    {{bigint}} NOT NULL DEFAULT 0
+);
+CREATE INDEX tasks_edge_state ON tasks (edge_id, state);
+`,
+}

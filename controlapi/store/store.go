@@ -1,0 +1,247 @@
+// Package store is the control API's database: edges and their identity,
+// pools and cell assignments, domains and artifacts, each edge's manifest
+// sequences, acknowledgements, status reports and control tasks. One schema
+// and one implementation over database/sql serve both an embedded SQLite
+// file (modernc.org/sqlite, no cgo) and PostgreSQL (pgx), so that several
+// control replicas can share one database. It stores what it is given:
+// secrets arrive hashed (tokens) or sealed (keys); only controlapi imports
+// it.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	"modernc.org/sqlite"               // registers "sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// Errors.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrConflict = errors.New("conflict")
+)
+
+// Dialects.
+const (
+	SQLite   = "sqlite"
+	Postgres = "postgres"
+)
+
+// keepSequences is how many superseded sequences of an edge's manifest stay
+// readable, so that an agent paging through one while a newer one is
+// published can finish its walk.
+const keepSequences = 16
+
+// Store is an open control database.
+type Store struct {
+	db      *sql.DB
+	dialect string
+	// Now is the clock; time.Now unless testing.
+	Now func() time.Time
+}
+
+// Open opens the database named by dsn, a postgres:// or postgresql:// URL
+// or else a SQLite file path, and applies the migrations it lacks.
+func Open(ctx context.Context, dsn string) (*Store, error) {
+	s := &Store{Now: time.Now}
+	var err error
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		s.dialect = Postgres
+		s.db, err = sql.Open("pgx", dsn)
+		if err == nil {
+			s.db.SetMaxOpenConns(32)
+			s.db.SetMaxIdleConns(32)
+		}
+	} else {
+		s.dialect = SQLite
+		// WAL lets readers run beside the writer; immediate transactions take
+		// the write lock up front instead of failing on an upgrade.
+		s.db, err = sql.Open("sqlite", "file:"+dsn+"?_txlock=immediate&_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)")
+		if err == nil {
+			s.db.SetMaxOpenConns(8)
+			s.db.SetMaxIdleConns(8)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s database: %w", s.dialect, err)
+	}
+	if err := s.db.PingContext(ctx); err != nil {
+		s.db.Close()
+		return nil, fmt.Errorf("open %s database: %w", s.dialect, err)
+	}
+	if err := s.migrate(ctx); err != nil {
+		s.db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Dialect is SQLite or Postgres.
+func (s *Store) Dialect() string { return s.dialect }
+
+// q rewrites ? placeholders for the dialect.
+func (s *Store) q(query string) string {
+	if s.dialect != Postgres {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	for i := 0; i < len(query); i++ {
+		if query[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(query[i])
+	}
+	return b.String()
+}
+
+func (s *Store) ddl(stmt string) string {
+	blob, bigint := "BLOB", "INTEGER"
+	if s.dialect == Postgres {
+		blob, bigint = "BYTEA", "BIGINT"
+	}
+	return strings.NewReplacer("{{blob}}", blob, "{{bigint}}", bigint).Replace(stmt)
+}
+
+// tx runs f in a transaction, committing when it returns nil.
+func (s *Store) tx(ctx context.Context, f func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// migrate applies the migrations the database lacks. On PostgreSQL an
+// advisory lock keeps replicas starting together from racing.
+func (s *Store) migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, s.ddl(`CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at {{bigint}} NOT NULL)`)); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	for i, m := range migrations {
+		version := i + 1
+		err := s.tx(ctx, func(tx *sql.Tx) error {
+			if s.dialect == Postgres {
+				if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(7204331)`); err != nil {
+					return err
+				}
+			}
+			var n int
+			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM schema_migrations WHERE version = ?`), version).Scan(&n); err != nil {
+				return err
+			}
+			if n > 0 {
+				return nil
+			}
+			for _, stmt := range strings.Split(s.ddl(m), ";\n") {
+				if strings.TrimSpace(stmt) == "" {
+					continue
+				}
+				if _, err := tx.ExecContext(ctx, stmt); err != nil {
+					return fmt.Errorf("%w\n%s", err, stmt)
+				}
+			}
+			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`), version, ms(s.Now()))
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("migrate to schema version %d: %w", version, err)
+		}
+	}
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		for _, c := range []string{"gen", "task"} {
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO counters (name, value) VALUES (?, 0) ON CONFLICT (name) DO NOTHING`), c); err != nil {
+				return fmt.Errorf("seed counters: %w", err)
+			}
+		}
+		for _, p := range []string{"shared-default", "quarantine-default"} {
+			class, _, _ := strings.Cut(p, "-")
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO pools (name, class, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING`), p, class, ms(s.Now())); err != nil {
+				return fmt.Errorf("seed pools: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// SchemaVersion is the newest migration applied.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	var v sql.NullInt64
+	err := s.db.QueryRowContext(ctx, `SELECT MAX(version) FROM schema_migrations`).Scan(&v)
+	return int(v.Int64), err
+}
+
+// next allocates the next value of a counter inside tx.
+func (s *Store) next(ctx context.Context, tx *sql.Tx, counter string) (int64, error) {
+	var v int64
+	err := tx.QueryRowContext(ctx, s.q(`UPDATE counters SET value = value + 1 WHERE name = ? RETURNING value`), counter).Scan(&v)
+	if err != nil {
+		return 0, fmt.Errorf("counter %s: %w", counter, err)
+	}
+	return v, nil
+}
+
+func ms(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMS(v int64) time.Time {
+	if v == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(v).UTC()
+}
+
+// Setting returns a setting's value, or ErrNotFound.
+func (s *Store) Setting(ctx context.Context, name string) (string, error) {
+	var v string
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT value FROM settings WHERE name = ?`), name).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("setting %s: %w", name, ErrNotFound)
+	}
+	return v, err
+}
+
+// InitSetting stores value unless the setting exists, and returns what is
+// stored: the first of several replicas initializing at once wins.
+func (s *Store) InitSetting(ctx context.Context, name, value string) (string, error) {
+	if _, err := s.db.ExecContext(ctx, s.q(`INSERT INTO settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`), name, value); err != nil {
+		return "", fmt.Errorf("setting %s: %w", name, err)
+	}
+	return s.Setting(ctx, name)
+}
+
+// isUnique reports a unique or primary-key violation, by the drivers'
+// error types.
+func isUnique(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "23505"
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		return se.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE || se.Code() == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+	}
+	return false
+}

@@ -1,0 +1,142 @@
+// Package edgeapi is the wire contract of the edge-control API between
+// cellvisor-control (controlapi) and the agent (controlclient): the paths,
+// the headers and the request and response bodies. It holds no logic; both
+// sides import it so that they cannot drift apart.
+//
+// Every path but Enroll needs a client certificate issued at enrollment
+// (CN = edge UUID). Manifest pages and artifacts use the types of package
+// manifest.
+package edgeapi
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Paths of the edge-control API.
+const (
+	// PathEnroll takes an EnrollRequest (POST) and answers an
+	// EnrollResponse. It is the only path served without a client
+	// certificate.
+	PathEnroll = "/v1/enroll"
+	// PathManifest serves a manifest.Page (GET ?after=SEQ&cursor=C). With
+	// If-None-Match: "SEQ" and no newer manifest it answers 304 Not
+	// Modified and no body: the cheap poll.
+	PathManifest = "/v1/manifest"
+	// PathArtifacts + sha256 serves an artifact's bytes (GET).
+	PathArtifacts = "/v1/artifacts/"
+	// PathSnapshot serves the gzip'd recovery snapshot (GET), 404 when the
+	// edge has no manifest yet.
+	PathSnapshot = "/v1/snapshot"
+	// PathAcks takes a manifest.Ack (POST); 204.
+	PathAcks = "/v1/acks"
+	// PathStatus takes a StatusReport (POST); 204.
+	PathStatus = "/v1/status"
+	// PathTasks lists the edge's pending control tasks (GET, []Task);
+	// PathTasks + "{id}/ack" takes a TaskAck (POST); 204.
+	PathTasks = "/v1/tasks/"
+)
+
+// Headers.
+const (
+	// HeaderTasks, on manifest answers (304s included), is the number of
+	// control tasks pending for the edge, so that the agent asks for tasks
+	// only when there are some.
+	HeaderTasks = "X-Cellvisor-Tasks"
+)
+
+// Bounds on bodies the control API accepts from an edge.
+const (
+	MaxEnrollBytes = 64 << 10
+	MaxStatusBytes = 1 << 20
+	MaxAckBytes    = 64 << 10
+)
+
+// EnrollRequest is an enrollment: the one-time bootstrap token and a
+// PEM-encoded certificate signing request for the key the agent generated.
+type EnrollRequest struct {
+	Token string `json:"token"`
+	CSR   string `json:"csr"`
+}
+
+// EnrollResponse is the identity an edge persists.
+type EnrollResponse struct {
+	EdgeID string `json:"edge_id"`
+	// Certificate is the PEM client certificate: CN = EdgeID, no IP SANs.
+	Certificate string `json:"certificate"`
+	// CA is the PEM certificate of the control plane's CA, which issued it.
+	CA string `json:"ca"`
+	// ControlPublicKey is the standard base64 Ed25519 key that signs this
+	// edge's artifacts; the agent pins it.
+	ControlPublicKey string `json:"control_public_key"`
+	// Slots is the edge's slot count, fixed at creation.
+	Slots int `json:"slots"`
+}
+
+// Task is a control task for one cell of the edge.
+type Task struct {
+	ID        int64     `json:"id"`
+	Cell      string    `json:"cell"`
+	Action    string    `json:"action"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Task actions.
+const (
+	ActionDrain   = "drain"
+	ActionUndrain = "undrain"
+	ActionRestart = "restart"
+)
+
+// Task states.
+const (
+	TaskPending = "pending"
+	TaskDone    = "done"
+	TaskFailed  = "failed"
+)
+
+// ValidAction reports a known task action.
+func ValidAction(a string) bool {
+	return a == ActionDrain || a == ActionUndrain || a == ActionRestart
+}
+
+// TaskAck is what became of a task.
+type TaskAck struct {
+	// State is TaskDone or TaskFailed.
+	State string `json:"state"`
+	// Result says why a task failed, or the cell's state after it.
+	Result string `json:"result,omitempty"`
+}
+
+// StatusReport is the agent's periodic report: its status as its admin
+// socket serves it (slots, readiness, capacity, passive-origin summaries,
+// security events). The control plane reads it leniently (Summary), so that
+// newer agents can add fields.
+type StatusReport struct {
+	At     time.Time       `json:"at"`
+	Status json.RawMessage `json:"status"`
+}
+
+// Summary is the part of an agent's status the control plane reads.
+type Summary struct {
+	Version    string `json:"version"`
+	CgroupMode string `json:"cgroup_mode"`
+	Control    *struct {
+		ActiveSequence int64 `json:"active_sequence"`
+	} `json:"control"`
+	Slots []struct {
+		Name     string `json:"name"`
+		Pool     string `json:"pool"`
+		State    string `json:"state"`
+		Reason   string `json:"reason"`
+		Drained  bool   `json:"drained"`
+		Sequence int64  `json:"sequence"`
+		Cell     *struct {
+			Security struct {
+				AuthFailures int64   `json:"auth_failures"`
+				LastAt       float64 `json:"last_at"`
+				LastReason   string  `json:"last_reason"`
+			} `json:"security"`
+		} `json:"cell"`
+	} `json:"slots"`
+}
