@@ -19,10 +19,51 @@ VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X cellvisor/agent.Version=$(VERSION)
 
 # What the tests and the demo need from Debian: nginx with its dynamic Lua
-# module (the OpenResty stand-in) and cjson for the cells' Lua. gcc and
-# libc6-dev are there because `go test -race` needs cgo.
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson gcc libc6-dev
+# module (the OpenResty stand-in) and cjson for the cells' Lua; PostgreSQL's
+# server for the control API store's tests (the metapackage: it brings the
+# release's server, postgresql-15 on Debian 12). gcc and libc6-dev are there
+# because `go test -race` needs cgo.
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+# The control API store's tests also run against a real PostgreSQL: test,
+# test-short and bench start a throwaway server on 127.0.0.1:$(TEST_PG_PORT) (or
+# one of the 9 ports after it, when it is taken: another run may hold it) in a
+# temporary directory in /tmp (scripts/testpg; as root it runs as the user
+# postgres, which must reach the directory), pass its URL to the tests in
+# CELLVISOR_TEST_POSTGRES, and stop it afterwards, whether the tests passed or
+# not. A CELLVISOR_TEST_POSTGRES already set is used as it is (nothing is
+# started). Without PostgreSQL's binaries the tests run, and those skip.
+TEST_PG_PORT ?= 15432
+
+# WITH_PG prefixes a recipe line (one shell, started with @): it ends with
+# CELLVISOR_TEST_POSTGRES exported, or unset when there is no PostgreSQL, and
+# with `set -x` so that the commands after it are shown.
+WITH_PG = \
+	if [ -n "$${CELLVISOR_TEST_POSTGRES:-}" ]; then \
+	  echo "$@: PostgreSQL store tests use CELLVISOR_TEST_POSTGRES from the environment"; \
+	  export CELLVISOR_TEST_POSTGRES; \
+	else \
+	  pgdir="$$(mktemp -d /tmp/cellvisor-pg.XXXXXX)"; \
+	  trap 'set +x; rm -f "$$pgdir.err"; scripts/testpg stop "$$pgdir" || echo "$@: could not stop the test PostgreSQL in $$pgdir" >&2' EXIT; \
+	  trap 'exit 130' INT; trap 'exit 143' TERM; \
+	  pgrc=3; pgport=$(TEST_PG_PORT); \
+	  while [ "$$pgrc" = 3 ] && [ "$$pgport" -lt $$(($(TEST_PG_PORT) + 10)) ]; do \
+	    pgrc=0; pgurl="$$(scripts/testpg start "$$pgdir" "$$pgport" 2>"$$pgdir.err" | tail -n 1)" || pgrc=$$?; \
+	    cat "$$pgdir.err" >&2; pgport=$$((pgport + 1)); \
+	  done; \
+	  if [ "$$pgrc" = 2 ]; then \
+	    echo "$@: the PostgreSQL store tests will be skipped: $$(sed -n 's/^testpg: //p' "$$pgdir.err" | tail -n 1)"; \
+	  elif [ "$$pgrc" != 0 ]; then \
+	    echo "$@: could not start the test PostgreSQL (exit $$pgrc, see above): make $@ TEST_PG_PORT=... tries other ports," \
+	      "CELLVISOR_TEST_POSTGRES=URL uses a server of yours" >&2; \
+	    exit "$$pgrc"; \
+	  else \
+	    echo "$@: PostgreSQL store tests use a test server at $$pgurl"; \
+	    export CELLVISOR_TEST_POSTGRES="$$pgurl"; \
+	  fi; \
+	fi; \
+	set -x;
 
 .PHONY: help deps tools build test test-short lint bench demo demo-check clean
 
@@ -31,14 +72,15 @@ help: ## show this list of targets
 	@echo
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, gcc) and Go modules
+deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc) and Go modules
 	@if ! command -v dpkg >/dev/null 2>&1; then \
-	  echo "deps: not a Debian host (no dpkg): install nginx with the Lua module (or OpenResty) yourself;"; \
-	  echo "deps: tests that need it skip themselves and say so"; \
+	  echo "deps: not a Debian host (no dpkg): install nginx with the Lua module (or OpenResty) yourself,"; \
+	  echo "deps: and PostgreSQL or set CELLVISOR_TEST_POSTGRES to a server the tests may create databases on;"; \
+	  echo "deps: tests that need them skip themselves and say so"; \
 	else \
 	  missing=""; \
 	  for p in $(DEB_PACKAGES); do \
-	    dpkg -s "$$p" 2>/dev/null | grep -q '^Status: install ok installed' || missing="$$missing $$p"; \
+	    [ "$$(dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null)" = "install ok installed" ] || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \
 	    echo "deps: installing$$missing"; \
@@ -63,11 +105,11 @@ tools: ## install staticcheck and benchstat into $(go env GOPATH)/bin if missing
 build: ## build bin/cellvisor (version from git describe, else "dev")
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
 
-test: deps ## run every test with -race; root/cgroup/nginx tests skip, saying why, where the host lacks them
-	$(GO) test -race -count=1 -timeout 30m ./...
+test: deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
+	@$(WITH_PG) $(GO) test -race -count=1 -timeout 30m ./...
 
-test-short: deps ## run the tests in -short mode (the quick ones)
-	$(GO) test -race -short -count=1 -timeout 10m ./...
+test-short: deps ## run the tests in -short mode (the quick ones), with a PostgreSQL as for test
+	@$(WITH_PG) $(GO) test -race -short -count=1 -timeout 10m ./...
 
 # The tidy check uses `go mod tidy -diff`: it changes nothing on disk (so there
 # is nothing to restore), prints what tidy would change and fails if anything would.
@@ -82,10 +124,11 @@ lint: tools ## go vet, gofmt, staticcheck, and fail if go mod tidy would change 
 	"$(TOOLBIN)/staticcheck" ./...
 	@$(GO) mod tidy -diff || { echo "go mod tidy would change go.mod/go.sum (diff above): run go mod tidy"; exit 1; }
 
-bench: deps ## run the benchmarks into bench/latest.txt; compare with bench/base.txt when there is one
+# An activation of 20,000 artifacts takes about a second: fewer rounds.
+bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
-	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ ./cmd/cellvisor/ | tee bench/latest.txt
-	@# An activation of 20,000 artifacts takes about a second: fewer rounds.
+	@$(WITH_PG) \
+	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ ./cmd/cellvisor/ | tee bench/latest.txt; \
 	$(GO) test -run '^$$' -bench . -benchtime 3x -count 5 ./activation/ | tee -a bench/latest.txt
 	@if [ -f bench/base.txt ] && [ -x "$(TOOLBIN)/benchstat" ]; then \
 	  "$(TOOLBIN)/benchstat" bench/base.txt bench/latest.txt; \

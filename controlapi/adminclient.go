@@ -1,0 +1,168 @@
+package controlapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// AdminClient calls the admin API: cellvisor-control's subcommands, the
+// demo and the tests use it.
+type AdminClient struct {
+	// URL is the admin API's base URL, e.g. http://127.0.0.1:8442.
+	URL string
+	// Token is the admin bearer token.
+	Token string
+	// HTTP is the client, or nil for http.DefaultClient.
+	HTTP *http.Client
+}
+
+// AdminError is a refusal by the admin API.
+type AdminError struct {
+	Status  int
+	Message string
+}
+
+func (e *AdminError) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
+
+func (c *AdminClient) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.URL, "/")+path, body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(data, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(data))
+		}
+		return &AdminError{Status: resp.StatusCode, Message: e.Error}
+	}
+	if out == nil {
+		return nil
+	}
+	if s, ok := out.(*string); ok {
+		*s = string(data)
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// CA returns the CA certificate (PEM).
+func (c *AdminClient) CA(ctx context.Context) (string, error) {
+	var s string
+	err := c.do(ctx, http.MethodGet, AdminCA, nil, &s)
+	return s, err
+}
+
+// CreateEdge creates an edge; the token in the answer is shown once.
+func (c *AdminClient) CreateEdge(ctx context.Context, r EdgeRequest) (CreatedEdge, error) {
+	var out CreatedEdge
+	err := c.do(ctx, http.MethodPost, AdminEdges, r, &out)
+	return out, err
+}
+
+// Edges lists the edges.
+func (c *AdminClient) Edges(ctx context.Context) ([]EdgeView, error) {
+	var out []EdgeView
+	err := c.do(ctx, http.MethodGet, AdminEdges, nil, &out)
+	return out, err
+}
+
+// Edge shows one edge with its status, acks and tasks.
+func (c *AdminClient) Edge(ctx context.Context, id string) (EdgeView, error) {
+	var out EdgeView
+	err := c.do(ctx, http.MethodGet, AdminEdges+"/"+url.PathEscape(id), nil, &out)
+	return out, err
+}
+
+// Rotate rotates an edge's identity: its certificate is refused from now
+// on, and the answer carries a new one-time token.
+func (c *AdminClient) Rotate(ctx context.Context, id string) (CreatedEdge, error) {
+	var out CreatedEdge
+	err := c.do(ctx, http.MethodPost, AdminEdges+"/"+url.PathEscape(id)+"/rotate", nil, &out)
+	return out, err
+}
+
+// CreateTask queues a control task for one of an edge's cells.
+func (c *AdminClient) CreateTask(ctx context.Context, edgeID string, r TaskRequest) (TaskView, error) {
+	var out TaskView
+	err := c.do(ctx, http.MethodPost, AdminEdges+"/"+url.PathEscape(edgeID)+"/tasks", r, &out)
+	return out, err
+}
+
+// Tasks lists an edge's newest tasks.
+func (c *AdminClient) Tasks(ctx context.Context, edgeID string) ([]TaskView, error) {
+	var out []TaskView
+	err := c.do(ctx, http.MethodGet, AdminEdges+"/"+url.PathEscape(edgeID)+"/tasks", nil, &out)
+	return out, err
+}
+
+// Pools lists the pools.
+func (c *AdminClient) Pools(ctx context.Context) ([]PoolView, error) {
+	var out []PoolView
+	err := c.do(ctx, http.MethodGet, AdminPools, nil, &out)
+	return out, err
+}
+
+// CreatePool creates a pool.
+func (c *AdminClient) CreatePool(ctx context.Context, name string) (PoolView, error) {
+	var out PoolView
+	err := c.do(ctx, http.MethodPost, AdminPools, PoolRequest{Name: name}, &out)
+	return out, err
+}
+
+// Domains lists the domains.
+func (c *AdminClient) Domains(ctx context.Context) ([]DomainView, error) {
+	var out []DomainView
+	err := c.do(ctx, http.MethodGet, AdminDomains, nil, &out)
+	return out, err
+}
+
+// Publish publishes a domain's next revision.
+func (c *AdminClient) Publish(ctx context.Context, name string, r DomainRequest) (PublishedView, error) {
+	var out PublishedView
+	err := c.do(ctx, http.MethodPut, AdminDomains+"/"+url.PathEscape(name), r, &out)
+	return out, err
+}
+
+// DeleteDomain withdraws a domain from every edge.
+func (c *AdminClient) DeleteDomain(ctx context.Context, name string) (PublishedView, error) {
+	var out PublishedView
+	err := c.do(ctx, http.MethodDelete, AdminDomains+"/"+url.PathEscape(name), nil, &out)
+	return out, err
+}

@@ -1,0 +1,235 @@
+// Package controlapi is cellvisor-control: the minimal control API. It owns
+// the two HTTP APIs (the admin API behind a bearer token, and the
+// edge-control API over TLS, mutual for everything but enrollment), the
+// control plane's keys (a CA for edge identities and an Ed25519 key that
+// signs artifacts, both sealed at rest with a key file), and the in-memory
+// cache that keeps the polls of a whole fleet cheap. Its store is
+// controlapi/store; cmd/cellvisor-control runs it.
+package controlapi
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/controlapi/pki"
+	"cellvisor/controlapi/store"
+	"cellvisor/manifest"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Store is the open database. Required.
+	Store *store.Store
+	// SealKey seals the CA and signing keys at rest (pki.KeyFile). Every
+	// replica sharing a database needs the same one. Required.
+	SealKey []byte
+	// AdminToken is the admin API's bearer token. Required.
+	AdminToken string
+	// Hostnames name the edge-control API in its server certificate (DNS
+	// names or IPs); nil means localhost, 127.0.0.1 and ::1.
+	Hostnames []string
+	// Refresh is how often the poll cache catches up with the database
+	// (changes made by other replicas); zero means 1s.
+	Refresh time.Duration
+	// TouchInterval is how often last-seen times are written; zero means
+	// 10s.
+	TouchInterval time.Duration
+	// Logger, or nil for none.
+	Logger *zap.Logger
+	// Now is the clock, or nil for time.Now.
+	Now func() time.Time
+}
+
+// Server is the control API.
+type Server struct {
+	o       Options
+	log     *zap.Logger
+	st      *store.Store
+	ca      *pki.CA
+	signing ed25519.PrivateKey
+	cert    tls.Certificate
+	clients *x509.CertPool
+	cache   *cache
+}
+
+// New loads the control plane's keys from the store, creating them on
+// first start (the first of several replicas starting together wins), and
+// issues this replica's server certificate.
+func New(ctx context.Context, o Options) (*Server, error) {
+	switch {
+	case o.Store == nil:
+		return nil, errors.New("controlapi: no store")
+	case len(o.SealKey) != 32:
+		return nil, errors.New("controlapi: seal key must be 32 bytes")
+	case len(o.AdminToken) < 16:
+		return nil, errors.New("controlapi: admin token must be at least 16 characters")
+	}
+	if o.Hostnames == nil {
+		o.Hostnames = []string{"localhost", "127.0.0.1", "::1"}
+	}
+	if o.Refresh <= 0 {
+		o.Refresh = time.Second
+	}
+	if o.TouchInterval <= 0 {
+		o.TouchInterval = 10 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store}
+	var err error
+	if s.ca, err = s.loadCA(ctx); err != nil {
+		return nil, err
+	}
+	if s.signing, err = s.loadSigningKey(ctx); err != nil {
+		return nil, err
+	}
+	s.clients = x509.NewCertPool()
+	s.clients.AddCert(s.ca.Cert)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	cert, _, err := s.ca.IssueServer(o.Hostnames, &key.PublicKey, o.Now())
+	if err != nil {
+		return nil, err
+	}
+	s.cert = tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}
+	s.cache = newCache(s.st, s.log)
+	if err := s.cache.refresh(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+type sealedCA struct {
+	Cert string `json:"cert"`
+	Key  string `json:"key"`
+}
+
+func (s *Server) loadCA(ctx context.Context) (*pki.CA, error) {
+	ca, keyDER, err := pki.NewCA(s.o.Now())
+	if err != nil {
+		return nil, err
+	}
+	sealed, err := pki.Seal(s.o.SealKey, "ca-key", keyDER)
+	if err != nil {
+		return nil, err
+	}
+	candidate, _ := json.Marshal(sealedCA{Cert: ca.PEM, Key: sealed})
+	stored, err := s.st.InitSetting(ctx, "ca", string(candidate))
+	if err != nil {
+		return nil, err
+	}
+	var sc sealedCA
+	if err := json.Unmarshal([]byte(stored), &sc); err != nil {
+		return nil, fmt.Errorf("stored CA: %w", err)
+	}
+	keyDER, err = pki.Open(s.o.SealKey, "ca-key", sc.Key)
+	if err != nil {
+		return nil, fmt.Errorf("CA key: %w", err)
+	}
+	return pki.LoadCA(sc.Cert, keyDER)
+}
+
+func (s *Server) loadSigningKey(ctx context.Context) (ed25519.PrivateKey, error) {
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	sealed, err := pki.Seal(s.o.SealKey, "signing-key", priv.Seed())
+	if err != nil {
+		return nil, err
+	}
+	stored, err := s.st.InitSetting(ctx, "signing_key", sealed)
+	if err != nil {
+		return nil, err
+	}
+	seed, err := pki.Open(s.o.SealKey, "signing-key", stored)
+	if err != nil {
+		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	if len(seed) != ed25519.SeedSize {
+		return nil, errors.New("signing key: stored seed has the wrong size")
+	}
+	return ed25519.NewKeyFromSeed(seed), nil
+}
+
+// CAPEM is the CA certificate: what agents pass as --ca-file to trust the
+// edge-control API, and what issued their client certificates.
+func (s *Server) CAPEM() string { return s.ca.PEM }
+
+// PublicKey is the standard base64 Ed25519 key that signs artifacts.
+func (s *Server) PublicKey() string {
+	return base64.StdEncoding.EncodeToString(s.signing.Public().(ed25519.PublicKey))
+}
+
+// sign signs an entry for an edge.
+func (s *Server) sign(edgeID string, e manifest.Entry) manifest.Entry {
+	e.Signature = base64.StdEncoding.EncodeToString(ed25519.Sign(s.signing, manifest.SigningMessage(edgeID, e)))
+	return e
+}
+
+// EdgeTLSConfig is the edge-control listener's TLS configuration: this
+// replica's server certificate, and client certificates verified against
+// the CA when given (enrollment comes without one; every other handler
+// requires it).
+func (s *Server) EdgeTLSConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{s.cert},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    s.clients,
+	}
+}
+
+// ServerCertificate is this replica's server certificate, for an admin
+// listener served over TLS.
+func (s *Server) ServerCertificate() tls.Certificate { return s.cert }
+
+// Run keeps the poll cache current and writes last-seen times until ctx
+// ends, then writes them a last time.
+func (s *Server) Run(ctx context.Context) {
+	refresh := time.NewTicker(s.o.Refresh)
+	defer refresh.Stop()
+	touch := time.NewTicker(s.o.TouchInterval)
+	defer touch.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			s.flushSeen(fctx)
+			cancel()
+			return
+		case <-refresh.C:
+			if err := s.cache.refresh(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("refresh edge cache", zap.Error(err))
+			}
+		case <-touch.C:
+			s.flushSeen(ctx)
+		}
+	}
+}
+
+func (s *Server) flushSeen(ctx context.Context) {
+	seen := s.cache.takeSeen()
+	if err := s.st.Touch(ctx, seen); err != nil {
+		s.log.Warn("record last seen", zap.Error(err))
+		s.cache.restoreSeen(seen)
+	}
+}

@@ -1,0 +1,319 @@
+package controlapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"cellvisor/controlapi/pki"
+	"cellvisor/controlapi/store"
+	"cellvisor/edgeapi"
+	"cellvisor/manifest"
+)
+
+// EdgeHandler serves the edge-control API. Serve it with EdgeTLSConfig.
+func (s *Server) EdgeHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+edgeapi.PathEnroll, s.handle(s.enroll))
+	mux.HandleFunc("GET "+edgeapi.PathManifest, s.edge(s.manifest))
+	mux.HandleFunc("GET "+edgeapi.PathArtifacts+"{sha}", s.edge(s.artifact))
+	mux.HandleFunc("GET "+edgeapi.PathSnapshot, s.edge(s.snapshot))
+	mux.HandleFunc("POST "+edgeapi.PathAcks, s.edge(s.ack))
+	mux.HandleFunc("POST "+edgeapi.PathStatus, s.edge(s.status))
+	mux.HandleFunc("GET "+edgeapi.PathTasks, s.edge(s.tasks))
+	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.edge(s.taskAck))
+	return mux
+}
+
+// edgeFunc is a handler for an authenticated edge.
+type edgeFunc func(w http.ResponseWriter, r *http.Request, edge store.EdgeState) error
+
+// edge authenticates the client certificate: verified against the CA by
+// the TLS layer, and the edge's current one (a rotated identity's
+// certificate is refused here).
+func (s *Server) edge(h edgeFunc) http.HandlerFunc {
+	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+			return errorf(http.StatusUnauthorized, "a client certificate issued at enrollment is required")
+		}
+		leaf := r.TLS.VerifiedChains[0][0]
+		id := leaf.Subject.CommonName
+		st, ok := s.cache.current(r.Context(), id, pki.SerialHex(leaf))
+		if !ok {
+			s.log.Warn("security: refused a client certificate that is not the edge's current identity",
+				zap.String("edge", id), zap.String("serial", pki.SerialHex(leaf)), zap.String("remote", r.RemoteAddr))
+			return errorf(http.StatusUnauthorized, "client certificate is not edge %s's current identity (rotated or unknown)", id)
+		}
+		s.cache.see(id, s.o.Now())
+		return h(w, r, st)
+	})
+}
+
+// enroll exchanges a bootstrap token and a CSR for a client certificate.
+func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
+	var req edgeapi.EnrollRequest
+	if err := decode(r, edgeapi.MaxEnrollBytes, &req); err != nil {
+		return err
+	}
+	csr, err := pki.ParseCSR(req.CSR)
+	if err != nil {
+		return errorf(http.StatusBadRequest, "%v", err)
+	}
+	tokenHash := hashToken(req.Token)
+	e, err := s.st.EdgeByToken(r.Context(), tokenHash)
+	if errors.Is(err, store.ErrNotFound) || req.Token == "" {
+		s.log.Warn("security: enrollment with an unknown, used-up or rotated-away token", zap.String("remote", r.RemoteAddr))
+		return errorf(http.StatusUnauthorized, "unknown bootstrap token (never issued, or replaced by an identity rotation)")
+	}
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(csr.Raw)
+	csrHash := hex.EncodeToString(sum[:])
+	switch {
+	case e.CSRHash == csrHash:
+		// An exact retry: the answer the first attempt may not have received.
+		s.log.Info("enrollment retried", zap.String("edge", e.ID))
+		return s.writeEnrolled(w, e.ID, e.CertPEM, e.Slots)
+	case e.CSRHash != "":
+		s.log.Warn("security: a different CSR for a consumed bootstrap token", zap.String("edge", e.ID), zap.String("remote", r.RemoteAddr))
+		return errorf(http.StatusConflict, "bootstrap token already used with another key; rotate the edge's identity for a new token")
+	}
+	cert, certPEM, err := s.ca.IssueClient(csr, e.ID, s.o.Now())
+	if err != nil {
+		return err
+	}
+	if err := s.st.Enroll(r.Context(), e.ID, tokenHash, csrHash, certPEM, pki.SerialHex(cert)); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			// Another request consumed the token first: the retry rules apply.
+			return s.enrollRaced(w, r, tokenHash, csrHash)
+		}
+		return err
+	}
+	s.refresh(r.Context())
+	s.log.Info("edge enrolled", zap.String("edge", e.ID), zap.String("name", e.Name), zap.String("serial", pki.SerialHex(cert)))
+	return s.writeEnrolled(w, e.ID, certPEM, e.Slots)
+}
+
+func (s *Server) enrollRaced(w http.ResponseWriter, r *http.Request, tokenHash, csrHash string) error {
+	e, err := s.st.EdgeByToken(r.Context(), tokenHash)
+	if err != nil {
+		return errorf(http.StatusUnauthorized, "unknown bootstrap token")
+	}
+	if e.CSRHash == csrHash {
+		return s.writeEnrolled(w, e.ID, e.CertPEM, e.Slots)
+	}
+	return errorf(http.StatusConflict, "bootstrap token already used with another key; rotate the edge's identity for a new token")
+}
+
+func (s *Server) writeEnrolled(w http.ResponseWriter, id, certPEM string, slots int) error {
+	writeJSON(w, http.StatusOK, edgeapi.EnrollResponse{
+		EdgeID: id, Certificate: certPEM, CA: s.ca.PEM, ControlPublicKey: s.PublicKey(), Slots: slots,
+	})
+	return nil
+}
+
+// refresh brings the cache up to this replica's own writes at once.
+func (s *Server) refresh(ctx context.Context) {
+	if err := s.cache.refresh(ctx); err != nil {
+		s.log.Warn("refresh edge cache", zap.Error(err))
+	}
+}
+
+func hashToken(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// etag is a manifest sequence as an entity tag.
+func etag(seq int64) string { return `"` + strconv.FormatInt(seq, 10) + `"` }
+
+// manifest serves one page of the edge's newest manifest after ?after=,
+// or 304 with no body when there is none: answered from the cache alone.
+func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
+	after, err := strconv.ParseInt(r.URL.Query().Get("after"), 10, 64)
+	if err != nil || after < 0 {
+		return errorf(http.StatusBadRequest, "after: want a sequence ≥ 0")
+	}
+	cursor := r.URL.Query().Get("cursor")
+	w.Header().Set(edgeapi.HeaderTasks, strconv.Itoa(st.PendingTasks))
+	if cursor == "" && st.Sequence <= after {
+		w.Header().Set("ETag", etag(after))
+		if r.Header.Get("If-None-Match") != "" {
+			w.WriteHeader(http.StatusNotModified)
+		} else {
+			w.WriteHeader(http.StatusNoContent)
+		}
+		return nil
+	}
+	seq, from := st.Sequence, ""
+	if cursor != "" {
+		c, d, ok := strings.Cut(cursor, ":")
+		n, err := strconv.ParseInt(c, 10, 64)
+		if !ok || err != nil || n <= after {
+			return errorf(http.StatusBadRequest, "cursor %q is not one this API gave", cursor)
+		}
+		seq, from = n, d
+	} else if e, err := s.st.Edge(r.Context(), st.ID); err == nil {
+		seq = e.Sequence // the database's word, not the cache's
+	}
+	entries, err := s.st.Entries(r.Context(), st.ID, seq, from, manifest.MaxEntries+1)
+	if errors.Is(err, store.ErrNotFound) {
+		return errorf(http.StatusGone, "manifest sequence %d is no longer served; start again from the first page", seq)
+	}
+	if err != nil {
+		return err
+	}
+	p := manifest.Page{EdgeID: st.ID, Sequence: seq, Entries: entries}
+	if len(entries) > manifest.MaxEntries {
+		p.Entries = entries[:manifest.MaxEntries]
+		p.Next = fmt.Sprintf("%d:%s", seq, p.Entries[len(p.Entries)-1].Domain)
+	}
+	if p.Entries == nil {
+		p.Entries = []manifest.Entry{}
+	}
+	w.Header().Set("ETag", etag(seq))
+	writeJSON(w, http.StatusOK, p)
+	return nil
+}
+
+// artifact serves an artifact named in one of the edge's manifests.
+func (s *Server) artifact(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
+	data, err := s.st.Artifact(r.Context(), st.ID, r.PathValue("sha"))
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	w.Write(data)
+	return nil
+}
+
+// snapshot serves the edge's current manifest and every artifact it names
+// as a gzip'd tar (manifest.ReadSnapshot's format).
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
+	e, err := s.st.Edge(r.Context(), st.ID)
+	if err != nil {
+		return err
+	}
+	if e.Sequence == 0 {
+		return errorf(http.StatusNotFound, "edge %s has no manifest yet", e.ID)
+	}
+	snap := manifest.Snapshot{Manifest: manifest.Manifest{EdgeID: e.ID, Sequence: e.Sequence}, Artifacts: map[string][]byte{}}
+	var total int64
+	for from := ""; ; {
+		entries, err := s.st.Entries(r.Context(), e.ID, e.Sequence, from, manifest.MaxEntries)
+		if err != nil {
+			return err
+		}
+		for _, en := range entries {
+			if _, ok := snap.Artifacts[en.SHA256]; !ok {
+				data, err := s.st.Artifact(r.Context(), e.ID, en.SHA256)
+				if err != nil {
+					return err
+				}
+				total += int64(len(data))
+				if total > manifest.SnapshotLimit {
+					return errorf(http.StatusInsufficientStorage, "snapshot over %d bytes: page the manifest instead", manifest.SnapshotLimit)
+				}
+				snap.Artifacts[en.SHA256] = data
+			}
+			snap.Manifest.Entries = append(snap.Manifest.Entries, en)
+		}
+		if len(entries) < manifest.MaxEntries {
+			break
+		}
+		from = entries[len(entries)-1].Domain
+	}
+	w.Header().Set("Content-Type", "application/gzip")
+	w.Header().Set("ETag", etag(e.Sequence))
+	return manifest.WriteSnapshot(w, snap)
+}
+
+// ack records an acknowledgement.
+func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
+	var a manifest.Ack
+	if err := decode(r, edgeapi.MaxAckBytes, &a); err != nil {
+		return err
+	}
+	switch {
+	case a.Sequence < 1:
+		return errorf(http.StatusBadRequest, "sequence: want ≥ 1")
+	case a.Status != manifest.AckApplied && a.Status != manifest.AckRefused && a.Status != manifest.AckPartial:
+		return errorf(http.StatusBadRequest, "status %q: want applied, refused or partial", a.Status)
+	}
+	if err := s.st.Ack(r.Context(), st.ID, a); err != nil {
+		return err
+	}
+	log := s.log.Info
+	if a.Status != manifest.AckApplied {
+		log = s.log.Warn
+	}
+	log("ack", zap.String("edge", st.ID), zap.Int64("sequence", a.Sequence), zap.String("status", a.Status), zap.String("reason", a.Reason))
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// status records the agent's status report.
+func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
+	var rep edgeapi.StatusReport
+	if err := decode(r, edgeapi.MaxStatusBytes, &rep); err != nil {
+		return err
+	}
+	var sum edgeapi.Summary
+	if len(rep.Status) == 0 || json.Unmarshal(rep.Status, &sum) != nil {
+		return errorf(http.StatusBadRequest, "status: want the agent's status object")
+	}
+	if err := s.st.PutStatus(r.Context(), st.ID, rep.Status, rep.At); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// tasks lists the edge's pending tasks.
+func (s *Server) tasks(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
+	ts, err := s.st.Tasks(r.Context(), st.ID, true, 100)
+	if err != nil {
+		return err
+	}
+	out := []edgeapi.Task{}
+	for _, t := range ts {
+		out = append(out, edgeapi.Task{ID: t.ID, Cell: t.Cell, Action: t.Action, CreatedAt: t.CreatedAt})
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// taskAck records what became of a task.
+func (s *Server) taskAck(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		return errorf(http.StatusBadRequest, "task id %q", r.PathValue("id"))
+	}
+	var a edgeapi.TaskAck
+	if err := decode(r, edgeapi.MaxAckBytes, &a); err != nil {
+		return err
+	}
+	if a.State != edgeapi.TaskDone && a.State != edgeapi.TaskFailed {
+		return errorf(http.StatusBadRequest, "state %q: want done or failed", a.State)
+	}
+	t, err := s.st.FinishTask(r.Context(), st.ID, id, a.State, a.Result)
+	if err != nil {
+		return err
+	}
+	s.refresh(r.Context())
+	s.log.Info("task finished", zap.String("edge", st.ID), zap.Int64("task", id), zap.String("cell", t.Cell),
+		zap.String("action", t.Action), zap.String("state", t.State), zap.String("result", t.Result))
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+

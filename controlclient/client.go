@@ -1,0 +1,340 @@
+package controlclient
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/edgeapi"
+	"cellvisor/manifest"
+)
+
+// Files in an identity directory.
+const (
+	KeyFile      = "key.pem"
+	CertFile     = "cert.pem"
+	CAFile       = "ca.pem"
+	ServerCAFile = "server-ca.pem"
+)
+
+// HTTPError is a refusal or failure answered by the control API.
+type HTTPError struct {
+	Status  int
+	Message string
+}
+
+func (e *HTTPError) Error() string {
+	return fmt.Sprintf("control API: %s (HTTP %d)", e.Message, e.Status)
+}
+
+// Retryable reports a failure worth retrying as it is: 410 (a manifest
+// superseded mid-walk), 429 and 5xx.
+func (e *HTTPError) Retryable() bool {
+	return e.Status == http.StatusGone || e.Status == http.StatusTooManyRequests || e.Status >= 500
+}
+
+// Options configure a Client.
+type Options struct {
+	// URL is the edge-control API's base URL (https://…). Required.
+	URL string
+	// Dir is the identity directory enrollment wrote. Required.
+	Dir string
+	// Timeout bounds one request; zero means 30s.
+	Timeout time.Duration
+	// Logger, or nil for none.
+	Logger *zap.Logger
+}
+
+// Client is the agent's mutual-TLS client of the edge-control API: a
+// manifest.Source, plus tasks and status reports. It reloads its
+// certificate when the files change (a re-enrollment after a rotation).
+type Client struct {
+	o    Options
+	base *url.URL
+	hc   *http.Client
+	log  *zap.Logger
+
+	tasks chan struct{} // signalled when a poll says tasks are pending
+
+	mu       sync.Mutex // guards the following fields
+	cert     *tls.Certificate
+	certMod  time.Time
+	lastOK   time.Time
+	lastFail error
+}
+
+var _ manifest.Source = (*Client)(nil)
+
+// New prepares a client from an identity directory.
+func New(o Options) (*Client, error) {
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	base, err := url.Parse(o.URL)
+	if err != nil || base.Scheme != "https" || base.Host == "" {
+		return nil, fmt.Errorf("control URL %q: want https://host:port", o.URL)
+	}
+	roots, err := serverRoots(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{o: o, base: base, log: o.Logger.Named("control"), tasks: make(chan struct{}, 1)}
+	if _, err := c.clientCert(nil); err != nil {
+		return nil, err
+	}
+	tr := &http.Transport{
+		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, GetClientCertificate: c.clientCert},
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   true,
+	}
+	c.hc = &http.Client{Transport: tr, Timeout: o.Timeout}
+	return c, nil
+}
+
+// serverRoots is what the edge trusts for the control API: the CA file it
+// enrolled with, or the system's roots when it enrolled without one.
+func serverRoots(dir string) (*x509.CertPool, error) {
+	data, err := os.ReadFile(filepath.Join(dir, ServerCAFile))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("server CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("server CA %s: no PEM certificate", filepath.Join(dir, ServerCAFile))
+	}
+	return pool, nil
+}
+
+// clientCert loads the certificate, again when its file changed.
+func (c *Client) clientCert(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	certPath := filepath.Join(c.o.Dir, CertFile)
+	st, err := os.Stat(certPath)
+	if err != nil {
+		return nil, fmt.Errorf("client certificate: %w (enroll this edge first)", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cert != nil && st.ModTime().Equal(c.certMod) {
+		return c.cert, nil
+	}
+	cert, err := tls.LoadX509KeyPair(certPath, filepath.Join(c.o.Dir, KeyFile))
+	if err != nil {
+		return nil, fmt.Errorf("client certificate: %w", err)
+	}
+	c.cert, c.certMod = &cert, st.ModTime()
+	return c.cert, nil
+}
+
+// Tasks is signalled when a poll says control tasks are pending.
+func (c *Client) TasksPending() <-chan struct{} { return c.tasks }
+
+// LastSuccess is when the control API last answered, and the last failure
+// to reach it since (nil once it answers again).
+func (c *Client) LastSuccess() (time.Time, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastOK, c.lastFail
+}
+
+func (c *Client) record(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var he *HTTPError
+	if err == nil || errors.As(err, &he) && !he.Retryable() {
+		c.lastOK, c.lastFail = time.Now(), nil
+		return
+	}
+	c.lastFail = err
+}
+
+// do sends a request and returns the response for the caller to close;
+// a status of 300 and over but 304 is an *HTTPError.
+func (c *Client) do(ctx context.Context, method, path string, query url.Values, header http.Header, body any) (*http.Response, error) {
+	u := *c.base
+	u.Path = strings.TrimRight(u.Path, "/") + path
+	u.RawQuery = query.Encode()
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		err = fmt.Errorf("%s %s: %w", method, path, err)
+		c.record(err)
+		return nil, err
+	}
+	if resp.StatusCode >= 300 && resp.StatusCode != http.StatusNotModified {
+		defer resp.Body.Close()
+		err := readError(resp)
+		c.record(err)
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	c.record(nil)
+	return resp, nil
+}
+
+func readError(resp *http.Response) error {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(data, &e) != nil || e.Error == "" {
+		e.Error = strings.TrimSpace(string(data))
+	}
+	return &HTTPError{Status: resp.StatusCode, Message: e.Error}
+}
+
+// Page asks for a page of the newest manifest after sequence after: a
+// conditional request that the control API answers with no body when there
+// is none.
+func (c *Client) Page(ctx context.Context, after int64, cursor string) (manifest.Page, error) {
+	q := url.Values{"after": {strconv.FormatInt(after, 10)}}
+	h := http.Header{}
+	if cursor != "" {
+		q.Set("cursor", cursor)
+	} else {
+		h.Set("If-None-Match", `"`+strconv.FormatInt(after, 10)+`"`)
+	}
+	resp, err := c.do(ctx, http.MethodGet, edgeapi.PathManifest, q, h, nil)
+	if err != nil {
+		return manifest.Page{}, err
+	}
+	defer resp.Body.Close()
+	if n, _ := strconv.Atoi(resp.Header.Get(edgeapi.HeaderTasks)); n > 0 {
+		select {
+		case c.tasks <- struct{}{}:
+		default:
+		}
+	}
+	if resp.StatusCode == http.StatusNotModified || resp.StatusCode == http.StatusNoContent {
+		io.Copy(io.Discard, resp.Body)
+		return manifest.Page{}, manifest.ErrNoChange
+	}
+	data, err := io.ReadAll(io.LimitReader(resp.Body, manifest.MaxPageBytes+1))
+	if err != nil {
+		return manifest.Page{}, fmt.Errorf("read manifest page: %w", err)
+	}
+	return manifest.ParsePage(data) // Collect validates, and refuses naming the sequence
+}
+
+// Artifact fetches an artifact's bytes, at most manifest.MaxArtifactBytes.
+func (c *Client) Artifact(ctx context.Context, sha256 string) ([]byte, error) {
+	if len(sha256) != 64 {
+		return nil, fmt.Errorf("%w: artifact name %q", manifest.ErrInvalid, sha256)
+	}
+	resp, err := c.do(ctx, http.MethodGet, edgeapi.PathArtifacts+sha256, nil, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, manifest.MaxArtifactBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read artifact %s: %w", sha256, err)
+	}
+	if len(data) > manifest.MaxArtifactBytes {
+		return nil, fmt.Errorf("%w: artifact %s over %d bytes", manifest.ErrSize, sha256, manifest.MaxArtifactBytes)
+	}
+	return data, nil
+}
+
+// Ack delivers an acknowledgement.
+func (c *Client) Ack(ctx context.Context, a manifest.Ack) error {
+	resp, err := c.do(ctx, http.MethodPost, edgeapi.PathAcks, nil, nil, a)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// Snapshot opens the recovery snapshot; the reader is bounded by
+// manifest.ReadSnapshot. ErrNoChange when the edge has no manifest yet.
+func (c *Client) Snapshot(ctx context.Context) (io.ReadCloser, error) {
+	resp, err := c.do(ctx, http.MethodGet, edgeapi.PathSnapshot, nil, nil, nil)
+	var he *HTTPError
+	if errors.As(err, &he) && he.Status == http.StatusNotFound {
+		return nil, manifest.ErrNoChange
+	}
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// Tasks returns the edge's pending control tasks.
+func (c *Client) Tasks(ctx context.Context) ([]edgeapi.Task, error) {
+	resp, err := c.do(ctx, http.MethodGet, edgeapi.PathTasks, nil, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out []edgeapi.Task
+	dec := json.NewDecoder(io.LimitReader(resp.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&out); err != nil {
+		return nil, fmt.Errorf("decode tasks: %w", err)
+	}
+	return out, nil
+}
+
+// AckTask reports what became of a task.
+func (c *Client) AckTask(ctx context.Context, id int64, a edgeapi.TaskAck) error {
+	resp, err := c.do(ctx, http.MethodPost, edgeapi.PathTasks+strconv.FormatInt(id, 10)+"/ack", nil, nil, a)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// Report sends a status report.
+func (c *Client) Report(ctx context.Context, r edgeapi.StatusReport) error {
+	resp, err := c.do(ctx, http.MethodPost, edgeapi.PathStatus, nil, nil, r)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// CloseIdle closes idle connections.
+func (c *Client) CloseIdle() { c.hc.CloseIdleConnections() }
