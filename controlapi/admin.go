@@ -488,4 +488,3 @@ func (s *Server) deleteDomain(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, publishedView(p))
 	return nil
 }
-

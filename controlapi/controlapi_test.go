@@ -454,4 +454,3 @@ func TestTasksAreDeliveredByPolling(t *testing.T) {
 }
 
 func bigOne() *big.Int { return big.NewInt(1) }
-

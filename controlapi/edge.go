@@ -316,4 +316,3 @@ func (s *Server) taskAck(w http.ResponseWriter, r *http.Request, st store.EdgeSt
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
-

@@ -347,4 +347,3 @@ func (s *Store) Acks(ctx context.Context, edgeID string, limit int) ([]manifest.
 	}
 	return out, rows.Err()
 }
-
