@@ -102,8 +102,9 @@ tools: ## install staticcheck and benchstat into $(go env GOPATH)/bin if missing
 	  GOBIN="$(TOOLBIN)" $(GO) install golang.org/x/perf/cmd/benchstat@latest; \
 	fi
 
-build: ## build bin/cellvisor (version from git describe, else "dev")
+build: ## build bin/cellvisor and bin/cellvisor-control (version from git describe, else "dev")
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/cellvisor-control ./cmd/cellvisor-control
 
 test: deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
 	@$(WITH_PG) $(GO) test -race -count=1 -timeout 30m ./...
@@ -138,7 +139,7 @@ bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the r
 	  echo "bench: no bench/base.txt to compare with (cp bench/latest.txt bench/base.txt makes one)"; \
 	fi
 
-demo: deps build ## run the demo: 8 slots on 127.0.0.1:18080-18087, cell-01 serving demo.cellvisor.test (Ctrl-C stops)
+demo: deps build ## run the demo: a control API on SQLite, an enrolled agent with 8 slots, cell-01 serving a published domain (Ctrl-C stops)
 	./bin/cellvisor demo
 
 demo-check: deps build ## run the demo scenario non-interactively; fails unless every step worked

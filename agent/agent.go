@@ -45,6 +45,10 @@ type Agent struct {
 	act    *activation.Activator
 	acks   *controlclient.Journal
 	source manifest.Source
+	// client is set on an edge enrolled with a control API; id with it.
+	client     *controlclient.Client
+	id         *Identity
+	enrollment string
 }
 
 // CellLimits converts the configured per-cell limits.
@@ -148,7 +152,10 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Source.Dir != "" {
+	if err := a.chooseSource(); err != nil {
+		return nil, err
+	}
+	if a.source != nil {
 		if err := a.setupActivation(topo, assign); err != nil {
 			return nil, err
 		}
@@ -162,14 +169,38 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	return a, nil
 }
 
-// setupActivation prepares the manifest source, the ack journal and the
-// activator.
+// chooseSource picks where signed manifests come from: a spool directory
+// when one is configured, else the control API the edge enrolled with, else
+// none (standalone, or not enrolled yet).
+func (a *Agent) chooseSource() error {
+	a.enrollment = EnrollmentNone
+	if a.cfg.Source.Dir != "" {
+		a.enrollment = EnrollmentSpool
+		a.source = controlclient.DirSource{Dir: a.cfg.Source.Dir}
+		return nil
+	}
+	id, err := a.enrolled()
+	if err != nil || id == nil {
+		return err
+	}
+	if a.cfg.DomainsDir != "" {
+		return fmt.Errorf("domains_dir: this edge is enrolled with %s; its configuration comes from there, remove domains_dir", id.ControlURL)
+	}
+	a.client, err = controlclient.New(controlclient.Options{URL: id.ControlURL, Dir: a.cfg.IdentityDir(), Logger: a.log})
+	if err != nil {
+		return fmt.Errorf("control client: %w", err)
+	}
+	a.id, a.enrollment, a.source = id, EnrollmentEnrolled, a.client
+	a.log.Info("enrolled edge", zap.String("edge", id.EdgeID), zap.String("control", id.ControlURL))
+	return nil
+}
+
+// setupActivation prepares the ack journal and the activator.
 func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignments) error {
 	id, key, err := LoadIdentity(a.cfg.Identity())
 	if err != nil {
 		return err
 	}
-	a.source = controlclient.DirSource{Dir: a.cfg.Source.Dir}
 	a.acks, err = controlclient.OpenJournal(filepath.Join(a.cfg.StateDir, "acks.journal"), a.log)
 	if err != nil {
 		return err
@@ -238,18 +269,27 @@ func (a *Agent) LiveStatus(ctx context.Context) supervisor.Status {
 
 func (a *Agent) decorate(st *supervisor.Status) {
 	st.AgentLimits = a.limitsN
+	c := &supervisor.ControlStatus{Enrollment: a.enrollment}
+	st.Control = c
+	if a.id != nil {
+		c.EdgeID, c.ControlURL = a.id.EdgeID, a.id.ControlURL
+	}
+	if a.client != nil {
+		if ok, _ := a.client.LastSuccess(); !ok.IsZero() {
+			c.LastSuccess = &ok
+		}
+	}
 	if a.act == nil {
 		return
 	}
 	at, err := a.act.LastPoll()
-	c := &supervisor.ControlStatus{ActiveSequence: a.act.Active(), PendingAcks: len(a.acks.Pending())}
+	c.ActiveSequence, c.PendingAcks = a.act.Active(), len(a.acks.Pending())
 	if !at.IsZero() {
 		c.LastPoll = &at
 	}
 	if err != nil {
 		c.LastPollError = err.Error()
 	}
-	st.Control = c
 }
 
 // Drain, Undrain and Restart control one cell (see supervisor).
@@ -290,6 +330,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			defer side.Done()
 			a.acks.Run(ctx, a.source.Ack, a.cfg.Source.MaxBackoff.D())
 		}()
+	}
+	if a.client != nil {
+		side.Add(2)
+		go func() { defer side.Done(); a.taskLoop(ctx) }()
+		go func() { defer side.Done(); a.reportLoop(ctx) }()
 	}
 	defer side.Wait()
 	select {

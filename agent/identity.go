@@ -6,16 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+
+	"cellvisor/controlclient"
 )
 
 // Identity is what an enrolled edge knows about itself and its control
 // plane: its id and the control plane's signing key, pinned at enrollment.
-type Identity struct {
-	EdgeID string `json:"edge_id"`
-	// ControlPublicKey is the standard base64 Ed25519 public key that signs
-	// this edge's artifacts.
-	ControlPublicKey string `json:"control_public_key"`
-}
+type Identity = controlclient.Identity
 
 // LoadIdentity reads and checks an identity file.
 func LoadIdentity(path string) (Identity, ed25519.PublicKey, error) {

@@ -68,6 +68,9 @@ type Source struct {
 	MaxBackoff Duration `yaml:"max_backoff"`
 	// ApplyTimeout bounds the wait for cells to report a new release.
 	ApplyTimeout Duration `yaml:"apply_timeout"`
+	// StatusInterval is how often an enrolled agent reports its status to
+	// the control API.
+	StatusInterval Duration `yaml:"status_interval"`
 }
 
 // Identity returns the identity file's path.
@@ -77,6 +80,9 @@ func (c Agent) Identity() string {
 	}
 	return filepath.Join(c.StateDir, "identity.json")
 }
+
+// IdentityDir holds the enrolled edge's key, certificate and CAs.
+func (c Agent) IdentityDir() string { return filepath.Join(filepath.Dir(c.Identity()), "identity") }
 
 // OpenResty configures the cell binary.
 type OpenResty struct {
@@ -199,7 +205,7 @@ func Default() Agent {
 			DrainTimeout: Duration(30 * time.Second),
 		},
 		Log:    Log{Format: "json", Level: "info"},
-		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second)},
+		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second), StatusInterval: Duration(15 * time.Second)},
 	}
 }
 
@@ -268,6 +274,9 @@ func (c Agent) Validate() error {
 	}
 	if d := c.Source.ApplyTimeout.D(); d < 100*time.Millisecond || d > 10*time.Minute {
 		bad("source.apply_timeout", "must be 100ms–10m, got %s", d)
+	}
+	if d := c.Source.StatusInterval.D(); d < 100*time.Millisecond || d > time.Hour {
+		bad("source.status_interval", "must be 100ms–1h, got %s", d)
 	}
 	if c.StateDir != "" && c.StateDir == c.RunDir {
 		bad("run_dir", "must differ from state_dir")

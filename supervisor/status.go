@@ -65,6 +65,13 @@ type Status struct {
 
 // ControlStatus is the agent's configuration delivery.
 type ControlStatus struct {
+	// Enrollment is "enrolled", "not enrolled" or "spool" (fed from a
+	// directory).
+	Enrollment string `json:"enrollment"`
+	EdgeID     string `json:"edge_id,omitempty"`
+	ControlURL string `json:"control_url,omitempty"`
+	// LastSuccess is when the control API last answered.
+	LastSuccess    *time.Time `json:"last_success,omitempty"`
 	ActiveSequence int64      `json:"active_sequence"`
 	LastPoll       *time.Time `json:"last_poll,omitempty"`
 	LastPollError  string     `json:"last_poll_error,omitempty"`

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,9 +13,13 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
+
 	"cellvisor/agent"
 	"cellvisor/cgroup"
 	"cellvisor/config"
+	"cellvisor/controlapi"
+	"cellvisor/controlclient"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
 )
@@ -36,6 +41,13 @@ func cmdDemo(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// Every run is a new edge of a new control plane: no identity, topology
+	// or release of an earlier run is kept.
+	for _, d := range []string{"state", "run"} {
+		if err := os.RemoveAll(filepath.Join(root, d)); err != nil {
+			return err
+		}
+	}
 	cfgPath, cfg, err := writeDemoFiles(root)
 	if err != nil {
 		return err
@@ -44,19 +56,49 @@ func cmdDemo(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	a, err := agent.New(cfg, log)
+	data, err := os.MkdirTemp("", "cellvisor-control-demo-")
 	if err != nil {
-		return fmt.Errorf("demo: %w", err)
+		return err
+	}
+	defer os.RemoveAll(data)
+
+	// 1. The control API, on SQLite in a temporary directory.
+	ctlCtx, stopCtl := context.WithCancel(ctx)
+	defer stopCtl()
+	ready := make(chan controlapi.Endpoints, 1)
+	ctlDone := make(chan error, 1)
+	go func() {
+		ctlDone <- controlapi.Serve(ctlCtx, controlapi.Config{Data: data, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", Logger: log.Named("cellvisor-control")},
+			func(ep controlapi.Endpoints) { ready <- ep })
+	}()
+	var ep controlapi.Endpoints
+	select {
+	case ep = <-ready:
+	case err := <-ctlDone:
+		return fmt.Errorf("demo: control API: %w", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	stopControl := func() error {
+		stopCtl()
+		return <-ctlDone
+	}
+	a, err := demoEnroll(ctx, root, ep, cfg, log)
+	if err != nil {
+		return errors.Join(err, stopControl())
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- a.Run(runCtx) }()
 
-	err = demoSteps(ctx, a, cfgPath, *check)
+	err = demoSteps(ctx, a, ep, cfgPath, filepath.Join(data, "admin.token"), *check)
 	stop()
 	if rerr := <-done; rerr != nil {
 		err = errors.Join(err, rerr)
+	}
+	if cerr := stopControl(); cerr != nil {
+		err = errors.Join(err, cerr)
 	}
 	if err != nil {
 		return err
@@ -70,37 +112,94 @@ func cmdDemo(ctx context.Context, args []string) error {
 	return nil
 }
 
-func demoSteps(ctx context.Context, a *agent.Agent, cfgPath string, check bool) error {
-	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
+// demoEnroll creates the edge in the control API, enrolls this agent with
+// its one-time token, publishes the sample domain to shared-default, and
+// prepares the agent.
+func demoEnroll(ctx context.Context, root string, ep controlapi.Endpoints, cfg config.Agent, log *zap.Logger) (*agent.Agent, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	admin := &controlapi.AdminClient{URL: ep.AdminURL, Token: ep.AdminToken}
+	created, err := admin.CreateEdge(ctx, controlapi.EdgeRequest{Name: "demo-edge", Org: "demo", Country: "DE", Continent: "EU", MgmtIPv4: "192.0.2.10", Slots: cfg.Slots})
+	if err != nil {
+		return nil, fmt.Errorf("demo: create edge: %w", err)
+	}
+	fmt.Printf("\ncontrol API: edge-control %s, admin %s\n", ep.EdgeURL, ep.AdminURL)
+	fmt.Printf("created edge %s (%s, %d slots); one-time token issued\n", created.Edge.ID, created.Edge.Name, created.Edge.Slots)
+	caFile := filepath.Join(root, "ca.pem")
+	if err := os.WriteFile(caFile, []byte(ep.CA), 0o644); err != nil {
+		return nil, err
+	}
+	id, err := controlclient.Enroll(ctx, controlclient.EnrollOptions{URL: ep.EdgeURL, Token: created.Token, CAFile: caFile,
+		Dir: cfg.IdentityDir(), IdentityFile: cfg.Identity(), Slots: cfg.Slots})
+	if err != nil {
+		return nil, fmt.Errorf("demo: enroll: %w", err)
+	}
+	fmt.Printf("enrolled: client certificate CN=%s, identity in %s\n", id.EdgeID, relPath(cfg.IdentityDir()))
+	p, err := admin.Publish(ctx, demoHost, controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(fmt.Sprintf(
+		`{"hostnames":[%q],"routes":[{"prefix":"/","respond":{"status":200,"body":%q,"content_type":"text/plain"}}]}`, demoHost, demoBody))})
+	if err != nil {
+		return nil, fmt.Errorf("demo: publish: %w", err)
+	}
+	fmt.Printf("published %s revision %d to shared-default: edge manifest sequence %d\n\n", demoHost, p.Domain.Revision, p.Edges[id.EdgeID])
+	a, err := agent.New(cfg, log)
+	if err != nil {
+		return nil, fmt.Errorf("demo: %w", err)
+	}
+	return a, nil
+}
+
+func demoSteps(ctx context.Context, a *agent.Agent, ep controlapi.Endpoints, cfgPath, tokenFile string, check bool) error {
+	wait, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	select {
 	case <-a.Ready():
 	case <-wait.Done():
 		return fmt.Errorf("demo: cells not ready: %w", wait.Err())
 	}
+	url := fmt.Sprintf("http://127.0.0.1:%d/", a.Status().Slots[0].HTTPPort)
+	// The first poll fetches, verifies and activates the manifest: wait for
+	// cell-01 to serve it and for the control API to have its ack.
+	var body string
+	var err error
+	for {
+		body, err = demoGet(wait, url)
+		if err == nil && body == demoBody {
+			break
+		}
+		if wait.Err() != nil {
+			return fmt.Errorf("demo: cell-01 never served %s (last: %q, %v)", demoHost, body, err)
+		}
+		time.Sleep(100 * time.Millisecond) // polling a remote answer: nothing to wait on
+	}
+	admin := &controlapi.AdminClient{URL: ep.AdminURL, Token: ep.AdminToken}
+	var view controlapi.EdgeView
+	for {
+		edges, err := admin.Edges(wait)
+		if err == nil && len(edges) == 1 && edges[0].ActiveSequence >= 1 {
+			view = edges[0]
+			break
+		}
+		if wait.Err() != nil {
+			return fmt.Errorf("demo: the control API never got the edge's ack: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	st := a.Status()
-	fmt.Println()
 	printStatus(os.Stdout, st)
 	if st.Slots[0].State != supervisor.StateReady {
 		return fmt.Errorf("demo: cell-01 is %s: %s", st.Slots[0].State, st.Slots[0].Reason)
 	}
-	url := fmt.Sprintf("http://127.0.0.1:%d/", st.Slots[0].HTTPPort)
-	body, err := demoGet(ctx, url)
-	if err != nil {
-		return err
-	}
 	fmt.Printf("\n$ curl -H 'Host: %s' %s\n%s", demoHost, url, body)
-	if body != demoBody {
-		return fmt.Errorf("demo: cell-01 answered %q, want %q", body, demoBody)
-	}
+	fmt.Printf("\ncontrol API says: edge %s %s, sequence %d, active (acked) %d\n", view.Name, view.Enrollment, view.Sequence, view.ActiveSequence)
 	fmt.Printf("\nTry it:   curl -H 'Host: %s' %s\n", demoHost, url)
 	fmt.Printf("Status:   ./bin/cellvisor --config %s status -o json\n", relPath(cfgPath))
+	fmt.Printf("Control:  ./bin/cellvisor-control --admin %s --token-file %s edge list\n", ep.AdminURL, tokenFile)
 	if check {
 		return nil
 	}
 	fmt.Println("Running; press Ctrl-C to stop and clean up.")
 	<-ctx.Done()
-	fmt.Println("\nstopping: every cell is stopped and its cgroup removed")
+	fmt.Println("\nstopping: every cell is stopped and its cgroup removed; the control API's temporary directory is removed")
 	return nil
 }
 
@@ -154,19 +253,7 @@ func writeDemoFiles(root string) (string, config.Agent, error) {
 	if err != nil {
 		return "", config.Agent{}, fmt.Errorf("demo: %w (run: make deps)", err)
 	}
-	domains := filepath.Join(root, "domains")
-	if err := os.MkdirAll(domains, 0o755); err != nil {
-		return "", config.Agent{}, err
-	}
-	domain := fmt.Sprintf(`{
-  "domain": %q,
-  "pool": "shared-default",
-  "revision": 1,
-  "hostnames": [%q],
-  "routes": [{"prefix": "/", "respond": {"status": 200, "body": %q, "content_type": "text/plain"}}]
-}
-`, demoHost, demoHost, demoBody)
-	if err := os.WriteFile(filepath.Join(domains, "demo.json"), []byte(domain), 0o644); err != nil {
+	if err := os.MkdirAll(root, 0o755); err != nil {
 		return "", config.Agent{}, err
 	}
 	enforce := true
@@ -182,7 +269,6 @@ func writeDemoFiles(root string) (string, config.Agent, error) {
 	yaml := fmt.Sprintf(`# cellvisor demo agent configuration (written by cellvisor demo)
 state_dir: %[1]s/state
 run_dir: %[1]s/run
-domains_dir: %[1]s/domains
 slots: 8
 openresty:
   binary: %[2]s
@@ -199,6 +285,10 @@ cgroup:
   # The demo agent shares the terminal's cgroup; under systemd it moves
   # itself into its own limited leaf.
   place_agent: false
+source:
+  poll_interval: 500ms
+  max_backoff: 5s
+  status_interval: 2s
 log:
   format: console
   level: info

@@ -17,6 +17,8 @@ const usage = `usage: cellvisor [--config FILE] COMMAND [ARGS]
 
 commands:
   run                  run the agent (under systemd: Type=notify)
+  enroll --control URL --token T [--ca-file F] [--replace]
+                       enroll this edge with a control API (once; the token is then spent)
   status [-o json]     show the running agent's slots
   drain CELL           stop advertising readiness; requests in flight complete
   undrain CELL         advertise readiness again
@@ -50,6 +52,8 @@ func run(ctx context.Context, args []string) error {
 	switch cmd {
 	case "run":
 		return cmdRun(ctx, *cfgPath)
+	case "enroll":
+		return cmdEnroll(ctx, *cfgPath, rest)
 	case "status":
 		return cmdStatus(ctx, *cfgPath, rest)
 	case "drain", "undrain", "restart":

@@ -58,15 +58,27 @@ func printStatus(w io.Writer, st supervisor.Status) {
 		fmt.Fprintf(w, "refusal: %s\n", st.Refusal)
 	}
 	if c := st.Control; c != nil {
-		last := "never"
-		if c.LastPoll != nil {
-			last = time.Since(*c.LastPoll).Round(time.Second).String() + " ago"
+		ago := func(t *time.Time) string {
+			if t == nil {
+				return "never"
+			}
+			return time.Since(*t).Round(time.Second).String() + " ago"
 		}
-		fmt.Fprintf(w, "manifests: active sequence %d, last poll %s, %d ack(s) pending", c.ActiveSequence, last, c.PendingAcks)
-		if c.LastPollError != "" {
-			fmt.Fprintf(w, ", last error: %s", c.LastPollError)
+		switch c.Enrollment {
+		case agent.EnrollmentEnrolled:
+			fmt.Fprintf(w, "control: enrolled as %s with %s, last successful contact %s\n", c.EdgeID, c.ControlURL, ago(c.LastSuccess))
+		case agent.EnrollmentSpool:
+			fmt.Fprintln(w, "control: fed from a spool directory")
+		default:
+			fmt.Fprintln(w, "control: not enrolled (cellvisor enroll --control URL --token TOKEN)")
 		}
-		fmt.Fprintln(w)
+		if c.Enrollment != agent.EnrollmentNone {
+			fmt.Fprintf(w, "manifests: active sequence %d, last poll %s, %d ack(s) pending", c.ActiveSequence, ago(c.LastPoll), c.PendingAcks)
+			if c.LastPollError != "" {
+				fmt.Fprintf(w, ", last error: %s", c.LastPollError)
+			}
+			fmt.Fprintln(w)
+		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tPID\tHTTP\tHTTPS\tMEMORY\tPIDS\tTHROTTLED\tCONNS\tRESTARTS\tREASON")

@@ -1,0 +1,137 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/edgeapi"
+	"cellvisor/supervisor"
+)
+
+// Enrollment states shown in status.
+const (
+	EnrollmentNone     = "not enrolled"
+	EnrollmentEnrolled = "enrolled"
+	EnrollmentSpool    = "spool"
+)
+
+// enrolled returns the identity when this edge is enrolled with a control
+// API, nil when it is not enrolled at all.
+func (a *Agent) enrolled() (*Identity, error) {
+	if _, err := os.Stat(a.cfg.Identity()); os.IsNotExist(err) {
+		return nil, nil
+	}
+	id, _, err := LoadIdentity(a.cfg.Identity())
+	if err != nil {
+		return nil, err
+	}
+	if id.ControlURL == "" {
+		return nil, nil
+	}
+	if id.Slots != 0 && id.Slots != a.cfg.Slots {
+		return nil, fmt.Errorf("edge %s was created with %d slots, the configuration says %d", id.EdgeID, id.Slots, a.cfg.Slots)
+	}
+	return &id, nil
+}
+
+// taskLoop runs control tasks: when a poll says some are pending, and
+// every few poll intervals in case a signal was missed. A task whose ack
+// could not be sent is acked again, not run again, while this agent runs.
+func (a *Agent) taskLoop(ctx context.Context) {
+	every := 10 * a.cfg.Source.PollInterval.D()
+	t := time.NewTimer(every)
+	defer t.Stop()
+	done := map[int64]edgeapi.TaskAck{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.client.TasksPending():
+		case <-t.C:
+		}
+		t.Reset(every)
+		tasks, err := a.client.Tasks(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				a.log.Warn("fetch control tasks", zap.Error(err))
+			}
+			continue
+		}
+		for _, task := range tasks {
+			ack, ok := done[task.ID]
+			if !ok {
+				ack = a.runTask(ctx, task)
+				done[task.ID] = ack
+				a.report(ctx) // the control plane sees the new state at once
+			}
+			if err := a.client.AckTask(ctx, task.ID, ack); err != nil {
+				a.log.Warn("acknowledge control task", zap.Int64("task", task.ID), zap.Error(err))
+				continue
+			}
+			delete(done, task.ID)
+		}
+	}
+}
+
+// runTask runs one control task through the same paths as the CLI.
+func (a *Agent) runTask(ctx context.Context, t edgeapi.Task) edgeapi.TaskAck {
+	log := a.log.With(zap.Int64("task", t.ID), zap.String("cell", t.Cell), zap.String("action", t.Action))
+	tctx, cancel := context.WithTimeout(ctx, a.cfg.Restart.DrainTimeout.D()+a.cfg.OpenResty.StopTimeout.D()+a.cfg.OpenResty.ReadyTimeout.D()+30*time.Second)
+	defer cancel()
+	var st supervisor.SlotStatus
+	var err error
+	switch t.Action {
+	case edgeapi.ActionDrain:
+		st, err = a.Drain(tctx, t.Cell)
+	case edgeapi.ActionUndrain:
+		st, err = a.Undrain(tctx, t.Cell)
+	case edgeapi.ActionRestart:
+		st, err = a.Restart(tctx, t.Cell)
+	default:
+		err = fmt.Errorf("unknown action %q", t.Action)
+	}
+	if err != nil {
+		log.Warn("control task failed", zap.Error(err))
+		return edgeapi.TaskAck{State: edgeapi.TaskFailed, Result: err.Error()}
+	}
+	log.Info("control task done", zap.String("state", string(st.State)))
+	return edgeapi.TaskAck{State: edgeapi.TaskDone, Result: string(st.State)}
+}
+
+// reportLoop sends the agent's status to the control API every status
+// interval (jittered, so a fleet restarted together spreads out).
+func (a *Agent) reportLoop(ctx context.Context) {
+	for {
+		a.report(ctx)
+		d := a.cfg.Source.StatusInterval.D()
+		t := time.NewTimer(time.Duration(float64(d) * (0.75 + rand.Float64()/2)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *Agent) report(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st := a.LiveStatus(rctx)
+	data, err := json.Marshal(st)
+	if err != nil {
+		return
+	}
+	err = a.client.Report(rctx, edgeapi.StatusReport{At: time.Now().UTC(), Status: data})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		a.log.Debug("status report", zap.Error(err))
+	}
+}
+

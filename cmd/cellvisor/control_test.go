@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/agent"
+	"cellvisor/controlapi"
+	"cellvisor/internal/testutil"
+	"cellvisor/manifest"
+	"cellvisor/supervisor"
+)
+
+// control is a real control API in this test process, on SQLite, that can
+// be stopped and started again on the same address with the same data.
+type control struct {
+	t      *testing.T
+	data   string
+	listen string
+	ep     controlapi.Endpoints
+	admin  *controlapi.AdminClient
+	stop   func()
+}
+
+func startControl(t *testing.T, data, listen string) *control {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan controlapi.Endpoints, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- controlapi.Serve(ctx, controlapi.Config{Data: data, Listen: listen, AdminListen: "127.0.0.1:0", Logger: zap.NewNop()},
+			func(ep controlapi.Endpoints) { ready <- ep })
+	}()
+	c := &control{t: t, data: data}
+	stopped := false
+	c.stop = func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("control API: %v", err)
+			}
+		}
+	}
+	t.Cleanup(c.stop)
+	select {
+	case c.ep = <-ready:
+	case err := <-done:
+		t.Fatalf("control API: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("control API not ready in 30s")
+	}
+	c.listen = strings.TrimPrefix(c.ep.EdgeURL, "https://")
+	c.admin = &controlapi.AdminClient{URL: c.ep.AdminURL, Token: c.ep.AdminToken}
+	return c
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func (c *control) publish(t *testing.T, body string) controlapi.PublishedView {
+	t.Helper()
+	p, err := c.admin.Publish(ctxT(t), "app.test", controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(
+		fmt.Sprintf(`{"hostnames":["app.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":%q}}]}`, body))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// awaitEdge waits until the control API's view of the edge satisfies ok.
+func (c *control) awaitEdge(t *testing.T, id string, what string, ok func(controlapi.EdgeView) bool) controlapi.EdgeView {
+	t.Helper()
+	var v controlapi.EdgeView
+	testutil.Eventually(t, 30*time.Second, func() error {
+		var err error
+		if v, err = c.admin.Edge(ctxT(t), id); err != nil {
+			return err
+		}
+		if !ok(v) {
+			return fmt.Errorf("edge: want %s; sequence %d active %d cells %+v", what, v.Sequence, v.ActiveSequence, v.Cells)
+		}
+		return nil
+	})
+	return v
+}
+
+func runCLI(t *testing.T, bin string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	return string(out), err
+}
+
+// The main job, through the real binaries: enroll with a one-time token,
+// get published revisions to the cell with acks, run a drain task from the
+// admin API, and keep serving through a control API outage, then catch up.
+func TestEnrolledAgentEndToEnd(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := buildAgent(t)
+	c := startControl(t, t.TempDir(), "127.0.0.1:0")
+	cfgPath, cfg := agentConfig(t, 2, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n")
+	created, err := c.admin.CreateEdge(ctxT(t), controlapi.EdgeRequest{Name: "e2e", Org: "acme", Country: "NL", Continent: "EU", Slots: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(caFile, []byte(c.ep.CA), 0o644)
+
+	out, err := runCLI(t, bin, "--config", cfgPath, "enroll", "--control", c.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile)
+	if err != nil || !strings.Contains(out, "enrolled as edge "+created.Edge.ID) {
+		t.Fatalf("enroll: %v\n%s", err, out)
+	}
+	for _, f := range []string{"key.pem", "cert.pem", "ca.pem", "server-ca.pem"} {
+		if st, err := os.Stat(filepath.Join(cfg.IdentityDir(), f)); err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("identity file %s: %v %v", f, st, err)
+		}
+	}
+	if out, err := runCLI(t, bin, "--config", cfgPath, "enroll", "--control", c.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile); err == nil || !strings.Contains(out, "already enrolled") {
+		t.Fatalf("second enroll: %v\n%s", err, out)
+	}
+
+	c.publish(t, "v1")
+	a, st := startAgent(t, bin, cfgPath, cfg)
+	port := st.Slots[0].HTTPPort
+	awaitBody(t, port, "v1")
+	c.awaitEdge(t, created.Edge.ID, "sequence 1 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 1 })
+	out, err = runCLI(t, bin, "--config", cfgPath, "status")
+	if err != nil || !strings.Contains(out, "enrolled as "+created.Edge.ID) {
+		t.Fatalf("status: %v\n%s", err, out)
+	}
+
+	// A new revision reaches the cell and is acknowledged.
+	if p := c.publish(t, "v2"); p.Edges[created.Edge.ID] != 2 {
+		t.Fatalf("publish v2: %+v", p)
+	}
+	awaitBody(t, port, "v2")
+	c.awaitEdge(t, created.Edge.ID, "sequence 2 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 2 })
+
+	// A drain task created in the admin API drains the cell.
+	task, err := c.admin.CreateTask(ctxT(t), created.Edge.ID, controlapi.TaskRequest{Cell: "cell-01", Action: "drain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if s := mustStatus(t, cfg).Slots[0]; s.State != supervisor.StateDrained {
+			return fmt.Errorf("cell-01 is %s", s.State)
+		}
+		return nil
+	})
+	v := c.awaitEdge(t, created.Edge.ID, "the drain task done and the drained cell reported", func(v controlapi.EdgeView) bool {
+		return len(v.Tasks) == 1 && v.Tasks[0].State == "done" && len(v.Cells) == 2 && v.Cells[0].State == "drained"
+	})
+	if v.Tasks[0].ID != task.ID || v.Tasks[0].Result != "drained" {
+		t.Fatalf("task %+v", v.Tasks[0])
+	}
+	if _, err := c.admin.CreateTask(ctxT(t), created.Edge.ID, controlapi.TaskRequest{Cell: "cell-01", Action: "undrain"}); err != nil {
+		t.Fatal(err)
+	}
+	c.awaitEdge(t, created.Edge.ID, "cell-01 ready again", func(v controlapi.EdgeView) bool { return len(v.Cells) == 2 && v.Cells[0].State == "ready" })
+
+	// The control API goes away: the cell keeps serving, the agent says why
+	// in status; it comes back (same address, same database) with a new
+	// revision, and the agent catches up.
+	c.stop()
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if ctl := mustStatus(t, cfg).Control; ctl == nil || ctl.LastPollError == "" {
+			return fmt.Errorf("no poll error in status yet")
+		}
+		return nil
+	})
+	if got, err := appBody(port); err != nil || got != "v2" {
+		t.Fatalf("during the outage the cell answers %q, %v", got, err)
+	}
+	c = startControl(t, c.data, c.listen)
+	c.publish(t, "v3")
+	awaitBody(t, port, "v3")
+	c.awaitEdge(t, created.Edge.ID, "sequence 3 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 3 })
+	if ctl := mustStatus(t, cfg).Control; ctl.Enrollment != agent.EnrollmentEnrolled || ctl.EdgeID != created.Edge.ID || ctl.LastSuccess == nil {
+		t.Fatalf("control status %+v", ctl)
+	}
+	acks, _ := c.admin.Edge(ctxT(t), created.Edge.ID)
+	for _, ack := range acks.Acks {
+		if ack.Status != manifest.AckApplied {
+			t.Errorf("ack %+v", ack)
+		}
+	}
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("agent exit %d", code)
+	}
+}
