@@ -134,4 +134,3 @@ func (a *Agent) report(ctx context.Context) {
 		a.log.Debug("status report", zap.Error(err))
 	}
 }
-
