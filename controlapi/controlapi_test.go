@@ -15,6 +15,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
@@ -38,6 +39,9 @@ type env struct {
 	edgeURL string
 	admin   *controlapi.AdminClient
 	caFile  string
+	st      *store.Store
+	sealKey []byte
+	dsn     string
 }
 
 func eachStore(t *testing.T, f func(t *testing.T, e *env)) {
@@ -53,13 +57,23 @@ func ctx(t *testing.T) context.Context {
 
 func start(t *testing.T, dsn string) *env {
 	t.Helper()
+	key := make([]byte, 32)
+	rand.Read(key)
+	return serveOn(t, dsn, key)
+}
+
+// replica starts a second control API on the same database and key file.
+func (e *env) replica(t *testing.T) *env {
+	return serveOn(t, e.dsn, e.sealKey)
+}
+
+func serveOn(t *testing.T, dsn string, key []byte) *env {
+	t.Helper()
 	st, err := store.Open(ctx(t), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	key := make([]byte, 32)
-	rand.Read(key)
 	srv, err := controlapi.New(ctx(t), controlapi.Options{Store: st, SealKey: key, AdminToken: "test-admin-token-0123456789", Refresh: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +92,8 @@ func start(t *testing.T, dsn string) *env {
 	if err := os.WriteFile(caFile, []byte(srv.CAPEM()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return &env{srv: srv, edgeURL: edge.URL, admin: &controlapi.AdminClient{URL: admin.URL, Token: "test-admin-token-0123456789"}, caFile: caFile}
+	return &env{srv: srv, edgeURL: edge.URL, admin: &controlapi.AdminClient{URL: admin.URL, Token: "test-admin-token-0123456789"},
+		caFile: caFile, st: st, sealKey: key, dsn: dsn}
 }
 
 func (e *env) createEdge(t *testing.T, name string) controlapi.CreatedEdge {
@@ -454,3 +469,117 @@ func TestTasksAreDeliveredByPolling(t *testing.T) {
 }
 
 func bigOne() *big.Int { return big.NewInt(1) }
+
+// An enrollment whose answer is lost is retried exactly: the agent kept
+// its pending key and CSR, and gets the certificate issued the first time.
+func TestEnrollmentAnswerLostThenRetried(t *testing.T) {
+	e := start(t, filepath.Join(t.TempDir(), "control.db"))
+	created := e.createEdge(t, "fra-1")
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM([]byte(e.srv.CAPEM()))
+	upstream := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	t.Cleanup(upstream.CloseIdleConnections)
+	var lost []byte
+	proxy := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		resp, err := upstream.Post(e.edgeURL+r.URL.Path, "application/json", bytes.NewReader(body))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if lost == nil {
+			lost = answer // the control API answered; the agent never hears it
+			http.Error(w, "connection reset", http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(resp.StatusCode)
+		w.Write(answer)
+	}))
+	proxy.TLS = e.srv.EdgeTLSConfig()
+	proxy.StartTLS()
+	t.Cleanup(proxy.Close)
+
+	dir := t.TempDir()
+	o := controlclient.EnrollOptions{URL: proxy.URL, Token: created.Token, CAFile: e.caFile,
+		Dir: filepath.Join(dir, "identity"), IdentityFile: filepath.Join(dir, "identity.json")}
+	if _, err := controlclient.Enroll(ctx(t), o); err == nil {
+		t.Fatal("enrollment through a lost answer succeeded")
+	}
+	if _, err := os.Stat(o.IdentityFile); !os.IsNotExist(err) {
+		t.Fatalf("identity written after a failed enrollment: %v", err)
+	}
+	id, err := controlclient.Enroll(ctx(t), o)
+	if err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	var first edgeapi.EnrollResponse
+	if err := json.Unmarshal(lost, &first); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(o.Dir, controlclient.CertFile))
+	if string(got) != first.Certificate || id.EdgeID != created.Edge.ID {
+		t.Fatal("the retry did not get the certificate issued the first time")
+	}
+	if left, _ := filepath.Glob(filepath.Join(o.Dir, "pending-*")); len(left) != 0 {
+		t.Fatalf("pending files left: %v", left)
+	}
+}
+
+// Two control replicas share one database: an edge enrolled through one
+// polls through the other, and a domain published on one reaches edges
+// polling the other once its cache catches up.
+func TestReplicasShareOneDatabase(t *testing.T) {
+	eachStore(t, func(t *testing.T, a *env) {
+		b := a.replica(t)
+		created := a.createEdge(t, "fra-1")
+		// Enrolled through replica a, polling replica b.
+		_, id, dir := a.enroll(t, created.Token)
+		cb, err := controlclient.New(controlclient.Options{URL: b.edgeURL, Dir: filepath.Join(dir, "identity")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cb.CloseIdle)
+		if _, err := cb.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+			t.Fatalf("poll through the other replica: %v", err)
+		}
+		publish(t, a, "shop.example.test", "v1")
+		testutil.Eventually(t, 10*time.Second, func() error {
+			m, err := manifest.Collect(ctx(t), cb.Page, id.EdgeID, 0)
+			if err != nil {
+				return err
+			}
+			if m.Sequence != 1 {
+				return fmt.Errorf("sequence %d", m.Sequence)
+			}
+			return nil
+		})
+		// A rotation on b is refused on a at once for anything with a body,
+		// and for the cheap poll within a's cache refresh.
+		m, err := manifest.Collect(ctx(t), cb.Page, id.EdgeID, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.admin.Rotate(ctx(t), created.Edge.ID); err != nil {
+			t.Fatal(err)
+		}
+		ca, err := controlclient.New(controlclient.Options{URL: a.edgeURL, Dir: filepath.Join(dir, "identity")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(ca.CloseIdle)
+		_, err = ca.Artifact(ctx(t), m.Entries[0].SHA256)
+		var he *controlclient.HTTPError
+		if !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
+			t.Fatalf("artifact with a certificate rotated on the other replica: %v", err)
+		}
+		testutil.Eventually(t, 10*time.Second, func() error {
+			_, err := ca.Page(ctx(t), 1, "")
+			if !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
+				return fmt.Errorf("poll: %v", err)
+			}
+			return nil
+		})
+	})
+}
