@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -71,5 +72,21 @@ func TestBytesRoundTrip(t *testing.T) {
 	}
 	if _, err := ParseBytes("-1MiB"); err == nil {
 		t.Error("negative size accepted")
+	}
+}
+
+// The packaged configuration parses, validates and says what the defaults
+// are.
+func TestPackagedConfigIsTheDefaults(t *testing.T) {
+	got, err := Load("../systemd/agent.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default()
+	if len(got.OpenResty.Modules) == 0 && len(want.OpenResty.Modules) == 0 {
+		got.OpenResty.Modules, want.OpenResty.Modules = nil, nil // [] in the file
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("systemd/agent.yaml differs from the defaults:\n got %+v\nwant %+v", got, want)
 	}
 }
