@@ -228,7 +228,6 @@ func TestRotationRefusesTheOldIdentity(t *testing.T) {
 			Dir: filepath.Join(dir, "identity"), IdentityFile: filepath.Join(dir, "identity.json"), Replace: true}); err != nil {
 			t.Fatal(err)
 		}
-		c.CloseIdle()
 		if _, err := c.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatalf("poll after re-enrollment: %v", err)
 		}

@@ -204,6 +204,11 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	if resp.StatusCode >= 300 && resp.StatusCode != http.StatusNotModified {
 		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusUnauthorized {
+			// Refused identity (rotated): the next request handshakes again,
+			// with the certificate a re-enrollment may have written meanwhile.
+			defer c.hc.CloseIdleConnections()
+		}
 		err := readError(resp)
 		c.record(err)
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
