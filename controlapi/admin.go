@@ -342,6 +342,9 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) error {
+	if _, err := s.st.Edge(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
 	ts, err := s.st.Tasks(r.Context(), r.PathValue("id"), r.URL.Query().Get("state") == "pending", 100)
 	if err != nil {
 		return err

@@ -23,7 +23,7 @@ import (
 // Config is how cellvisor-control serve runs.
 type Config struct {
 	// Data holds the SQLite database, the key file and the admin token
-	// unless given elsewhere.
+	// unless given elsewhere, and ca.pem, the CA certificate.
 	Data string
 	// DB is a postgres:// URL, or empty for <Data>/control.db.
 	DB string
@@ -141,6 +141,11 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	if err != nil {
 		return err
 	}
+	// The CA certificate is public: agents pass it as --ca-file, and admin
+	// clients trust it for an --admin-tls admin API.
+	if err := os.WriteFile(filepath.Join(c.Data, "ca.pem"), []byte(srv.CAPEM()), 0o644); err != nil {
+		return fmt.Errorf("write CA certificate: %w", err)
+	}
 	edgeLn, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return fmt.Errorf("edge-control listen: %w", err)
@@ -153,7 +158,7 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	edgeHS := &http.Server{Handler: srv.EdgeHandler(), TLSConfig: srv.EdgeTLSConfig(), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, WriteTimeout: 5 * time.Minute, IdleTimeout: 5 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("http"))}
 	adminHS := &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second,
-		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("admin-http"))}
 	adminScheme := "http"
 	if c.AdminTLS {
 		adminScheme = "https"

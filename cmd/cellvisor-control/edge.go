@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"cellvisor/controlapi"
+)
+
+// controlURLFlag adds --control-url: the edge-control API as the edge hosts
+// reach it, for the enroll command line printed with a token.
+func controlURLFlag(fs *flag.FlagSet) *string {
+	return fs.String("control-url", "https://127.0.0.1:8443", "the edge-control API's URL as the edge hosts reach it")
+}
+
+func (c *cli) edgeCreate(ctx context.Context, args []string) error {
+	fs := c.flags("edge create")
+	var r controlapi.EdgeRequest
+	fs.StringVar(&r.Name, "name", "", "the edge's name")
+	fs.StringVar(&r.Org, "org", "", "the organization that runs it")
+	fs.StringVar(&r.Country, "country", "", "ISO 3166-1 alpha-2 country code")
+	fs.StringVar(&r.Continent, "continent", "", "continent code: AF, AN, AS, EU, NA, OC or SA")
+	fs.StringVar(&r.MgmtIPv4, "mgmt-ipv4", "", "management IPv4 address (inventory only)")
+	fs.StringVar(&r.MgmtIPv6, "mgmt-ipv6", "", "management IPv6 address (inventory only)")
+	fs.IntVar(&r.Slots, "slots", 0, "slots, 1–32; 0 for the default (8)")
+	controlURL := controlURLFlag(fs)
+	format := outputFlag(fs, "text", "json")
+	_, ac, err := c.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	f, err := format()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	ce, err := ac.CreateEdge(ctx, r)
+	if err != nil {
+		return fmt.Errorf("edge create: %w", err)
+	}
+	if f == "json" {
+		return printJSON(c.out, ce)
+	}
+	fmt.Fprintf(c.out, "edge %s created (%d slots)\n", ce.Edge.Name, ce.Edge.Slots)
+	printToken(c.out, ce, *controlURL)
+	return nil
+}
+
+// printToken shows an edge's one-time token and how to enroll with it.
+func printToken(w io.Writer, ce controlapi.CreatedEdge, controlURL string) {
+	fmt.Fprintf(w, "id:    %s\n", ce.Edge.ID)
+	fmt.Fprintf(w, "token: %s\n", ce.Token)
+	fmt.Fprintln(w, "The token is shown once and never again; a lost token needs `cellvisor-control edge rotate ID`.")
+	fmt.Fprintln(w, "Enroll the edge host with the CA from `cellvisor-control ca > ca.pem`:")
+	fmt.Fprintf(w, "  cellvisor enroll --control %s --token %s --ca-file ca.pem\n", controlURL, ce.Token)
+}
+
+func (c *cli) edgeList(ctx context.Context, args []string) error {
+	fs := c.flags("edge list")
+	format := outputFlag(fs, "table", "json")
+	_, ac, err := c.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	f, err := format()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	edges, err := ac.Edges(ctx)
+	if err != nil {
+		return fmt.Errorf("edge list: %w", err)
+	}
+	if f == "json" {
+		return printJSON(c.out, edges)
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tID\tORG\tCOUNTRY\tCONTINENT\tSLOTS\tENROLLMENT\tLAST SEEN\tSEQUENCE/ACTIVE")
+	for _, e := range edges {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d\n", e.Name, e.ID, e.Org, e.Country, e.Continent,
+			e.Slots, e.Enrollment, age(e.LastSeen, now), e.Sequence, e.ActiveSequence)
+	}
+	return tw.Flush()
+}
+
+func (c *cli) edgeShow(ctx context.Context, args []string) error {
+	fs := c.flags("edge show")
+	pos, ac, err := c.parse(fs, args, "ID")
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	e, err := ac.Edge(ctx, pos[0])
+	if err != nil {
+		return fmt.Errorf("edge show %s: %w", pos[0], err)
+	}
+	return printJSON(c.out, e)
+}
+
+func (c *cli) edgeRotate(ctx context.Context, args []string) error {
+	fs := c.flags("edge rotate")
+	controlURL := controlURLFlag(fs)
+	format := outputFlag(fs, "text", "json")
+	pos, ac, err := c.parse(fs, args, "ID")
+	if err != nil {
+		return err
+	}
+	f, err := format()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	ce, err := ac.Rotate(ctx, pos[0])
+	if err != nil {
+		return fmt.Errorf("edge rotate %s: %w", pos[0], err)
+	}
+	if f == "json" {
+		return printJSON(c.out, ce)
+	}
+	fmt.Fprintf(c.out, "edge %s rotated: its certificate is refused from now on\n", ce.Edge.Name)
+	printToken(c.out, ce, *controlURL)
+	return nil
+}
+
+func (c *cli) taskCreate(ctx context.Context, args []string) error {
+	fs := c.flags("task create")
+	pos, ac, err := c.parse(fs, args, "EDGE-ID", "CELL", "drain|undrain|restart")
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	t, err := ac.CreateTask(ctx, pos[0], controlapi.TaskRequest{Cell: pos[1], Action: pos[2]})
+	if err != nil {
+		return fmt.Errorf("task create: %w", err)
+	}
+	return printJSON(c.out, t)
+}
+
+func (c *cli) taskList(ctx context.Context, args []string) error {
+	fs := c.flags("task list")
+	format := outputFlag(fs, "table", "json")
+	pos, ac, err := c.parse(fs, args, "EDGE-ID")
+	if err != nil {
+		return err
+	}
+	f, err := format()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	ts, err := ac.Tasks(ctx, pos[0])
+	if err != nil {
+		return fmt.Errorf("task list %s: %w", pos[0], err)
+	}
+	if f == "json" {
+		return printJSON(c.out, ts)
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCELL\tACTION\tSTATE\tRESULT\tCREATED")
+	for _, t := range ts {
+		result := t.Result
+		if result == "" {
+			result = "-"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Cell, t.Action, t.State, result, age(&t.CreatedAt, now))
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,363 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"flag"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"cellvisor/controlapi"
+)
+
+// startControl runs the real control API on loopback with a SQLite store in
+// a temporary directory, and points the admin commands' token at it.
+func startControl(t *testing.T) controlapi.Endpoints {
+	t.Helper()
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan controlapi.Endpoints, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- controlapi.Serve(ctx, controlapi.Config{Data: dir, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0"},
+			func(ep controlapi.Endpoints) { ready <- ep })
+	}()
+	// Registered after t.TempDir, so it runs first: Serve is done with the
+	// directory before it is removed.
+	t.Cleanup(func() {
+		cancel()
+		wait, stop := context.WithTimeout(context.Background(), 30*time.Second)
+		defer stop()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-wait.Done():
+			t.Error("serve did not return within 30s of cancellation")
+		}
+	})
+	wait, stop := context.WithTimeout(context.Background(), 30*time.Second)
+	defer stop()
+	var ep controlapi.Endpoints
+	select {
+	case ep = <-ready:
+	case err := <-done:
+		t.Fatalf("serve: %v", err)
+	case <-wait.Done():
+		t.Fatal("control API not ready within 30s")
+	}
+	t.Setenv("CELLVISOR_ADMIN_TOKEN", ep.AdminToken)
+	return ep
+}
+
+// ctl runs the command line args with --admin after the command's words
+// (flags may follow them) and returns what it printed.
+func ctl(t *testing.T, ep controlapi.Endpoints, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	err := run(ctx, append(args, "--admin", ep.AdminURL), &out)
+	return out.String(), err
+}
+
+// mustCtl is ctl for a command that must succeed.
+func mustCtl(t *testing.T, ep controlapi.Endpoints, args ...string) string {
+	t.Helper()
+	out, err := ctl(t, ep, args...)
+	if err != nil {
+		t.Fatalf("%s: %v", strings.Join(args, " "), err)
+	}
+	return out
+}
+
+func decodeJSON[T any](t *testing.T, s string) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatalf("decode %q: %v", s, err)
+	}
+	return v
+}
+
+func createEdge(t *testing.T, ep controlapi.Endpoints, name string) controlapi.CreatedEdge {
+	t.Helper()
+	return decodeJSON[controlapi.CreatedEdge](t, mustCtl(t, ep, "edge", "create", "--name", name, "--org", "acme",
+		"--country", "de", "--continent", "eu", "--slots", "4", "-o", "json"))
+}
+
+// wantAdminError checks err is the admin API's refusal with status and a
+// message naming field.
+func wantAdminError(t *testing.T, err error, status int, field string) {
+	t.Helper()
+	var ae *controlapi.AdminError
+	if !errors.As(err, &ae) {
+		t.Fatalf("error %v: want a *controlapi.AdminError", err)
+	}
+	if ae.Status != status || !strings.HasPrefix(ae.Message, field+":") {
+		t.Errorf("error %q (HTTP %d): want HTTP %d naming %s", ae.Message, ae.Status, status, field)
+	}
+}
+
+func TestEdgeCreateListShow(t *testing.T) {
+	ep := startControl(t)
+	out := mustCtl(t, ep, "edge", "create", "--name", "fra-1", "--org", "acme", "--country", "DE", "--continent", "EU",
+		"--mgmt-ipv4", "192.0.2.10", "--control-url", "https://control.example.test:8443")
+
+	edges := decodeJSON[[]controlapi.EdgeView](t, mustCtl(t, ep, "edge", "list", "-o", "json"))
+	if len(edges) != 1 {
+		t.Fatalf("edge list: %d edges, want 1", len(edges))
+	}
+	e := edges[0]
+	if e.Name != "fra-1" || e.Enrollment != controlapi.EnrollmentPending || e.Slots != controlapi.DefaultSlots || e.MgmtIPv4 != "192.0.2.10" {
+		t.Errorf("edge list: %+v, want fra-1, pending, %d slots, 192.0.2.10", e, controlapi.DefaultSlots)
+	}
+	var token string
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "token: "); ok {
+			token = v
+		}
+	}
+	for _, want := range []string{"id:    " + e.ID + "\n", "shown once and never again",
+		"cellvisor enroll --control https://control.example.test:8443 --token " + token + " --ca-file ca.pem\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("edge create printed:\n%s\nwant it to contain %q", out, want)
+		}
+	}
+	if !strings.HasPrefix(token, "cvt_") {
+		t.Errorf("edge create: token %q, want cvt_…", token)
+	}
+
+	table := mustCtl(t, ep, "edge", "list")
+	if lines := strings.Split(strings.TrimSpace(table), "\n"); len(lines) != 2 ||
+		!strings.Contains(lines[1], e.ID) || !strings.Contains(lines[1], "pending") || !strings.Contains(lines[1], "never") {
+		t.Errorf("edge list table:\n%s\nwant a header and fra-1 pending, never seen", table)
+	}
+
+	shown := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "show", e.ID))
+	if shown.ID != e.ID || shown.Assignments["cell-01"] != "shared-default" {
+		t.Errorf("edge show: %+v, want %s with cell-01 in shared-default", shown, e.ID)
+	}
+
+	rotated := mustCtl(t, ep, "edge", "rotate", e.ID)
+	if !strings.Contains(rotated, "token: cvt_") || strings.Contains(rotated, token) {
+		t.Errorf("edge rotate printed:\n%s\nwant a new token", rotated)
+	}
+}
+
+func TestEdgeCreateRefused(t *testing.T) {
+	ep := startControl(t)
+	_, err := ctl(t, ep, "edge", "create", "--name", "x", "--org", "acme", "--country", "XX", "--continent", "EU")
+	wantAdminError(t, err, http.StatusBadRequest, "country")
+	edges := decodeJSON[[]controlapi.EdgeView](t, mustCtl(t, ep, "edge", "list", "-o", "json"))
+	if len(edges) != 0 {
+		t.Errorf("edge list after a refused create: %d edges, want 0", len(edges))
+	}
+}
+
+func TestToken(t *testing.T) {
+	ep := startControl(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	missing := filepath.Join(t.TempDir(), "admin.token")
+
+	t.Setenv("CELLVISOR_ADMIN_TOKEN", "")
+	err := run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, &bytes.Buffer{})
+	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "admin token") {
+		t.Errorf("edge list without a token: %v, want a missing admin token", err)
+	}
+
+	if err := os.WriteFile(missing, []byte(ep.AdminToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, &bytes.Buffer{}); err != nil {
+		t.Errorf("edge list with the token file: %v", err)
+	}
+
+	t.Setenv("CELLVISOR_ADMIN_TOKEN", "cva_not-the-admin-token")
+	err = run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, &bytes.Buffer{})
+	var ae *controlapi.AdminError
+	if !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized {
+		t.Errorf("edge list with a wrong CELLVISOR_ADMIN_TOKEN: %v, want HTTP 401 (the variable wins over the file)", err)
+	}
+}
+
+func TestDomainPublish(t *testing.T) {
+	ep := startControl(t)
+	edge := createEdge(t, ep, "fra-1")
+	file := filepath.Join(t.TempDir(), "shop.json")
+	config := `{"hostnames":["shop.example.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":"hi\n"}}]}`
+	if err := os.WriteFile(file, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for rev := int64(1); rev <= 2; rev++ {
+		p := decodeJSON[controlapi.PublishedView](t, mustCtl(t, ep, "domain", "publish", "shop.example.test",
+			"--pool", "shared-default", "--file", file))
+		if p.Domain.Revision != rev || p.Domain.Pool != "shared-default" || p.Edges[edge.Edge.ID] != rev {
+			t.Errorf("publish %d: %+v, want revision %d advancing %s to sequence %d", rev, p, rev, edge.Edge.ID, rev)
+		}
+	}
+	shown := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "show", edge.Edge.ID))
+	if shown.Sequence != 2 {
+		t.Errorf("edge show after two publishes: sequence %d, want 2", shown.Sequence)
+	}
+	ds := decodeJSON[[]controlapi.DomainView](t, mustCtl(t, ep, "domain", "list", "-o", "json"))
+	if len(ds) != 1 || ds[0].Name != "shop.example.test" || ds[0].Revision != 2 {
+		t.Errorf("domain list: %+v, want shop.example.test at revision 2", ds)
+	}
+	if table := mustCtl(t, ep, "domain", "list"); !strings.Contains(table, "shop.example.test") {
+		t.Errorf("domain list table:\n%s\nwant shop.example.test", table)
+	}
+
+	_, err := ctl(t, ep, "domain", "publish", "shop.example.test", "--pool", "bogus", "--file", file)
+	wantAdminError(t, err, http.StatusBadRequest, "pool")
+
+	deleted := decodeJSON[controlapi.PublishedView](t, mustCtl(t, ep, "domain", "delete", "shop.example.test"))
+	if deleted.Edges[edge.Edge.ID] != 3 {
+		t.Errorf("domain delete: %+v, want %s advanced to sequence 3", deleted, edge.Edge.ID)
+	}
+}
+
+func TestTask(t *testing.T) {
+	ep := startControl(t)
+	edge := createEdge(t, ep, "fra-1")
+	_, err := ctl(t, ep, "task", "create", edge.Edge.ID, "cell-01", "explode")
+	wantAdminError(t, err, http.StatusBadRequest, "action")
+
+	task := decodeJSON[controlapi.TaskView](t, mustCtl(t, ep, "task", "create", edge.Edge.ID, "cell-02", "drain"))
+	if task.EdgeID != edge.Edge.ID || task.Cell != "cell-02" || task.Action != "drain" || task.ID == 0 {
+		t.Errorf("task create: %+v, want drain cell-02 of %s", task, edge.Edge.ID)
+	}
+	table := mustCtl(t, ep, "task", "list", edge.Edge.ID)
+	if lines := strings.Split(strings.TrimSpace(table), "\n"); len(lines) != 2 ||
+		!strings.Contains(lines[1], "cell-02") || !strings.Contains(lines[1], "drain") {
+		t.Errorf("task list:\n%s\nwant a header and the drain of cell-02", table)
+	}
+}
+
+func TestCA(t *testing.T) {
+	ep := startControl(t)
+	out := mustCtl(t, ep, "ca")
+	block, _ := pem.Decode([]byte(out))
+	if block == nil || block.Type != "CERTIFICATE" {
+		t.Fatalf("ca printed %q, want a PEM certificate", out)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cert.IsCA {
+		t.Errorf("ca: certificate %s is not a CA", cert.Subject)
+	}
+	if out != ep.CA {
+		t.Error("ca printed another certificate than the control API's CA")
+	}
+}
+
+func TestPool(t *testing.T) {
+	ep := startControl(t)
+	if out := mustCtl(t, ep, "pool", "create", "reserved-gold"); out != "pool reserved-gold created (class reserved)\n" {
+		t.Errorf("pool create printed %q", out)
+	}
+	pools := decodeJSON[[]controlapi.PoolView](t, mustCtl(t, ep, "pool", "list", "-o", "json"))
+	found := false
+	for _, p := range pools {
+		found = found || p.Name == "reserved-gold" && p.Class == "reserved"
+	}
+	if !found {
+		t.Errorf("pool list: %+v, want reserved-gold (reserved)", pools)
+	}
+	if table := mustCtl(t, ep, "pool", "list"); !strings.Contains(table, "reserved-gold") {
+		t.Errorf("pool list table:\n%s\nwant reserved-gold", table)
+	}
+	_, err := ctl(t, ep, "pool", "create", "gold")
+	wantAdminError(t, err, http.StatusBadRequest, "name")
+}
+
+func TestUsageErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	t.Setenv("CELLVISOR_ADMIN_TOKEN", "cva_0123456789abcdef")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no command", nil, "no command"},
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown subcommand", []string{"edge", "explode"}, `unknown command "edge explode"`},
+		{"missing argument", []string{"edge", "show"}, "usage: cellvisor-control edge show ID"},
+		{"extra argument", []string{"ca", "now"}, "usage: cellvisor-control ca"},
+		{"bad output format", []string{"edge", "list", "-o", "yaml"}, `unknown output format "yaml"`},
+		{"bad admin URL", []string{"--admin", "127.0.0.1:8442", "edge", "list"}, "want http://HOST:PORT"},
+		{"bad log format", []string{"serve", "--log-format", "xml"}, `log format "xml"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Unknown commands print the usage on stderr: not captured here.
+			err := run(ctx, tc.args, &bytes.Buffer{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("run %q: %v, want an error containing %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		wantPos  []string
+		wantPool string
+	}{
+		{"flags first", []string{"--pool", "p", "a", "b"}, []string{"a", "b"}, "p"},
+		{"flags between", []string{"a", "--pool", "p", "b"}, []string{"a", "b"}, "p"},
+		{"flags last", []string{"a", "b", "--pool=p"}, []string{"a", "b"}, "p"},
+		{"stdin is positional", []string{"-", "--pool", "p"}, []string{"-"}, "p"},
+		{"after --", []string{"a", "--", "--pool", "p"}, []string{"a", "--pool", "p"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := flag.NewFlagSet("test", flag.ContinueOnError)
+			pool := fs.String("pool", "", "")
+			pos, err := parseArgs(fs, tc.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(pos, " ") != strings.Join(tc.wantPos, " ") || *pool != tc.wantPool {
+				t.Errorf("parseArgs(%q) = %q, pool %q; want %q, pool %q", tc.args, pos, *pool, tc.wantPos, tc.wantPool)
+			}
+		})
+	}
+}
+
+func TestAge(t *testing.T) {
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *time.Time { t := now.Add(-d); return &t }
+	for _, tc := range []struct {
+		name string
+		t    *time.Time
+		want string
+	}{
+		{"never", nil, "never"},
+		{"zero", &time.Time{}, "never"},
+		{"clock skew", at(-5 * time.Second), "just now"},
+		{"seconds", at(3*time.Second + 400*time.Millisecond), "3s ago"},
+		{"minutes", at(5*time.Minute + 59*time.Second), "5m ago"},
+		{"hours", at(47 * time.Hour), "47h ago"},
+		{"days", at(72 * time.Hour), "3d ago"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := age(tc.t, now); got != tc.want {
+				t.Errorf("age = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
