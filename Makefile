@@ -125,12 +125,14 @@ lint: tools ## go vet, gofmt, staticcheck, and fail if go mod tidy would change 
 	"$(TOOLBIN)/staticcheck" ./...
 	@$(GO) mod tidy -diff || { echo "go mod tidy would change go.mod/go.sum (diff above): run go mod tidy"; exit 1; }
 
-# An activation of 20,000 artifacts takes about a second: fewer rounds.
+# An activation of 20,000 artifacts takes about a second: fewer rounds. A
+# control API poll takes about 50 µs: 20,000 of them (20 per simulated edge).
 bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
 	@$(WITH_PG) \
 	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ ./cmd/cellvisor/ | tee bench/latest.txt; \
-	$(GO) test -run '^$$' -bench . -benchtime 3x -count 5 ./activation/ | tee -a bench/latest.txt
+	$(GO) test -run '^$$' -bench . -benchtime 3x -count 5 ./activation/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench . -benchtime 20000x -count 5 ./controlapi/ | tee -a bench/latest.txt
 	@if [ -f bench/base.txt ] && [ -x "$(TOOLBIN)/benchstat" ]; then \
 	  "$(TOOLBIN)/benchstat" bench/base.txt bench/latest.txt; \
 	elif [ -f bench/base.txt ]; then \
