@@ -201,4 +201,14 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	if code := a.stop(t); code != 0 {
 		t.Fatalf("agent exit %d", code)
 	}
+
+	// The identity survives a restart: no token, the same edge, and the
+	// revision published while the agent was down arrives.
+	c.publish(t, "v4")
+	a, _ = startAgent(t, bin, cfgPath, cfg)
+	awaitBody(t, port, "v4")
+	c.awaitEdge(t, created.Edge.ID, "sequence 4 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 4 })
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("agent exit %d", code)
+	}
 }
