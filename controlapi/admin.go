@@ -455,10 +455,15 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 	if _, ok := runtime.PoolClass(req.Pool); !ok {
 		return errorf(http.StatusBadRequest, "pool: %q is not a shared-, reserved-, dedicated- or quarantine- pool", req.Pool)
 	}
-	if _, err := domainArtifact(name, req.Pool, req.Config, 1); err != nil {
+	data, err := domainArtifact(name, req.Pool, req.Config, 1)
+	if err != nil {
 		return err // refused before anything is written
 	}
-	p, err := s.st.PublishDomain(r.Context(), name, req.Pool, func(rev int64) ([]byte, error) {
+	d, err := runtime.DecodeDomain(data)
+	if err != nil {
+		return err
+	}
+	p, err := s.st.PublishDomain(r.Context(), name, req.Pool, d.Hostnames, func(rev int64) ([]byte, error) {
 		return domainArtifact(name, req.Pool, req.Config, rev)
 	}, s.sign)
 	if errors.Is(err, store.ErrNotFound) {

@@ -81,11 +81,12 @@ type Published struct {
 type Builder func(revision int64) ([]byte, error)
 
 // PublishDomain stores the artifact build makes as the next revision of
-// domain in pool and advances the manifest of every edge with a cell in
-// that pool (or in the pool the domain leaves), signing the new entry for
-// each with sign. A concurrent publish of the same domain fails one of the
-// two with ErrConflict rather than give two artifacts one revision.
-func (s *Store) PublishDomain(ctx context.Context, domain, pool string, build Builder, sign Signer) (Published, error) {
+// domain in pool, answering for hostnames, and advances the manifest of
+// every edge with a cell in that pool (or in the pool the domain leaves),
+// signing the new entry for each with sign. A hostname another domain
+// answers for is refused with ErrConflict, as is a concurrent publish of
+// the same domain, rather than give two artifacts one revision.
+func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostnames []string, build Builder, sign Signer) (Published, error) {
 	var out Published
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var n int
@@ -108,6 +109,9 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, build Bu
 		}
 		if deleted != 0 {
 			oldPool = ""
+		}
+		if err := s.claim(ctx, tx, domain, hostnames); err != nil {
+			return err
 		}
 		artifact, err := build(oldRev + 1)
 		if err != nil {
@@ -156,6 +160,9 @@ func (s *Store) DeleteDomain(ctx context.Context, domain string) (Published, err
 		if _, err := tx.ExecContext(ctx, s.q(`UPDATE domains SET deleted = 1, updated_at = ? WHERE name = ?`), ms(d.UpdatedAt), domain); err != nil {
 			return err
 		}
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM hostnames WHERE domain = ?`), domain); err != nil {
+			return err
+		}
 		out.Domain = d
 		out.Edges, err = s.advance(ctx, tx, domain, d.Pool, d.Pool, "", manifest.Entry{}, nil)
 		return err
@@ -164,6 +171,33 @@ func (s *Store) DeleteDomain(ctx context.Context, domain string) (Published, err
 		return Published{}, fmt.Errorf("delete %s: %w", domain, err)
 	}
 	return out, nil
+}
+
+// claim makes domain the one domain answering for hostnames.
+func (s *Store) claim(ctx context.Context, tx *sql.Tx, domain string, hostnames []string) error {
+	for _, h := range hostnames {
+		var other string
+		err := tx.QueryRowContext(ctx, s.q(`SELECT domain FROM hostnames WHERE hostname = ? AND domain <> ?`), h, domain).Scan(&other)
+		if err == nil {
+			return fmt.Errorf("hostname %s is domain %s's: %w", h, other, ErrConflict)
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM hostnames WHERE domain = ?`), domain); err != nil {
+		return err
+	}
+	for _, h := range hostnames {
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO hostnames (hostname, domain) VALUES (?, ?)`), h, domain)
+		if isUnique(err) {
+			return fmt.Errorf("hostname %s claimed concurrently: %w", h, ErrConflict)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // advance gives every edge with a cell in poolA or poolB a new sequence in

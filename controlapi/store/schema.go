@@ -65,6 +65,13 @@ CREATE TABLE domains (
 	deleted    INTEGER NOT NULL DEFAULT 0,
 	updated_at {{bigint}} NOT NULL
 );
+-- Every hostname answers for one domain on every edge (the edges refuse a
+-- manifest where two domains claim one).
+CREATE TABLE hostnames (
+	hostname TEXT PRIMARY KEY,
+	domain   TEXT NOT NULL
+);
+CREATE INDEX hostnames_domain ON hostnames (domain);
 -- An entry is in every sequence from from_seq up to, not including, to_seq
 -- (0: still current), so a new sequence adds or closes rows and copies none.
 CREATE TABLE manifest_entries (

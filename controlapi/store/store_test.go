@@ -139,7 +139,7 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 			t.Fatal(err)
 		}
 		art := []byte(`{"domain":"x.example"}`)
-		p, err := s.PublishDomain(ctx(t), "x.example", "shared-default", bytes(art), fakeSign)
+		p, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes(art), fakeSign)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -163,7 +163,7 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 			t.Fatalf("artifact for an edge not in its pool: %v, want ErrNotFound", err)
 		}
 		// Revision 2 moves the edges to sequence 2; sequence 1 stays readable.
-		if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", bytes([]byte(`{"v":2}`)), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte(`{"v":2}`)), fakeSign); err != nil {
 			t.Fatal(err)
 		}
 		old, _ := s.Entries(ctx(t), a.ID, 1, "", 500)
@@ -179,7 +179,7 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 		if es, _ := s.Entries(ctx(t), d.ID, 1, "", 500); len(es) != 1 || es[0].Revision != 2 || es[0].Signature != d.ID+"/x.example/2" {
 			t.Fatalf("new edge entries %+v", es)
 		}
-		if _, err := s.PublishDomain(ctx(t), "y.example", "reserved-none", bytes(art), fakeSign); !errors.Is(err, ErrNotFound) {
+		if _, err := s.PublishDomain(ctx(t), "y.example", "reserved-none", nil, bytes(art), fakeSign); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("unknown pool: %v", err)
 		}
 		del, err := s.DeleteDomain(ctx(t), "x.example")
@@ -192,7 +192,7 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 		if _, err := s.Entries(ctx(t), a.ID, 4, "", 500); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("future sequence: %v", err)
 		}
-		if p, _ := s.PublishDomain(ctx(t), "x.example", "shared-default", bytes(art), fakeSign); p.Domain.Revision != 3 {
+		if p, _ := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes(art), fakeSign); p.Domain.Revision != 3 {
 			t.Fatalf("revision after delete and publish %d, want 3", p.Domain.Revision)
 		}
 	})
@@ -202,7 +202,7 @@ func TestPagingAndPruning(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "a")
 		for i := range 7 {
-			if _, err := s.PublishDomain(ctx(t), fmt.Sprintf("d%02d.example", i), "shared-default", bytes([]byte{byte(i)}), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), fmt.Sprintf("d%02d.example", i), "shared-default", nil, bytes([]byte{byte(i)}), fakeSign); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -225,7 +225,7 @@ func TestPagingAndPruning(t *testing.T) {
 			t.Fatalf("paged %v", got)
 		}
 		for i := range keepSequences + 2 {
-			if _, err := s.PublishDomain(ctx(t), "d00.example", "shared-default", bytes([]byte{byte(100 + i)}), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), "d00.example", "shared-default", nil, bytes([]byte{byte(100 + i)}), fakeSign); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -309,7 +309,7 @@ func TestConcurrentPublishes(t *testing.T) {
 		errs := make(chan error, 8)
 		for i := range 8 {
 			wg.Go(func() {
-				_, err := s.PublishDomain(ctx(t), fmt.Sprintf("c%d.example", i), "shared-default", bytes([]byte{byte(i)}), fakeSign)
+				_, err := s.PublishDomain(ctx(t), fmt.Sprintf("c%d.example", i), "shared-default", nil, bytes([]byte{byte(i)}), fakeSign)
 				errs <- err
 			})
 		}
@@ -324,6 +324,36 @@ func TestConcurrentPublishes(t *testing.T) {
 		es, _ := s.Entries(ctx(t), e.ID, got.Sequence, "", 100)
 		if got.Sequence != 8 || len(es) != 8 {
 			t.Fatalf("sequence %d with %d entries, want 8 and 8", got.Sequence, len(es))
+		}
+	})
+}
+
+// A hostname answers for one domain: the edges would refuse a manifest in
+// which two domains claim it, so the control plane refuses the publish.
+func TestHostnamesAreClaimedOnce(t *testing.T) {
+	eachStore(t, func(t *testing.T, s *Store) {
+		e := newEdge(t, s, "a")
+		if _, err := s.PublishDomain(ctx(t), "a.example", "shared-default", []string{"a.example", "www.example"}, bytes([]byte("a")), fakeSign); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.PublishDomain(ctx(t), "b.example", "quarantine-default", []string{"b.example", "www.example"}, bytes([]byte("b")), fakeSign); !errors.Is(err, ErrConflict) {
+			t.Fatalf("a claimed hostname: %v, want ErrConflict", err)
+		}
+		if got, _ := s.Edge(ctx(t), e.ID); got.Sequence != 1 {
+			t.Fatalf("a refused publish moved the sequence to %d", got.Sequence)
+		}
+		// The owner may republish with it; once it lets go, another may claim it.
+		if _, err := s.PublishDomain(ctx(t), "a.example", "shared-default", []string{"a.example"}, bytes([]byte("a2")), fakeSign); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.PublishDomain(ctx(t), "b.example", "quarantine-default", []string{"www.example"}, bytes([]byte("b")), fakeSign); err != nil {
+			t.Fatalf("a released hostname: %v", err)
+		}
+		if _, err := s.DeleteDomain(ctx(t), "b.example"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.PublishDomain(ctx(t), "c.example", "shared-default", []string{"www.example"}, bytes([]byte("c")), fakeSign); err != nil {
+			t.Fatalf("the hostname of a deleted domain: %v", err)
 		}
 	})
 }
