@@ -125,6 +125,11 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		a.limitsN = fmt.Sprintf("%s memory, %g CPU", cfg.AgentLimits.Memory, cfg.AgentLimits.CPU)
 	}
 	log.Info("cgroups", zap.String("mode", string(a.cg.Mode())), zap.String("subtree", a.cg.Path()))
+	// Choose the source before anything is written: an enrolled edge
+	// refuses domains_dir without touching its releases.
+	if err := a.chooseSource(); err != nil {
+		return nil, err
+	}
 	if cfg.DomainsDir != "" {
 		if err := buildStandalone(cfg, topo, assign, log); err != nil {
 			return nil, err
@@ -150,9 +155,6 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		Version:       Version,
 	})
 	if err != nil {
-		return nil, err
-	}
-	if err := a.chooseSource(); err != nil {
 		return nil, err
 	}
 	if a.source != nil {

@@ -292,11 +292,17 @@ func (c *Client) Ack(ctx context.Context, a manifest.Ack) error {
 }
 
 // Snapshot opens the recovery snapshot; the reader is bounded by
-// manifest.ReadSnapshot. ErrNoChange when the edge has no manifest yet.
+// manifest.ReadSnapshot. ErrNoChange when the edge has no manifest yet, or
+// one too big for a snapshot (the activation then pages through it).
 func (c *Client) Snapshot(ctx context.Context) (io.ReadCloser, error) {
 	resp, err := c.do(ctx, http.MethodGet, edgeapi.PathSnapshot, nil, nil, nil)
 	var he *HTTPError
 	if errors.As(err, &he) && he.Status == http.StatusNotFound {
+		return nil, manifest.ErrNoChange
+	}
+	if errors.As(err, &he) && he.Status == http.StatusInsufficientStorage {
+		// Too big for one snapshot: page through the manifest instead.
+		c.log.Info("recovery snapshot over its bound; paging the manifest", zap.Error(err))
 		return nil, manifest.ErrNoChange
 	}
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"cellvisor/controlapi"
 	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/runtime"
 	"cellvisor/supervisor"
 )
 
@@ -210,5 +211,18 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	c.awaitEdge(t, created.Edge.ID, "sequence 4 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 4 })
 	if code := a.stop(t); code != 0 {
 		t.Fatalf("agent exit %d", code)
+	}
+
+	// An enrolled edge refuses a local domains_dir, before it writes anything.
+	local, _ := os.ReadFile(cfgPath)
+	localPath := filepath.Join(t.TempDir(), "local.yaml")
+	os.WriteFile(localPath, append(local, []byte("domains_dir: "+filepath.Join(filepath.Dir(cfgPath), "domains")+"\n")...), 0o644)
+	out, err = runCLI(t, bin, "--config", localPath, "run")
+	if err == nil || !strings.Contains(out, "domains_dir: this edge is enrolled") {
+		t.Fatalf("run with domains_dir on an enrolled edge: %v\n%s", err, out)
+	}
+	topo := runtime.Plan(runtime.Layout{Slots: 2, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase, StateDir: cfg.StateDir, RunDir: cfg.RunDir})
+	if cur, err := runtime.Current(topo.Slots[0]); err != nil || cur.Sequence != 4 {
+		t.Fatalf("after the refused start cell-01's release is %+v, %v; want sequence 4", cur, err)
 	}
 }
