@@ -226,6 +226,9 @@ func (a *Activator) recover(ctx context.Context) error {
 // changes nothing.
 func (a *Activator) ApplySnapshot(ctx context.Context, r io.Reader) error {
 	s, err := manifest.ReadSnapshot(r, manifest.SnapshotLimit)
+	if err != nil && !manifest.IsRefusal(err) {
+		return fmt.Errorf("recovery snapshot: %w", err) // a broken download: retried
+	}
 	seq := s.Manifest.Sequence
 	if err == nil && s.Manifest.EdgeID != a.o.EdgeID {
 		err = fmt.Errorf("%w: snapshot for edge %q, this is %q", manifest.ErrSnapshot, s.Manifest.EdgeID, a.o.EdgeID)

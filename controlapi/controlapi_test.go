@@ -374,6 +374,11 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 		if err := ca.Ack(ctx(t), manifest.Ack{Sequence: 1, Status: "bogus"}); err == nil {
 			t.Fatal("bogus ack accepted")
 		}
+		// A refusal with no sequence (an unreadable snapshot) is taken, so
+		// that it does not block the agent's journal.
+		if err := ca.Ack(ctx(t), manifest.Ack{Sequence: 0, Status: manifest.AckRefused, Reason: "recovery snapshot: invalid"}); err != nil {
+			t.Fatalf("refusal of sequence 0: %v", err)
+		}
 		v, _ := e.admin.Edge(ctx(t), a.Edge.ID)
 		if v.ActiveSequence != 1 || len(v.Acks) != 1 || v.LastSeen == nil {
 			t.Fatalf("edge after ack %+v", v)

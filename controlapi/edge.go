@@ -265,6 +265,13 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState)
 	if err := decode(r, edgeapi.MaxAckBytes, &a); err != nil {
 		return err
 	}
+	if a.Sequence == 0 && a.Status == manifest.AckRefused {
+		// A refusal of something that had no sequence (a recovery snapshot
+		// that could not be read): logged, nothing to record.
+		s.log.Warn("ack", zap.String("edge", st.ID), zap.String("status", a.Status), zap.String("reason", a.Reason))
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	switch {
 	case a.Sequence < 1:
 		return errorf(http.StatusBadRequest, "sequence: want ≥ 1")

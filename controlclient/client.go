@@ -49,13 +49,21 @@ func (e *HTTPError) Retryable() bool {
 	return e.Status == http.StatusGone || e.Status == http.StatusTooManyRequests || e.Status >= 500
 }
 
+// Permanent reports that the control API refused the request itself (400,
+// 413, 422): sending it again can only be refused again. An identity
+// refused (401) is not permanent: a re-enrollment fixes it.
+func (e *HTTPError) Permanent() bool {
+	return e.Status == http.StatusBadRequest || e.Status == http.StatusRequestEntityTooLarge || e.Status == http.StatusUnprocessableEntity
+}
+
 // Options configure a Client.
 type Options struct {
 	// URL is the edge-control API's base URL (https://…). Required.
 	URL string
 	// Dir is the identity directory enrollment wrote. Required.
 	Dir string
-	// Timeout bounds one request; zero means 30s.
+	// Timeout bounds one request, its answer read; zero means 30s. The
+	// recovery snapshot gets SnapshotTimeout.
 	Timeout time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
@@ -109,7 +117,7 @@ func New(o Options) (*Client, error) {
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   true,
 	}
-	c.hc = &http.Client{Transport: tr, Timeout: o.Timeout}
+	c.hc = &http.Client{Transport: tr}
 	return c, nil
 }
 
@@ -172,9 +180,26 @@ func (c *Client) record(err error) {
 	c.lastFail = err
 }
 
-// do sends a request and returns the response for the caller to close;
-// a status of 300 and over but 304 is an *HTTPError.
-func (c *Client) do(ctx context.Context, method, path string, query url.Values, header http.Header, body any) (*http.Response, error) {
+// SnapshotTimeout bounds the download of a recovery snapshot (up to
+// manifest.SnapshotLimit bytes).
+const SnapshotTimeout = 10 * time.Minute
+
+// cancelBody ends a request's deadline when its body is closed.
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelFunc
+}
+
+func (b cancelBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.cancel()
+	return err
+}
+
+// do sends a request, bounded by timeout until its body is closed, and
+// returns the response for the caller to close; a status of 300 and over
+// but 304 is an *HTTPError.
+func (c *Client) do(ctx context.Context, timeout time.Duration, method, path string, query url.Values, header http.Header, body any) (*http.Response, error) {
 	u := *c.base
 	u.Path = strings.TrimRight(u.Path, "/") + path
 	u.RawQuery = query.Encode()
@@ -186,8 +211,10 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 		}
 		rd = bytes.NewReader(data)
 	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
 	if err != nil {
+		cancel()
 		return nil, err
 	}
 	for k, v := range header {
@@ -198,18 +225,20 @@ func (c *Client) do(ctx context.Context, method, path string, query url.Values, 
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
+		cancel()
 		err = fmt.Errorf("%s %s: %w", method, path, err)
 		c.record(err)
 		return nil, err
 	}
+	resp.Body = cancelBody{resp.Body, cancel}
 	if resp.StatusCode >= 300 && resp.StatusCode != http.StatusNotModified {
-		defer resp.Body.Close()
+		err := readError(resp)
+		resp.Body.Close()
 		if resp.StatusCode == http.StatusUnauthorized {
 			// Refused identity (rotated): the next request handshakes again,
 			// with the certificate a re-enrollment may have written meanwhile.
-			defer c.hc.CloseIdleConnections()
+			c.hc.CloseIdleConnections()
 		}
-		err := readError(resp)
 		c.record(err)
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -239,7 +268,7 @@ func (c *Client) Page(ctx context.Context, after int64, cursor string) (manifest
 	} else {
 		h.Set("If-None-Match", `"`+strconv.FormatInt(after, 10)+`"`)
 	}
-	resp, err := c.do(ctx, http.MethodGet, edgeapi.PathManifest, q, h, nil)
+	resp, err := c.do(ctx, c.o.Timeout, http.MethodGet, edgeapi.PathManifest, q, h, nil)
 	if err != nil {
 		return manifest.Page{}, err
 	}
@@ -266,7 +295,7 @@ func (c *Client) Artifact(ctx context.Context, sha256 string) ([]byte, error) {
 	if len(sha256) != 64 {
 		return nil, fmt.Errorf("%w: artifact name %q", manifest.ErrInvalid, sha256)
 	}
-	resp, err := c.do(ctx, http.MethodGet, edgeapi.PathArtifacts+sha256, nil, nil, nil)
+	resp, err := c.do(ctx, c.o.Timeout, http.MethodGet, edgeapi.PathArtifacts+sha256, nil, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -283,7 +312,7 @@ func (c *Client) Artifact(ctx context.Context, sha256 string) ([]byte, error) {
 
 // Ack delivers an acknowledgement.
 func (c *Client) Ack(ctx context.Context, a manifest.Ack) error {
-	resp, err := c.do(ctx, http.MethodPost, edgeapi.PathAcks, nil, nil, a)
+	resp, err := c.do(ctx, c.o.Timeout, http.MethodPost, edgeapi.PathAcks, nil, nil, a)
 	if err != nil {
 		return err
 	}
@@ -295,7 +324,7 @@ func (c *Client) Ack(ctx context.Context, a manifest.Ack) error {
 // manifest.ReadSnapshot. ErrNoChange when the edge has no manifest yet, or
 // one too big for a snapshot (the activation then pages through it).
 func (c *Client) Snapshot(ctx context.Context) (io.ReadCloser, error) {
-	resp, err := c.do(ctx, http.MethodGet, edgeapi.PathSnapshot, nil, nil, nil)
+	resp, err := c.do(ctx, SnapshotTimeout, http.MethodGet, edgeapi.PathSnapshot, nil, nil, nil)
 	var he *HTTPError
 	if errors.As(err, &he) && he.Status == http.StatusNotFound {
 		return nil, manifest.ErrNoChange
@@ -313,7 +342,7 @@ func (c *Client) Snapshot(ctx context.Context) (io.ReadCloser, error) {
 
 // Tasks returns the edge's pending control tasks.
 func (c *Client) Tasks(ctx context.Context) ([]edgeapi.Task, error) {
-	resp, err := c.do(ctx, http.MethodGet, edgeapi.PathTasks, nil, nil, nil)
+	resp, err := c.do(ctx, c.o.Timeout, http.MethodGet, edgeapi.PathTasks, nil, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -329,7 +358,7 @@ func (c *Client) Tasks(ctx context.Context) ([]edgeapi.Task, error) {
 
 // AckTask reports what became of a task.
 func (c *Client) AckTask(ctx context.Context, id int64, a edgeapi.TaskAck) error {
-	resp, err := c.do(ctx, http.MethodPost, edgeapi.PathTasks+strconv.FormatInt(id, 10)+"/ack", nil, nil, a)
+	resp, err := c.do(ctx, c.o.Timeout, http.MethodPost, edgeapi.PathTasks+strconv.FormatInt(id, 10)+"/ack", nil, nil, a)
 	if err != nil {
 		return err
 	}
@@ -339,7 +368,7 @@ func (c *Client) AckTask(ctx context.Context, id int64, a edgeapi.TaskAck) error
 
 // Report sends a status report.
 func (c *Client) Report(ctx context.Context, r edgeapi.StatusReport) error {
-	resp, err := c.do(ctx, http.MethodPost, edgeapi.PathStatus, nil, nil, r)
+	resp, err := c.do(ctx, c.o.Timeout, http.MethodPost, edgeapi.PathStatus, nil, nil, r)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -146,7 +147,18 @@ func (j *Journal) Run(ctx context.Context, send func(context.Context, manifest.A
 			}
 		}
 		a := pending[0]
-		if err := send(ctx, a); err != nil {
+		err := send(ctx, a)
+		var perm interface{ Permanent() bool }
+		if err != nil && errors.As(err, &perm) && perm.Permanent() {
+			// Sending it again would be refused again, and would hold back
+			// every ack after it.
+			j.log.Error("ack refused by the control API; dropping it", zap.Int64("sequence", a.Sequence), zap.Error(err))
+			if err := j.delivered(a); err != nil {
+				j.log.Error("ack journal", zap.Error(err))
+			}
+			continue
+		}
+		if err != nil {
 			j.log.Warn("ack not delivered; will retry", zap.Int64("sequence", a.Sequence), zap.Duration("in", delay), zap.Error(err))
 			t := time.NewTimer(time.Duration(float64(delay) * (0.5 + rand.Float64())))
 			select {

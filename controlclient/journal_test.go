@@ -89,3 +89,51 @@ func TestJournalDropsOnlyDamagedLines(t *testing.T) {
 		t.Error("a line too long to read: want an error, not silently lost acks")
 	}
 }
+
+// An ack the control API refuses as such (400) is dropped, so that it does
+// not hold back the acks after it; an identity refusal (401) is retried.
+func TestJournalDropsPermanentlyRefusedAcks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "acks.journal")
+	j, err := OpenJournal(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, seq := range []int64{0, 1, 2} {
+		if err := j.Append(manifest.Ack{Sequence: seq, Status: manifest.AckRefused}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var got []int64
+	unauthorized := 1
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		j.Run(ctx, func(_ context.Context, a manifest.Ack) error {
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case a.Sequence == 0:
+				return &HTTPError{Status: 400, Message: "sequence: want ≥ 1"}
+			case a.Sequence == 1 && unauthorized > 0:
+				unauthorized--
+				return &HTTPError{Status: 401, Message: "rotated"}
+			}
+			got = append(got, a.Sequence)
+			return nil
+		}, 20*time.Millisecond)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if p := j.Pending(); len(p) > 0 {
+			return fmt.Errorf("still pending: %+v", p)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 2 || got[0] != 1 || got[1] != 2 || unauthorized != 0 {
+		t.Errorf("delivered %v (401s left %d), want 1 (after its 401) and 2", got, unauthorized)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 )
@@ -306,4 +307,40 @@ func FuzzReadSnapshot(f *testing.F) {
 			}
 		}
 	})
+}
+
+// brokenReader fails after n bytes, as a download cut short does.
+type brokenReader struct {
+	r io.Reader
+	n int
+}
+
+func (b *brokenReader) Read(p []byte) (int, error) {
+	if b.n <= 0 {
+		return 0, errors.New("connection reset by peer")
+	}
+	if len(p) > b.n {
+		p = p[:b.n]
+	}
+	n, err := b.r.Read(p)
+	b.n -= n
+	return n, err
+}
+
+// A download cut short is a failure to retry, not a refusal of the snapshot.
+func TestBrokenSnapshotDownloadIsNotARefusal(t *testing.T) {
+	var buf bytes.Buffer
+	art := []byte(`{"x":1}`)
+	sum := strings.Repeat("ab", 32)
+	s := Snapshot{Manifest: Manifest{EdgeID: "e", Sequence: 1, Entries: []Entry{{Domain: "a.example", Pool: "shared-default", Revision: 1, Size: int64(len(art)), SHA256: sum}}},
+		Artifacts: map[string][]byte{sum: art}}
+	if err := WriteSnapshot(&buf, s); err != nil {
+		t.Fatal(err)
+	}
+	for _, cut := range []int{0, 10, buf.Len() / 2, buf.Len() - 1} {
+		_, err := ReadSnapshot(&brokenReader{r: bytes.NewReader(buf.Bytes()), n: cut}, SnapshotLimit)
+		if err == nil || IsRefusal(err) {
+			t.Errorf("cut at %d of %d bytes: %v, want a failure that is not a refusal", cut, buf.Len(), err)
+		}
+	}
 }

@@ -28,10 +28,16 @@ type countingReader struct {
 	n     int64
 	limit int64
 	what  string
+	// srcErr is the first error of r but EOF: the download failed, which
+	// says nothing of the snapshot.
+	srcErr error
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
+	if err != nil && err != io.EOF && c.srcErr == nil {
+		c.srcErr = err
+	}
 	c.n += int64(n)
 	if c.n > c.limit {
 		return n, fmt.Errorf("%w: more than %d bytes %s", ErrTooLarge, c.limit, c.what)
@@ -44,8 +50,19 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // artifacts/<sha256> regular files: absolute names, "..", links and devices
 // are refused, never written anywhere. Artifacts are not verified here; the
 // activation verifies each against its signed entry.
+//
+// A failure to read r (a broken download) is returned as it is, not as a
+// refusal: see IsRefusal.
 func ReadSnapshot(r io.Reader, limit int64) (Snapshot, error) {
 	down := &countingReader{r: r, limit: limit, what: "downloaded"}
+	s, err := readSnapshot(down, limit)
+	if err != nil && down.srcErr != nil {
+		return Snapshot{}, fmt.Errorf("read snapshot: %w", down.srcErr)
+	}
+	return s, err
+}
+
+func readSnapshot(down *countingReader, limit int64) (Snapshot, error) {
 	zr, err := gzip.NewReader(down)
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("%w: %v", ErrSnapshot, err)

@@ -84,11 +84,19 @@ type Builder func(revision int64) ([]byte, error)
 // domain in pool, answering for hostnames, and advances the manifest of
 // every edge with a cell in that pool (or in the pool the domain leaves),
 // signing the new entry for each with sign. A hostname another domain
-// answers for is refused with ErrConflict, as is a concurrent publish of
-// the same domain, rather than give two artifacts one revision.
+// answers for is refused with ErrConflict, as is the losing one of two
+// concurrent first publishes of a domain (later ones take turns on the
+// domain's row lock).
 func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostnames []string, build Builder, sign Signer) (Published, error) {
 	var out Published
 	err := s.tx(ctx, func(tx *sql.Tx) error {
+		// The generation counter first: it orders this change after every
+		// other change to edges, pools' members and domains (CreateEdge
+		// takes it first too), so neither misses what the other commits.
+		gen, err := s.next(ctx, tx, "gen")
+		if err != nil {
+			return err
+		}
 		var n int
 		if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM pools WHERE name = ?`), pool).Scan(&n); err != nil {
 			return err
@@ -103,7 +111,7 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 		var oldPool string
 		var oldRev int64
 		var deleted int
-		err := tx.QueryRowContext(ctx, s.q(`SELECT pool, revision, deleted FROM domains WHERE name = ?`+lock), domain).Scan(&oldPool, &oldRev, &deleted)
+		err = tx.QueryRowContext(ctx, s.q(`SELECT pool, revision, deleted FROM domains WHERE name = ?`+lock), domain).Scan(&oldPool, &oldRev, &deleted)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
@@ -136,7 +144,7 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 		}
 		out.Domain = d
 		entry := manifest.Entry{Domain: domain, Pool: pool, Revision: d.Revision, Size: d.Size, SHA256: d.SHA256}
-		out.Edges, err = s.advance(ctx, tx, domain, pool, oldPool, pool, entry, sign)
+		out.Edges, err = s.advance(ctx, tx, gen, domain, pool, oldPool, pool, entry, sign)
 		return err
 	})
 	if err != nil {
@@ -149,7 +157,11 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 func (s *Store) DeleteDomain(ctx context.Context, domain string) (Published, error) {
 	var out Published
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		d, err := s.domain(ctx, tx, domain)
+		gen, err := s.next(ctx, tx, "gen") // first: see PublishDomain
+		if err != nil {
+			return err
+		}
+		d, err := s.domain(ctx, tx, domain, true)
 		if err != nil {
 			return err
 		}
@@ -164,7 +176,7 @@ func (s *Store) DeleteDomain(ctx context.Context, domain string) (Published, err
 			return err
 		}
 		out.Domain = d
-		out.Edges, err = s.advance(ctx, tx, domain, d.Pool, d.Pool, "", manifest.Entry{}, nil)
+		out.Edges, err = s.advance(ctx, tx, gen, domain, d.Pool, d.Pool, "", manifest.Entry{}, nil)
 		return err
 	})
 	if err != nil {
@@ -203,7 +215,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, domain string, hostnames 
 // advance gives every edge with a cell in poolA or poolB a new sequence in
 // which domain's entry is closed and, for edges in newPool, replaced by
 // entry signed for that edge.
-func (s *Store) advance(ctx context.Context, tx *sql.Tx, domain, poolA, poolB, newPool string, entry manifest.Entry, sign Signer) ([]EdgeSequence, error) {
+func (s *Store) advance(ctx context.Context, tx *sql.Tx, gen int64, domain, poolA, poolB, newPool string, entry manifest.Entry, sign Signer) ([]EdgeSequence, error) {
 	rows, err := tx.QueryContext(ctx, s.q(`SELECT DISTINCT edge_id, pool FROM assignments WHERE pool = ? OR pool = ? ORDER BY edge_id`), poolA, poolB)
 	if err != nil {
 		return nil, err
@@ -226,10 +238,6 @@ func (s *Store) advance(ctx context.Context, tx *sql.Tx, domain, poolA, poolB, n
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	gen, err := s.next(ctx, tx, "gen")
-	if err != nil {
 		return nil, err
 	}
 	var out []EdgeSequence
@@ -257,11 +265,15 @@ func (s *Store) advance(ctx context.Context, tx *sql.Tx, domain, poolA, poolB, n
 
 func (s *Store) domain(ctx context.Context, q interface {
 	QueryRowContext(context.Context, string, ...any) *sql.Row
-}, name string) (Domain, error) {
+}, name string, forUpdate bool) (Domain, error) {
 	var d Domain
 	var deleted int
 	var at int64
-	err := q.QueryRowContext(ctx, s.q(`SELECT name, pool, revision, sha256, size, deleted, updated_at FROM domains WHERE name = ?`), name).
+	lock := ""
+	if forUpdate && s.dialect == Postgres {
+		lock = " FOR UPDATE"
+	}
+	err := q.QueryRowContext(ctx, s.q(`SELECT name, pool, revision, sha256, size, deleted, updated_at FROM domains WHERE name = ?`+lock), name).
 		Scan(&d.Name, &d.Pool, &d.Revision, &d.SHA256, &d.Size, &deleted, &at)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Domain{}, fmt.Errorf("domain %s: %w", name, ErrNotFound)
@@ -272,7 +284,7 @@ func (s *Store) domain(ctx context.Context, q interface {
 
 // Domain returns one domain, or ErrNotFound.
 func (s *Store) Domain(ctx context.Context, name string) (Domain, error) {
-	return s.domain(ctx, s.db, name)
+	return s.domain(ctx, s.db, name, false)
 }
 
 // Domains returns every domain not deleted, by name.
@@ -324,7 +336,18 @@ func (s *Store) Entries(ctx context.Context, edgeID string, seq int64, after str
 		}
 		out = append(out, e)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	// Publishes committed meanwhile may have pruned part of seq: then the
+	// rows read are not the whole of it, and the page must not be served.
+	if err := s.db.QueryRowContext(ctx, s.q(`SELECT sequence FROM edges WHERE id = ?`), edgeID).Scan(&current); err != nil {
+		return nil, err
+	}
+	if seq <= current-keepSequences {
+		return nil, fmt.Errorf("edge %s manifest sequence %d (current %d): %w", edgeID, seq, current, ErrNotFound)
+	}
+	return out, nil
 }
 
 // Artifact returns an artifact's bytes if a readable manifest of the edge
@@ -352,7 +375,7 @@ func (s *Store) Ack(ctx context.Context, edgeID string, a manifest.Ack) error {
 			return fmt.Errorf("ack %d of edge %s: %w", a.Sequence, edgeID, err)
 		}
 		if a.Status == manifest.AckApplied || a.Status == manifest.AckPartial {
-			_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET active_sequence = ? WHERE id = ? AND active_sequence < ?`), a.Sequence, edgeID, a.Sequence)
+			_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET active_sequence = ? WHERE id = ? AND active_sequence < ? AND sequence >= ?`), a.Sequence, edgeID, a.Sequence, a.Sequence)
 		}
 		return err
 	})

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"cellvisor/manifest"
@@ -222,8 +223,16 @@ func (s *Store) Touch(ctx context.Context, seen map[string]time.Time) error {
 	if len(seen) == 0 {
 		return nil
 	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	// In id order, as advance locks edges: two transactions never wait on
+	// each other's rows in opposite orders.
+	sort.Strings(ids)
 	return s.tx(ctx, func(tx *sql.Tx) error {
-		for id, at := range seen {
+		for _, id := range ids {
+			at := seen[id]
 			if _, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET last_seen = ? WHERE id = ? AND last_seen < ?`), ms(at), id, ms(at)); err != nil {
 				return fmt.Errorf("touch edge %s: %w", id, err)
 			}

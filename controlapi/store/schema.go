@@ -65,13 +65,6 @@ CREATE TABLE domains (
 	deleted    INTEGER NOT NULL DEFAULT 0,
 	updated_at {{bigint}} NOT NULL
 );
--- Every hostname answers for one domain on every edge (the edges refuse a
--- manifest where two domains claim one).
-CREATE TABLE hostnames (
-	hostname TEXT PRIMARY KEY,
-	domain   TEXT NOT NULL
-);
-CREATE INDEX hostnames_domain ON hostnames (domain);
 -- An entry is in every sequence from from_seq up to, not including, to_seq
 -- (0: still current), so a new sequence adds or closes rows and copies none.
 CREATE TABLE manifest_entries (
@@ -108,5 +101,15 @@ CREATE TABLE tasks (
 	done_at    {{bigint}} NOT NULL DEFAULT 0
 );
 CREATE INDEX tasks_edge_state ON tasks (edge_id, state);
+`,
+	// 2: every hostname answers for one domain on every edge (the edges
+	// refuse a manifest where two domains claim one). Domains published
+	// before it claim theirs when next published.
+	`
+CREATE TABLE hostnames (
+	hostname TEXT PRIMARY KEY,
+	domain   TEXT NOT NULL
+);
+CREATE INDEX hostnames_domain ON hostnames (domain);
 `,
 }

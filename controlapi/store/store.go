@@ -35,9 +35,9 @@ const (
 	Postgres = "postgres"
 )
 
-// keepSequences is how many superseded sequences of an edge's manifest stay
-// readable, so that an agent paging through one while a newer one is
-// published can finish its walk.
+// keepSequences is how many sequences of an edge's manifest stay readable,
+// the current one included, so that an agent paging through one while a
+// newer one is published can finish its walk.
 const keepSequences = 16
 
 // Store is an open control database.
@@ -133,16 +133,21 @@ func (s *Store) tx(ctx context.Context, f func(*sql.Tx) error) error {
 // migrate applies the migrations the database lacks. On PostgreSQL an
 // advisory lock keeps replicas starting together from racing.
 func (s *Store) migrate(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, s.ddl(`CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at {{bigint}} NOT NULL)`)); err != nil {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if err := s.migrationLock(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, s.ddl(`CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at {{bigint}} NOT NULL)`))
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	for i, m := range migrations {
 		version := i + 1
 		err := s.tx(ctx, func(tx *sql.Tx) error {
-			if s.dialect == Postgres {
-				if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(7204331)`); err != nil {
-					return err
-				}
+			if err := s.migrationLock(ctx, tx); err != nil {
+				return err
 			}
 			var n int
 			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM schema_migrations WHERE version = ?`), version).Scan(&n); err != nil {
@@ -180,6 +185,16 @@ func (s *Store) migrate(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// migrationLock serializes replicas migrating one PostgreSQL database, for
+// the rest of tx (SQLite's immediate transactions already are).
+func (s *Store) migrationLock(ctx context.Context, tx *sql.Tx) error {
+	if s.dialect != Postgres {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(7204331)`)
+	return err
 }
 
 // SchemaVersion is the newest migration applied.

@@ -243,6 +243,11 @@ func TestPagingAndPruning(t *testing.T) {
 func TestAcksAndTasks(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "a")
+		for i := range 3 {
+			if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte{byte(i)}), fakeSign); err != nil {
+				t.Fatal(err)
+			}
+		}
 		at := time.Now().UTC().Truncate(time.Millisecond)
 		if err := s.Ack(ctx(t), e.ID, manifest.Ack{Sequence: 3, Status: manifest.AckRefused, Reason: "bad", At: at}); err != nil {
 			t.Fatal(err)
@@ -354,6 +359,100 @@ func TestHostnamesAreClaimedOnce(t *testing.T) {
 		}
 		if _, err := s.PublishDomain(ctx(t), "c.example", "shared-default", []string{"www.example"}, bytes([]byte("c")), fakeSign); err != nil {
 			t.Fatalf("the hostname of a deleted domain: %v", err)
+		}
+	})
+}
+
+// Pending tasks come oldest first even past the limit (a drain then an
+// undrain must run in that order), and an ack cannot move the active
+// sequence past the edge's sequence.
+func TestPendingTasksOldestFirstAndAckBounds(t *testing.T) {
+	eachStore(t, func(t *testing.T, s *Store) {
+		e := newEdge(t, s, "a")
+		for _, a := range []string{"drain", "undrain", "restart"} {
+			if _, err := s.CreateTask(ctx(t), e.ID, "cell-01", a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ts, err := s.Tasks(ctx(t), e.ID, true, 2)
+		if err != nil || len(ts) != 2 || ts[0].Action != "drain" || ts[1].Action != "undrain" {
+			t.Fatalf("two pending tasks: %+v, %v; want drain, undrain", ts, err)
+		}
+		if err := s.Ack(ctx(t), e.ID, manifest.Ack{Sequence: 99, Status: manifest.AckApplied}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Edge(ctx(t), e.ID); got.ActiveSequence != 0 {
+			t.Fatalf("an ack of a sequence never published moved the active sequence to %d", got.ActiveSequence)
+		}
+	})
+}
+
+// Edges created while domains are published and deleted end up with
+// exactly the domains of their pools: neither side misses what the other
+// commits (on PostgreSQL both take the generation counter first).
+func TestEdgesCreatedDuringPublishesGetEveryDomain(t *testing.T) {
+	eachStore(t, func(t *testing.T, s *Store) {
+		for i := range 4 {
+			if _, err := s.PublishDomain(ctx(t), fmt.Sprintf("old%d.example", i), "shared-default", nil, bytes([]byte{byte(i)}), fakeSign); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 32)
+		for i := range 8 {
+			wg.Go(func() {
+				_, err := s.CreateEdge(ctx(t), NewEdge{ID: fmt.Sprintf("e%d", i), Name: fmt.Sprintf("e%d", i), Slots: 1, TokenHash: fmt.Sprintf("t%d", i),
+					Assignments: map[string]string{"cell-01": "shared-default"}}, fakeSign)
+				errs <- err
+			})
+			wg.Go(func() {
+				_, err := s.PublishDomain(ctx(t), fmt.Sprintf("new%d.example", i), "shared-default", nil, bytes([]byte{byte(i)}), fakeSign)
+				errs <- err
+			})
+			if i < 4 {
+				wg.Go(func() {
+					_, err := s.DeleteDomain(ctx(t), fmt.Sprintf("old%d.example", i))
+					errs <- err
+				})
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		domains, _ := s.Domains(ctx(t))
+		want := map[string]bool{}
+		for _, d := range domains {
+			want[d.Name] = true
+		}
+		if len(want) != 8 {
+			t.Fatalf("%d domains left, want the 8 new ones", len(want))
+		}
+		for i := range 8 {
+			e, _ := s.Edge(ctx(t), fmt.Sprintf("e%d", i))
+			es, err := s.Entries(ctx(t), e.ID, e.Sequence, "", 100)
+			if e.Sequence == 0 {
+				es, err = nil, nil
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{}
+			for _, x := range es {
+				got[x.Domain] = true
+			}
+			if len(got) != len(want) {
+				t.Errorf("edge %s at sequence %d has %v, want %v", e.ID, e.Sequence, got, want)
+				continue
+			}
+			for d := range want {
+				if !got[d] {
+					t.Errorf("edge %s lacks %s", e.ID, d)
+				}
+			}
 		}
 	})
 }

@@ -59,14 +59,18 @@ func (s *Store) CreateTask(ctx context.Context, edgeID, cell, action string) (Ta
 	return t, nil
 }
 
-// Tasks returns an edge's tasks, oldest first: the pending ones only, or
-// the newest limit of all.
+// Tasks returns an edge's tasks, oldest first: the oldest limit pending
+// ones, or the newest limit of all.
 func (s *Store) Tasks(ctx context.Context, edgeID string, pendingOnly bool, limit int) ([]Task, error) {
 	query := `SELECT ` + taskColumns + ` FROM (SELECT ` + taskColumns + ` FROM tasks WHERE edge_id = ?`
 	if pendingOnly {
 		query += ` AND state = 'pending'`
 	}
-	query += ` ORDER BY id DESC LIMIT ?) t ORDER BY id`
+	if pendingOnly {
+		query += ` ORDER BY id LIMIT ?) t ORDER BY id` // the oldest first: they run in order
+	} else {
+		query += ` ORDER BY id DESC LIMIT ?) t ORDER BY id`
+	}
 	rows, err := s.db.QueryContext(ctx, s.q(query), edgeID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("tasks of edge %s: %w", edgeID, err)
@@ -109,8 +113,14 @@ func (s *Store) FinishTask(ctx context.Context, edgeID string, id int64, state, 
 			return err
 		}
 		t.State, t.Result, t.DoneAt = state, result, fromMS(ms(s.Now()))
-		if _, err := tx.ExecContext(ctx, s.q(`UPDATE tasks SET state = ?, result = ?, done_at = ? WHERE id = ?`), state, result, ms(t.DoneAt), id); err != nil {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE tasks SET state = ?, result = ?, done_at = ? WHERE id = ? AND state = 'pending'`), state, result, ms(t.DoneAt), id)
+		if err != nil {
 			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			// Finished by a concurrent ack (PostgreSQL read the row before
+			// that one committed).
+			return fmt.Errorf("task %d finished concurrently: %w", id, ErrConflict)
 		}
 		_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET gen = ? WHERE id = ?`), gen, edgeID)
 		return err
