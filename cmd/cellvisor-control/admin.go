@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"cellvisor/controlapi"
@@ -183,4 +184,36 @@ func (c *cli) ca(ctx context.Context, args []string) error {
 	}
 	_, err = io.WriteString(c.out, pem)
 	return err
+}
+
+// list is the shape of every list command: fetch the rows, then print them
+// as JSON or as a table with header, one row a line.
+func list[T any](ctx context.Context, c *cli, name string, args []string, positional []string,
+	fetch func(context.Context, *controlapi.AdminClient, []string) ([]T, error), header string, row func(T, time.Time) string) error {
+	fs := c.flags(name)
+	format := outputFlag(fs, "table", "json")
+	pos, ac, err := c.parse(fs, args, positional...)
+	if err != nil {
+		return err
+	}
+	f, err := format()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	rows, err := fetch(ctx, ac, pos)
+	if err != nil {
+		return fmt.Errorf("%s: %w", strings.Join(append([]string{name}, pos...), " "), err)
+	}
+	if f == "json" {
+		return printJSON(c.out, rows)
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	for _, r := range rows {
+		fmt.Fprintln(tw, row(r, now))
+	}
+	return tw.Flush()
 }

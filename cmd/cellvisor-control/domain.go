@@ -7,39 +7,17 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"cellvisor/controlapi"
 )
 
 func (c *cli) poolList(ctx context.Context, args []string) error {
-	fs := c.flags("pool list")
-	format := outputFlag(fs, "table", "json")
-	_, ac, err := c.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	f, err := format()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	pools, err := ac.Pools(ctx)
-	if err != nil {
-		return fmt.Errorf("pool list: %w", err)
-	}
-	if f == "json" {
-		return printJSON(c.out, pools)
-	}
-	now := time.Now()
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCLASS\tCREATED")
-	for _, p := range pools {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", p.Name, p.Class, age(&p.CreatedAt, now))
-	}
-	return tw.Flush()
+	return list(ctx, c, "pool list", args, nil, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.PoolView, error) {
+		return ac.Pools(ctx)
+	}, "NAME\tCLASS\tCREATED", func(p controlapi.PoolView, now time.Time) string {
+		return fmt.Sprintf("%s\t%s\t%s", p.Name, p.Class, age(&p.CreatedAt, now))
+	})
 }
 
 func (c *cli) poolCreate(ctx context.Context, args []string) error {
@@ -102,36 +80,11 @@ func (c *cli) domainPublish(ctx context.Context, args []string) error {
 }
 
 func (c *cli) domainList(ctx context.Context, args []string) error {
-	fs := c.flags("domain list")
-	format := outputFlag(fs, "table", "json")
-	_, ac, err := c.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	f, err := format()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	ds, err := ac.Domains(ctx)
-	if err != nil {
-		return fmt.Errorf("domain list: %w", err)
-	}
-	if f == "json" {
-		return printJSON(c.out, ds)
-	}
-	now := time.Now()
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tPOOL\tREVISION\tSIZE\tSHA256\tUPDATED")
-	for _, d := range ds {
-		sum := d.SHA256
-		if len(sum) > 12 {
-			sum = sum[:12]
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\n", d.Name, d.Pool, d.Revision, d.Size, sum, age(&d.UpdatedAt, now))
-	}
-	return tw.Flush()
+	return list(ctx, c, "domain list", args, nil, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.DomainView, error) {
+		return ac.Domains(ctx)
+	}, "NAME\tPOOL\tREVISION\tSIZE\tSHA256\tUPDATED", func(d controlapi.DomainView, now time.Time) string {
+		return fmt.Sprintf("%s\t%s\t%d\t%d\t%.12s\t%s", d.Name, d.Pool, d.Revision, d.Size, d.SHA256, age(&d.UpdatedAt, now))
+	})
 }
 
 func (c *cli) domainDelete(ctx context.Context, args []string) error {

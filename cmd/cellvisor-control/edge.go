@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"cellvisor/controlapi"
@@ -61,33 +60,12 @@ func printToken(w io.Writer, ce controlapi.CreatedEdge, controlURL string) {
 }
 
 func (c *cli) edgeList(ctx context.Context, args []string) error {
-	fs := c.flags("edge list")
-	format := outputFlag(fs, "table", "json")
-	_, ac, err := c.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	f, err := format()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	edges, err := ac.Edges(ctx)
-	if err != nil {
-		return fmt.Errorf("edge list: %w", err)
-	}
-	if f == "json" {
-		return printJSON(c.out, edges)
-	}
-	now := time.Now()
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tID\tORG\tCOUNTRY\tCONTINENT\tSLOTS\tENROLLMENT\tLAST SEEN\tSEQUENCE/ACTIVE")
-	for _, e := range edges {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d\n", e.Name, e.ID, e.Org, e.Country, e.Continent,
+	return list(ctx, c, "edge list", args, nil, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.EdgeView, error) {
+		return ac.Edges(ctx)
+	}, "NAME\tID\tORG\tCOUNTRY\tCONTINENT\tSLOTS\tENROLLMENT\tLAST SEEN\tSEQUENCE/ACTIVE", func(e controlapi.EdgeView, now time.Time) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d", e.Name, e.ID, e.Org, e.Country, e.Continent,
 			e.Slots, e.Enrollment, age(e.LastSeen, now), e.Sequence, e.ActiveSequence)
-	}
-	return tw.Flush()
+	})
 }
 
 func (c *cli) edgeShow(ctx context.Context, args []string) error {
@@ -147,34 +125,13 @@ func (c *cli) taskCreate(ctx context.Context, args []string) error {
 }
 
 func (c *cli) taskList(ctx context.Context, args []string) error {
-	fs := c.flags("task list")
-	format := outputFlag(fs, "table", "json")
-	pos, ac, err := c.parse(fs, args, "EDGE-ID")
-	if err != nil {
-		return err
-	}
-	f, err := format()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	ts, err := ac.Tasks(ctx, pos[0])
-	if err != nil {
-		return fmt.Errorf("task list %s: %w", pos[0], err)
-	}
-	if f == "json" {
-		return printJSON(c.out, ts)
-	}
-	now := time.Now()
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tCELL\tACTION\tSTATE\tRESULT\tCREATED")
-	for _, t := range ts {
+	return list(ctx, c, "task list", args, []string{"EDGE-ID"}, func(ctx context.Context, ac *controlapi.AdminClient, pos []string) ([]controlapi.TaskView, error) {
+		return ac.Tasks(ctx, pos[0])
+	}, "ID\tCELL\tACTION\tSTATE\tRESULT\tCREATED", func(t controlapi.TaskView, now time.Time) string {
 		result := t.Result
 		if result == "" {
 			result = "-"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Cell, t.Action, t.State, result, age(&t.CreatedAt, now))
-	}
-	return tw.Flush()
+		return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%s", t.ID, t.Cell, t.Action, t.State, result, age(&t.CreatedAt, now))
+	})
 }
