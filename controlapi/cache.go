@@ -3,6 +3,7 @@ package controlapi
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -21,14 +22,20 @@ type cache struct {
 
 	refreshMu sync.Mutex // serializes refreshes
 
-	mu    sync.RWMutex // guards the following fields
+	mu    sync.RWMutex // guards the following fields (not an entry's seen)
 	gen   int64
-	edges map[string]store.EdgeState
-	seen  map[string]time.Time // last seen, not yet written
+	edges map[string]*cached
+}
+
+// cached is one edge: its state, and when this replica last saw it (unix
+// milliseconds, 0 once written), set on the poll path under the read lock.
+type cached struct {
+	state store.EdgeState
+	seen  atomic.Int64
 }
 
 func newCache(st *store.Store, log *zap.Logger) *cache {
-	return &cache{st: st, log: log, edges: map[string]store.EdgeState{}, seen: map[string]time.Time{}}
+	return &cache{st: st, log: log, edges: map[string]*cached{}}
 }
 
 // refresh loads the edges changed since the last refresh.
@@ -45,7 +52,11 @@ func (c *cache) refresh(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, st := range states {
-		c.edges[st.ID] = st
+		if e := c.edges[st.ID]; e != nil {
+			e.state = st
+		} else {
+			c.edges[st.ID] = &cached{state: st}
+		}
 	}
 	c.gen = gen
 	return nil
@@ -55,8 +66,11 @@ func (c *cache) refresh(ctx context.Context) error {
 func (c *cache) get(id string) (store.EdgeState, bool) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	st, ok := c.edges[id]
-	return st, ok
+	e := c.edges[id]
+	if e == nil {
+		return store.EdgeState{}, false
+	}
+	return e.state, true
 }
 
 // current reports whether serial is the edge's current certificate,
@@ -73,34 +87,47 @@ func (c *cache) current(ctx context.Context, id, serial string) (store.EdgeState
 	return st, ok && st.CertSerial == serial && serial != ""
 }
 
-// see records that an edge was seen.
+// see records that an edge was seen: no write lock, as it is on every poll.
 func (c *cache) see(id string, at time.Time) {
-	c.mu.Lock()
-	c.seen[id] = at
-	c.mu.Unlock()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if e := c.edges[id]; e != nil {
+		e.seen.Store(at.UnixMilli())
+	}
 }
 
 // lastSeen is when this replica last saw an edge, if not yet written.
 func (c *cache) lastSeen(id string) time.Time {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return c.seen[id]
+	if e := c.edges[id]; e != nil {
+		if ms := e.seen.Load(); ms != 0 {
+			return time.UnixMilli(ms).UTC()
+		}
+	}
+	return time.Time{}
 }
 
+// takeSeen returns the times not yet written and forgets them.
 func (c *cache) takeSeen() map[string]time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s := c.seen
-	c.seen = map[string]time.Time{}
-	return s
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := map[string]time.Time{}
+	for id, e := range c.edges {
+		if ms := e.seen.Swap(0); ms != 0 {
+			out[id] = time.UnixMilli(ms).UTC()
+		}
+	}
+	return out
 }
 
+// restoreSeen puts back times whose write failed, unless newer ones came.
 func (c *cache) restoreSeen(s map[string]time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
 	for id, at := range s {
-		if at.After(c.seen[id]) {
-			c.seen[id] = at
+		if e := c.edges[id]; e != nil {
+			e.seen.CompareAndSwap(0, at.UnixMilli())
 		}
 	}
 }

@@ -71,11 +71,12 @@ func (s *Server) edge(h edgeFunc) http.HandlerFunc {
 // nothing away, so a cached view of the certificate (at most one refresh
 // interval old) is enough for it.
 func cheapPoll(r *http.Request, st store.EdgeState) bool {
-	if r.URL.Path != edgeapi.PathManifest || r.URL.Query().Get("cursor") != "" {
+	if r.URL.Path != edgeapi.PathManifest {
 		return false
 	}
-	after, err := strconv.ParseInt(r.URL.Query().Get("after"), 10, 64)
-	return err == nil && st.Sequence <= after
+	q := r.URL.Query()
+	after, err := strconv.ParseInt(q.Get("after"), 10, 64)
+	return err == nil && q.Get("cursor") == "" && st.Sequence <= after
 }
 
 // enroll exchanges a bootstrap token and a CSR for a client certificate.
@@ -160,11 +161,12 @@ func etag(seq int64) string { return `"` + strconv.FormatInt(seq, 10) + `"` }
 // manifest serves one page of the edge's newest manifest after ?after=,
 // or 304 with no body when there is none: answered from the cache alone.
 func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
-	after, err := strconv.ParseInt(r.URL.Query().Get("after"), 10, 64)
+	q := r.URL.Query()
+	after, err := strconv.ParseInt(q.Get("after"), 10, 64)
 	if err != nil || after < 0 {
 		return errorf(http.StatusBadRequest, "after: want a sequence ≥ 0")
 	}
-	cursor := r.URL.Query().Get("cursor")
+	cursor := q.Get("cursor")
 	w.Header().Set(edgeapi.HeaderTasks, strconv.Itoa(st.PendingTasks))
 	if cursor == "" && st.Sequence <= after {
 		w.Header().Set("ETag", etag(after))
