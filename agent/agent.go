@@ -49,6 +49,7 @@ type Agent struct {
 	client     *controlclient.Client
 	id         *Identity
 	enrollment string
+	controlErr string // why an enrolled identity is unusable
 }
 
 // CellLimits converts the configured per-cell limits.
@@ -182,19 +183,33 @@ func (a *Agent) chooseSource() error {
 		return nil
 	}
 	id, err := a.enrolled()
+	if errors.Is(err, errUnusable) {
+		a.unusable(err)
+		return nil
+	}
 	if err != nil || id == nil {
 		return err
 	}
 	if a.cfg.DomainsDir != "" {
 		return fmt.Errorf("domains_dir: this edge is enrolled with %s; its configuration comes from there, remove domains_dir", id.ControlURL)
 	}
+	a.id = id
 	a.client, err = controlclient.New(controlclient.Options{URL: id.ControlURL, Dir: a.cfg.IdentityDir(), Logger: a.log})
 	if err != nil {
-		return fmt.Errorf("control client: %w", err)
+		a.unusable(fmt.Errorf("%w: control client: %v", errUnusable, err))
+		return nil
 	}
-	a.id, a.enrollment, a.source = id, EnrollmentEnrolled, a.client
+	a.enrollment, a.source = EnrollmentEnrolled, a.client
 	a.log.Info("enrolled edge", zap.String("edge", id.EdgeID), zap.String("control", id.ControlURL))
 	return nil
+}
+
+// unusable records an enrolled identity that cannot be used: the cells
+// still serve their verified releases from disk (a damaged identity must not
+// take customer traffic down), nothing is polled, and status says why.
+func (a *Agent) unusable(err error) {
+	a.enrollment, a.controlErr = EnrollmentUnusable, err.Error()
+	a.log.Error("enrolled identity unusable: serving the releases on disk, polling nothing; enroll again (cellvisor enroll --replace)", zap.Error(err))
 }
 
 // setupActivation prepares the ack journal and the activator.
@@ -271,7 +286,7 @@ func (a *Agent) LiveStatus(ctx context.Context) supervisor.Status {
 
 func (a *Agent) decorate(st *supervisor.Status) {
 	st.AgentLimits = a.limitsN
-	c := &supervisor.ControlStatus{Enrollment: a.enrollment}
+	c := &supervisor.ControlStatus{Enrollment: a.enrollment, Error: a.controlErr}
 	st.Control = c
 	if a.id != nil {
 		c.EdgeID, c.ControlURL = a.id.EdgeID, a.id.ControlURL

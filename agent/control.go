@@ -20,7 +20,12 @@ const (
 	EnrollmentNone     = "not enrolled"
 	EnrollmentEnrolled = "enrolled"
 	EnrollmentSpool    = "spool"
+	// EnrollmentUnusable: enrolled, but the identity files are damaged.
+	EnrollmentUnusable = "unusable"
 )
+
+// errUnusable marks identity files that exist but cannot be used.
+var errUnusable = errors.New("enrolled identity unusable")
 
 // enrolled returns the identity when this edge is enrolled with a control
 // API, nil when it is not enrolled at all.
@@ -30,7 +35,7 @@ func (a *Agent) enrolled() (*Identity, error) {
 	}
 	id, _, err := LoadIdentity(a.cfg.Identity())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", errUnusable, err)
 	}
 	if id.ControlURL == "" {
 		return nil, nil

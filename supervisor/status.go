@@ -65,9 +65,10 @@ type Status struct {
 
 // ControlStatus is the agent's configuration delivery.
 type ControlStatus struct {
-	// Enrollment is "enrolled", "not enrolled" or "spool" (fed from a
-	// directory).
+	// Enrollment is "enrolled", "not enrolled", "spool" (fed from a
+	// directory) or "unusable" (enrolled, identity files damaged: Error).
 	Enrollment string `json:"enrollment"`
+	Error      string `json:"error,omitempty"`
 	EdgeID     string `json:"edge_id,omitempty"`
 	ControlURL string `json:"control_url,omitempty"`
 	// LastSuccess is when the control API last answered.

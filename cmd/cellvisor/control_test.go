@@ -225,4 +225,18 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	if cur, err := runtime.Current(topo.Slots[0]); err != nil || cur.Sequence != 4 {
 		t.Fatalf("after the refused start cell-01's release is %+v, %v; want sequence 4", cur, err)
 	}
+
+	// Damaged identity files do not take the cells down: they serve their
+	// releases from disk, and status says why nothing is polled.
+	if err := os.WriteFile(filepath.Join(cfg.IdentityDir(), "cert.pem"), []byte("damaged"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, _ = startAgent(t, bin, cfgPath, cfg)
+	awaitBody(t, port, "v4")
+	if ctl := mustStatus(t, cfg).Control; ctl.Enrollment != agent.EnrollmentUnusable || !strings.Contains(ctl.Error, "client certificate") {
+		t.Fatalf("control status with a damaged certificate: %+v", ctl)
+	}
+	if code := a.stop(t); code != 0 {
+		t.Fatalf("agent exit %d", code)
+	}
 }

@@ -69,10 +69,12 @@ func printStatus(w io.Writer, st supervisor.Status) {
 			fmt.Fprintf(w, "control: enrolled as %s with %s, last successful contact %s\n", c.EdgeID, c.ControlURL, ago(c.LastSuccess))
 		case agent.EnrollmentSpool:
 			fmt.Fprintln(w, "control: fed from a spool directory")
+		case agent.EnrollmentUnusable:
+			fmt.Fprintf(w, "control: enrolled, but the identity is unusable (%s): serving the releases on disk; enroll again with --replace\n", c.Error)
 		default:
 			fmt.Fprintln(w, "control: not enrolled (cellvisor enroll --control URL --token TOKEN)")
 		}
-		if c.Enrollment != agent.EnrollmentNone {
+		if c.Enrollment == agent.EnrollmentEnrolled || c.Enrollment == agent.EnrollmentSpool {
 			fmt.Fprintf(w, "manifests: active sequence %d, last poll %s, %d ack(s) pending", c.ActiveSequence, ago(c.LastPoll), c.PendingAcks)
 			if c.LastPollError != "" {
 				fmt.Fprintf(w, ", last error: %s", c.LastPollError)
