@@ -49,7 +49,8 @@ type Agent struct {
 	client     *controlclient.Client
 	id         *Identity
 	enrollment string
-	controlErr string // why an enrolled identity is unusable
+	controlErr string  // why an enrolled identity is unusable
+	tasks      *ledger // control tasks that ran, until their ack is taken
 }
 
 // CellLimits converts the configured per-cell limits.
@@ -198,6 +199,10 @@ func (a *Agent) chooseSource() error {
 	if err != nil {
 		a.unusable(fmt.Errorf("%w: control client: %v", errUnusable, err))
 		return nil
+	}
+	if a.tasks, err = openLedger(filepath.Join(a.cfg.StateDir, "tasks.json")); err != nil {
+		// Not worth refusing to start over: at worst a task runs again.
+		a.log.Error("control task ledger damaged; starting an empty one", zap.Error(err))
 	}
 	a.enrollment, a.source = EnrollmentEnrolled, a.client
 	a.log.Info("enrolled edge", zap.String("edge", id.EdgeID), zap.String("control", id.ControlURL))

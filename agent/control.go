@@ -47,13 +47,13 @@ func (a *Agent) enrolled() (*Identity, error) {
 }
 
 // taskLoop runs control tasks: when a poll says some are pending, and
-// every few poll intervals in case a signal was missed. A task whose ack
-// could not be sent is acked again, not run again, while this agent runs.
+// every few poll intervals in case a signal was missed. A task's outcome is
+// in the ledger before its ack is sent, so a task whose ack was not taken
+// is acked again, not run again, even after an agent restart.
 func (a *Agent) taskLoop(ctx context.Context) {
 	every := 10 * a.cfg.Source.PollInterval.D()
 	t := time.NewTimer(every)
 	defer t.Stop()
-	done := map[int64]edgeapi.TaskAck{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -70,17 +70,21 @@ func (a *Agent) taskLoop(ctx context.Context) {
 			continue
 		}
 		for _, task := range tasks {
-			ack, ok := done[task.ID]
+			ack, ok := a.tasks.outcome(task.ID)
 			if !ok {
 				ack = a.runTask(ctx, task)
-				done[task.ID] = ack
+				if err := a.tasks.record(task.ID, ack); err != nil {
+					a.log.Error("record control task outcome", zap.Int64("task", task.ID), zap.Error(err))
+				}
 				a.report(ctx) // the control plane sees the new state at once
 			}
 			if err := a.client.AckTask(ctx, task.ID, ack); err != nil {
 				a.log.Warn("acknowledge control task", zap.Int64("task", task.ID), zap.Error(err))
 				continue
 			}
-			delete(done, task.ID)
+			if err := a.tasks.forget(task.ID); err != nil {
+				a.log.Error("record control task outcome", zap.Int64("task", task.ID), zap.Error(err))
+			}
 		}
 	}
 }
