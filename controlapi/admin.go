@@ -152,6 +152,7 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("GET "+AdminEdges, s.handle(s.listEdges))
 	mux.HandleFunc("GET "+AdminEdges+"/{id}", s.handle(s.showEdge))
 	mux.HandleFunc("POST "+AdminEdges+"/{id}/rotate", s.handle(s.rotateEdge))
+	mux.HandleFunc("DELETE "+AdminEdges+"/{id}", s.handle(s.deleteEdge))
 	mux.HandleFunc("POST "+AdminEdges+"/{id}/tasks", s.handle(s.createTask))
 	mux.HandleFunc("GET "+AdminEdges+"/{id}/tasks", s.handle(s.listTasks))
 	mux.HandleFunc("GET "+AdminPools, s.handle(s.listPools))
@@ -309,6 +310,24 @@ func (s *Server) rotateEdge(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.log.Info("edge identity rotated: its certificate is refused from now on", zap.String("edge", id))
 	writeJSON(w, http.StatusOK, CreatedEdge{Edge: s.view(e, nil), Token: token, CA: s.ca.PEM})
+	return nil
+}
+
+// deleteEdge removes an edge (a host retired): its certificate is refused
+// from then on, by every replica once its cache catches up, and its
+// manifests, acks and tasks go with it.
+func (s *Server) deleteEdge(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	e, err := s.st.Edge(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if err := s.st.DeleteEdge(r.Context(), id); err != nil {
+		return err
+	}
+	s.refresh(r.Context())
+	s.log.Info("edge deleted: its certificate is refused from now on", zap.String("edge", id), zap.String("name", e.Name))
+	writeJSON(w, http.StatusOK, s.view(e, nil))
 	return nil
 }
 

@@ -118,6 +118,13 @@ func (c *AdminClient) Rotate(ctx context.Context, id string) (CreatedEdge, error
 	return out, err
 }
 
+// DeleteEdge removes an edge; the answer is the edge as it was.
+func (c *AdminClient) DeleteEdge(ctx context.Context, id string) (EdgeView, error) {
+	var out EdgeView
+	err := c.do(ctx, http.MethodDelete, AdminEdges+"/"+url.PathEscape(id), nil, &out)
+	return out, err
+}
+
 // CreateTask queues a control task for one of an edge's cells.
 func (c *AdminClient) CreateTask(ctx context.Context, edgeID string, r TaskRequest) (TaskView, error) {
 	var out TaskView

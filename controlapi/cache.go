@@ -45,12 +45,15 @@ func (c *cache) refresh(ctx context.Context) error {
 	c.mu.RLock()
 	since := c.gen
 	c.mu.RUnlock()
-	states, gen, err := c.st.EdgeStates(ctx, since)
+	states, deleted, gen, err := c.st.EdgeStates(ctx, since)
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for _, id := range deleted {
+		delete(c.edges, id)
+	}
 	for _, st := range states {
 		if e := c.edges[st.ID]; e != nil {
 			e.state = st

@@ -587,3 +587,39 @@ func TestReplicasShareOneDatabase(t *testing.T) {
 		})
 	})
 }
+
+// A deleted edge's certificate is refused by every replica, the cheap poll
+// included, once its cache catches up.
+func TestDeletedEdgeIsRefused(t *testing.T) {
+	eachStore(t, func(t *testing.T, a *env) {
+		b := a.replica(t)
+		created := a.createEdge(t, "fra-1")
+		_, _, dir := a.enroll(t, created.Token)
+		cb, err := controlclient.New(controlclient.Options{URL: b.edgeURL, Dir: filepath.Join(dir, "identity")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cb.CloseIdle)
+		if _, err := cb.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+			t.Fatalf("poll before the delete: %v", err)
+		}
+		if v, err := a.admin.DeleteEdge(ctx(t), created.Edge.ID); err != nil || v.ID != created.Edge.ID {
+			t.Fatalf("delete: %+v, %v", v, err)
+		}
+		var ae *controlapi.AdminError
+		if _, err := a.admin.Edge(ctx(t), created.Edge.ID); !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
+			t.Fatalf("show a deleted edge: %v", err)
+		}
+		testutil.Eventually(t, 10*time.Second, func() error {
+			_, err := cb.Page(ctx(t), 0, "")
+			var he *controlclient.HTTPError
+			if !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
+				return fmt.Errorf("poll on the other replica: %v", err)
+			}
+			return nil
+		})
+		if _, err := a.admin.DeleteEdge(ctx(t), created.Edge.ID); !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
+			t.Fatalf("delete twice: %v", err)
+		}
+	})
+}

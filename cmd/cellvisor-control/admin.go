@@ -100,6 +100,7 @@ func (c *cli) commands() map[string]func(context.Context, []string) error {
 		"edge list":      c.edgeList,
 		"edge show":      c.edgeShow,
 		"edge rotate":    c.edgeRotate,
+		"edge delete":    c.edgeDelete,
 		"task create":    c.taskCreate,
 		"task list":      c.taskList,
 		"pool list":      c.poolList,
@@ -216,4 +217,21 @@ func list[T any](ctx context.Context, c *cli, name string, args []string, positi
 		fmt.Fprintln(tw, row(r, now))
 	}
 	return tw.Flush()
+}
+
+// one is the shape of a command that makes one call and prints its answer
+// as JSON.
+func one[T any](ctx context.Context, c *cli, name string, args []string, positional []string,
+	call func(context.Context, *controlapi.AdminClient, []string) (T, error)) error {
+	pos, ac, err := c.parse(c.flags(name), args, positional...)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	v, err := call(ctx, ac, pos)
+	if err != nil {
+		return fmt.Errorf("%s: %w", strings.Join(append([]string{name}, pos...), " "), err)
+	}
+	return printJSON(c.out, v)
 }

@@ -88,16 +88,7 @@ func (c *cli) domainList(ctx context.Context, args []string) error {
 }
 
 func (c *cli) domainDelete(ctx context.Context, args []string) error {
-	fs := c.flags("domain delete")
-	pos, ac, err := c.parse(fs, args, "NAME")
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	p, err := ac.DeleteDomain(ctx, pos[0])
-	if err != nil {
-		return fmt.Errorf("domain delete %s: %w", pos[0], err)
-	}
-	return printJSON(c.out, p)
+	return one(ctx, c, "domain delete", args, []string{"NAME"}, func(ctx context.Context, ac *controlapi.AdminClient, pos []string) (controlapi.PublishedView, error) {
+		return ac.DeleteDomain(ctx, pos[0])
+	})
 }

@@ -69,18 +69,15 @@ func (c *cli) edgeList(ctx context.Context, args []string) error {
 }
 
 func (c *cli) edgeShow(ctx context.Context, args []string) error {
-	fs := c.flags("edge show")
-	pos, ac, err := c.parse(fs, args, "ID")
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	e, err := ac.Edge(ctx, pos[0])
-	if err != nil {
-		return fmt.Errorf("edge show %s: %w", pos[0], err)
-	}
-	return printJSON(c.out, e)
+	return one(ctx, c, "edge show", args, []string{"ID"}, func(ctx context.Context, ac *controlapi.AdminClient, pos []string) (controlapi.EdgeView, error) {
+		return ac.Edge(ctx, pos[0])
+	})
+}
+
+func (c *cli) edgeDelete(ctx context.Context, args []string) error {
+	return one(ctx, c, "edge delete", args, []string{"ID"}, func(ctx context.Context, ac *controlapi.AdminClient, pos []string) (controlapi.EdgeView, error) {
+		return ac.DeleteEdge(ctx, pos[0])
+	})
 }
 
 func (c *cli) edgeRotate(ctx context.Context, args []string) error {
@@ -110,18 +107,10 @@ func (c *cli) edgeRotate(ctx context.Context, args []string) error {
 }
 
 func (c *cli) taskCreate(ctx context.Context, args []string) error {
-	fs := c.flags("task create")
-	pos, ac, err := c.parse(fs, args, "EDGE-ID", "CELL", "drain|undrain|restart")
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	t, err := ac.CreateTask(ctx, pos[0], controlapi.TaskRequest{Cell: pos[1], Action: pos[2]})
-	if err != nil {
-		return fmt.Errorf("task create: %w", err)
-	}
-	return printJSON(c.out, t)
+	return one(ctx, c, "task create", args, []string{"EDGE-ID", "CELL", "drain|undrain|restart"},
+		func(ctx context.Context, ac *controlapi.AdminClient, pos []string) (controlapi.TaskView, error) {
+			return ac.CreateTask(ctx, pos[0], controlapi.TaskRequest{Cell: pos[1], Action: pos[2]})
+		})
 }
 
 func (c *cli) taskList(ctx context.Context, args []string) error {

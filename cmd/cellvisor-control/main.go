@@ -31,6 +31,8 @@ administration, through the admin API:
   edge show ID         show one edge with its status, acks and tasks (JSON)
   edge rotate ID [--control-url URL] [-o json]
                        refuse the edge's certificate from now on; prints a new token
+  edge delete ID       remove a retired edge: its certificate is refused, its
+                       manifests, acks and tasks go
   task create EDGE-ID CELL drain|undrain|restart
   task list EDGE-ID [-o json]
   pool list [-o json]

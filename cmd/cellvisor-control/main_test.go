@@ -152,6 +152,15 @@ func TestEdgeCreateListShow(t *testing.T) {
 	if !strings.Contains(rotated, "token: cvt_") || strings.Contains(rotated, token) {
 		t.Errorf("edge rotate printed:\n%s\nwant a new token", rotated)
 	}
+
+	if deleted := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "delete", e.ID)); deleted.ID != e.ID {
+		t.Errorf("edge delete printed %+v", deleted)
+	}
+	if left := decodeJSON[[]controlapi.EdgeView](t, mustCtl(t, ep, "edge", "list", "-o", "json")); len(left) != 0 {
+		t.Errorf("edges after the delete: %+v", left)
+	}
+	_, err := ctl(t, ep, "edge", "delete", e.ID)
+	wantAdminError(t, err, http.StatusNotFound, "edge "+e.ID)
 }
 
 func TestEdgeCreateRefused(t *testing.T) {

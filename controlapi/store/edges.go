@@ -260,30 +260,70 @@ type EdgeState struct {
 }
 
 // EdgeStates returns the states of edges changed after generation since
-// (all of them for 0), and the generation they are current to. The counter
-// is read first: a writer holds it until it commits, so every change up to
-// it is visible to the query that follows.
-func (s *Store) EdgeStates(ctx context.Context, since int64) ([]EdgeState, int64, error) {
-	gen, err := s.Generation(ctx)
+// (all of them for 0), the ids of edges deleted since, and the generation
+// they are current to. The counter is read first: a writer holds it until
+// it commits, so every change up to it is visible to the queries that
+// follow.
+func (s *Store) EdgeStates(ctx context.Context, since int64) (states []EdgeState, deleted []string, gen int64, err error) {
+	gen, err = s.Generation(ctx)
 	if err != nil || gen == since {
-		return nil, gen, err
+		return nil, nil, gen, err
 	}
 	rows, err := s.db.QueryContext(ctx, s.q(`SELECT e.id, e.cert_serial, e.sequence, e.gen,
 		(SELECT COUNT(*) FROM tasks t WHERE t.edge_id = e.id AND t.state = 'pending')
 		FROM edges e WHERE e.gen > ?`), since)
 	if err != nil {
-		return nil, 0, fmt.Errorf("edge states: %w", err)
+		return nil, nil, 0, fmt.Errorf("edge states: %w", err)
 	}
 	defer rows.Close()
-	var out []EdgeState
 	for rows.Next() {
 		var st EdgeState
 		if err := rows.Scan(&st.ID, &st.CertSerial, &st.Sequence, &st.Gen, &st.PendingTasks); err != nil {
-			return nil, 0, fmt.Errorf("edge states: %w", err)
+			return nil, nil, 0, fmt.Errorf("edge states: %w", err)
 		}
-		out = append(out, st)
+		states = append(states, st)
 	}
-	return out, gen, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, nil, 0, fmt.Errorf("edge states: %w", err)
+	}
+	del, err := s.db.QueryContext(ctx, s.q(`SELECT id FROM deleted_edges WHERE gen > ?`), since)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("deleted edges: %w", err)
+	}
+	defer del.Close()
+	for del.Next() {
+		var id string
+		if err := del.Scan(&id); err != nil {
+			return nil, nil, 0, fmt.Errorf("deleted edges: %w", err)
+		}
+		deleted = append(deleted, id)
+	}
+	return states, deleted, gen, del.Err()
+}
+
+// DeleteEdge removes an edge with everything of its own (assignments,
+// manifests, acks, tasks): its certificate is refused from then on, and
+// its name may be used again.
+func (s *Store) DeleteEdge(ctx context.Context, id string) error {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		gen, err := s.next(ctx, tx, "gen")
+		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, s.q(`DELETE FROM edges WHERE id = ?`), id)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("edge %s: %w", id, ErrNotFound)
+		}
+		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO deleted_edges (id, gen) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET gen = excluded.gen`), id, gen)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("delete edge %s: %w", id, err)
+	}
+	return nil
 }
 
 // Generation is the current change generation of edges.

@@ -112,4 +112,13 @@ CREATE TABLE hostnames (
 );
 CREATE INDEX hostnames_domain ON hostnames (domain);
 `,
+	// 3: deleted edges, remembered by generation so that every replica's
+	// poll cache drops them.
+	`
+CREATE TABLE deleted_edges (
+	id  TEXT PRIMARY KEY,
+	gen {{bigint}} NOT NULL
+);
+CREATE INDEX deleted_edges_gen ON deleted_edges (gen);
+`,
 }

@@ -266,7 +266,7 @@ func TestAcksAndTasks(t *testing.T) {
 			t.Fatalf("active sequence %d, want 3", got.ActiveSequence)
 		}
 
-		_, gen0, err := s.EdgeStates(ctx(t), 0)
+		_, _, gen0, err := s.EdgeStates(ctx(t), 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -277,11 +277,11 @@ func TestAcksAndTasks(t *testing.T) {
 		if _, err := s.CreateTask(ctx(t), "nope", "cell-01", "drain"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("task for unknown edge: %v", err)
 		}
-		states, gen1, err := s.EdgeStates(ctx(t), gen0)
+		states, _, gen1, err := s.EdgeStates(ctx(t), gen0)
 		if err != nil || gen1 <= gen0 || len(states) != 1 || states[0].PendingTasks != 1 {
 			t.Fatalf("states after a task: %+v gen %d→%d, %v", states, gen0, gen1, err)
 		}
-		if states, gen, _ := s.EdgeStates(ctx(t), gen1); len(states) != 0 || gen != gen1 {
+		if states, _, gen, _ := s.EdgeStates(ctx(t), gen1); len(states) != 0 || gen != gen1 {
 			t.Fatalf("unchanged states %+v gen %d", states, gen)
 		}
 		if _, err := s.FinishTask(ctx(t), "other", t1.ID, "done", ""); !errors.Is(err, ErrNotFound) {
@@ -453,6 +453,49 @@ func TestEdgesCreatedDuringPublishesGetEveryDomain(t *testing.T) {
 					t.Errorf("edge %s lacks %s", e.ID, d)
 				}
 			}
+		}
+	})
+}
+
+func TestDeleteEdge(t *testing.T) {
+	eachStore(t, func(t *testing.T, s *Store) {
+		e := newEdge(t, s, "a")
+		keep := newEdge(t, s, "b")
+		if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte("x")), fakeSign); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.CreateTask(ctx(t), e.ID, "cell-01", "drain"); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Ack(ctx(t), e.ID, manifest.Ack{Sequence: 1, Status: manifest.AckApplied}); err != nil {
+			t.Fatal(err)
+		}
+		_, _, before, _ := s.EdgeStates(ctx(t), 0)
+		if err := s.DeleteEdge(ctx(t), e.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.DeleteEdge(ctx(t), e.ID); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("deleting twice: %v", err)
+		}
+		if _, err := s.Edge(ctx(t), e.ID); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("deleted edge: %v", err)
+		}
+		if _, err := s.Entries(ctx(t), e.ID, 1, "", 10); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("entries of a deleted edge: %v", err)
+		}
+		if ts, _ := s.Tasks(ctx(t), e.ID, false, 10); len(ts) != 0 {
+			t.Fatalf("tasks of a deleted edge: %+v", ts)
+		}
+		states, deleted, _, err := s.EdgeStates(ctx(t), before)
+		if err != nil || len(states) != 0 || len(deleted) != 1 || deleted[0] != e.ID {
+			t.Fatalf("changes after the delete: %+v %v, %v", states, deleted, err)
+		}
+		if es, err := s.Entries(ctx(t), keep.ID, 1, "", 10); err != nil || len(es) != 1 {
+			t.Fatalf("the other edge's entries: %+v, %v", es, err)
+		}
+		// The name is free again.
+		if _, err := s.CreateEdge(ctx(t), NewEdge{ID: "id-a2", Name: "a", Slots: 1, TokenHash: "t-a2"}, fakeSign); err != nil {
+			t.Fatalf("reuse the name: %v", err)
 		}
 	})
 }
