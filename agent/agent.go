@@ -6,6 +6,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"os"
@@ -48,6 +49,7 @@ type Agent struct {
 	// client is set on an edge enrolled with a control API; id with it.
 	client     *controlclient.Client
 	id         *Identity
+	key        ed25519.PublicKey // pinned with id
 	enrollment string
 	controlErr string  // why an enrolled identity is unusable
 	tasks      *ledger // control tasks that ran, until their ack is taken
@@ -179,11 +181,15 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 func (a *Agent) chooseSource() error {
 	a.enrollment = EnrollmentNone
 	if a.cfg.Source.Dir != "" {
-		a.enrollment = EnrollmentSpool
+		id, key, err := LoadIdentity(a.cfg.Identity())
+		if err != nil {
+			return err
+		}
+		a.enrollment, a.id, a.key = EnrollmentSpool, &id, key
 		a.source = controlclient.DirSource{Dir: a.cfg.Source.Dir}
 		return nil
 	}
-	id, err := a.enrolled()
+	id, key, err := a.enrolled()
 	if errors.Is(err, errUnusable) {
 		a.unusable(err)
 		return nil
@@ -194,7 +200,7 @@ func (a *Agent) chooseSource() error {
 	if a.cfg.DomainsDir != "" {
 		return fmt.Errorf("domains_dir: this edge is enrolled with %s; its configuration comes from there, remove domains_dir", id.ControlURL)
 	}
-	a.id = id
+	a.id, a.key = id, key
 	a.client, err = controlclient.New(controlclient.Options{URL: id.ControlURL, Dir: a.cfg.IdentityDir(), Logger: a.log})
 	if err != nil {
 		a.unusable(fmt.Errorf("%w: control client: %v", errUnusable, err))
@@ -219,16 +225,13 @@ func (a *Agent) unusable(err error) {
 
 // setupActivation prepares the ack journal and the activator.
 func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignments) error {
-	id, key, err := LoadIdentity(a.cfg.Identity())
-	if err != nil {
-		return err
-	}
+	var err error
 	a.acks, err = controlclient.OpenJournal(filepath.Join(a.cfg.StateDir, "acks.journal"), a.log)
 	if err != nil {
 		return err
 	}
 	a.act, err = activation.New(activation.Options{
-		EdgeID: id.EdgeID, PublicKey: key, Source: a.source, Journal: a.acks,
+		EdgeID: a.id.EdgeID, PublicKey: a.key, Source: a.source, Journal: a.acks,
 		Topology: topo, Assignments: assign, Cells: a.sup, StateDir: a.cfg.StateDir,
 		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), Logger: a.log,
 		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,23 +28,23 @@ const (
 // errUnusable marks identity files that exist but cannot be used.
 var errUnusable = errors.New("enrolled identity unusable")
 
-// enrolled returns the identity when this edge is enrolled with a control
-// API, nil when it is not enrolled at all.
-func (a *Agent) enrolled() (*Identity, error) {
+// enrolled returns the identity and pinned key when this edge is enrolled
+// with a control API, nil when it is not enrolled at all.
+func (a *Agent) enrolled() (*Identity, ed25519.PublicKey, error) {
 	if _, err := os.Stat(a.cfg.Identity()); os.IsNotExist(err) {
-		return nil, nil
+		return nil, nil, nil
 	}
-	id, _, err := LoadIdentity(a.cfg.Identity())
+	id, key, err := LoadIdentity(a.cfg.Identity())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errUnusable, err)
+		return nil, nil, fmt.Errorf("%w: %v", errUnusable, err)
 	}
 	if id.ControlURL == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if id.Slots != 0 && id.Slots != a.cfg.Slots {
-		return nil, fmt.Errorf("edge %s was created with %d slots, the configuration says %d", id.EdgeID, id.Slots, a.cfg.Slots)
+		return nil, nil, fmt.Errorf("edge %s was created with %d slots, the configuration says %d", id.EdgeID, id.Slots, a.cfg.Slots)
 	}
-	return &id, nil
+	return &id, key, nil
 }
 
 // taskLoop runs control tasks: when a poll says some are pending, and

@@ -438,31 +438,31 @@ func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
 // domainArtifact makes a domain revision's artifact from the admin's
 // configuration: strictly decoded, its domain, pool and revision set by the
 // control plane, validated exactly as an edge will, canonically encoded.
-func domainArtifact(name, pool string, config []byte, revision int64) ([]byte, error) {
+func domainArtifact(name, pool string, config []byte, revision int64) (runtime.Domain, []byte, error) {
 	var d runtime.Domain
 	dec := json.NewDecoder(bytes.NewReader(config))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&d); err != nil {
-		return nil, errorf(http.StatusBadRequest, "config: %v", err)
+		return d, nil, errorf(http.StatusBadRequest, "config: %v", err)
 	}
 	switch {
 	case d.Domain != "" && d.Domain != name:
-		return nil, errorf(http.StatusBadRequest, "config: domain %q, the path says %q", d.Domain, name)
+		return d, nil, errorf(http.StatusBadRequest, "config: domain %q, the path says %q", d.Domain, name)
 	case d.Pool != "" && d.Pool != pool:
-		return nil, errorf(http.StatusBadRequest, "config: pool %q, the request says %q", d.Pool, pool)
+		return d, nil, errorf(http.StatusBadRequest, "config: pool %q, the request says %q", d.Pool, pool)
 	}
 	d.Domain, d.Pool, d.Revision = name, pool, revision
 	data, err := json.Marshal(d)
 	if err != nil {
-		return nil, err
+		return d, nil, err
 	}
-	if _, err := runtime.DecodeDomain(data); err != nil {
-		return nil, errorf(http.StatusBadRequest, "config: %v", err)
+	if d, err = runtime.DecodeDomain(data); err != nil {
+		return d, nil, errorf(http.StatusBadRequest, "config: %v", err)
 	}
 	if len(data) > manifest.MaxArtifactBytes {
-		return nil, errorf(http.StatusRequestEntityTooLarge, "config: %d bytes, at most %d", len(data), manifest.MaxArtifactBytes)
+		return d, nil, errorf(http.StatusRequestEntityTooLarge, "config: %d bytes, at most %d", len(data), manifest.MaxArtifactBytes)
 	}
-	return data, nil
+	return d, data, nil
 }
 
 func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
@@ -474,16 +474,13 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 	if _, ok := runtime.PoolClass(req.Pool); !ok {
 		return errorf(http.StatusBadRequest, "pool: %q is not a shared-, reserved-, dedicated- or quarantine- pool", req.Pool)
 	}
-	data, err := domainArtifact(name, req.Pool, req.Config, 1)
+	d, _, err := domainArtifact(name, req.Pool, req.Config, 1)
 	if err != nil {
 		return err // refused before anything is written
 	}
-	d, err := runtime.DecodeDomain(data)
-	if err != nil {
-		return err
-	}
 	p, err := s.st.PublishDomain(r.Context(), name, req.Pool, d.Hostnames, func(rev int64) ([]byte, error) {
-		return domainArtifact(name, req.Pool, req.Config, rev)
+		_, data, err := domainArtifact(name, req.Pool, req.Config, rev)
+		return data, err
 	}, s.sign)
 	if errors.Is(err, store.ErrNotFound) {
 		return errorf(http.StatusBadRequest, "pool: %q does not exist", req.Pool)

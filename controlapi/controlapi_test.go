@@ -115,12 +115,19 @@ func (e *env) enroll(t *testing.T, token string) (*controlclient.Client, control
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := controlclient.New(controlclient.Options{URL: id.ControlURL, Dir: filepath.Join(dir, "identity")})
+	return e.client(t, dir), id, dir
+}
+
+// client is an edge's client of this replica, from the identity enrolled
+// into dir (through any replica).
+func (e *env) client(t *testing.T, dir string) *controlclient.Client {
+	t.Helper()
+	c, err := controlclient.New(controlclient.Options{URL: e.edgeURL, Dir: filepath.Join(dir, "identity")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.CloseIdle)
-	return c, id, dir
+	return c
 }
 
 func csr(t *testing.T) string {
@@ -540,11 +547,7 @@ func TestReplicasShareOneDatabase(t *testing.T) {
 		created := a.createEdge(t, "fra-1")
 		// Enrolled through replica a, polling replica b.
 		_, id, dir := a.enroll(t, created.Token)
-		cb, err := controlclient.New(controlclient.Options{URL: b.edgeURL, Dir: filepath.Join(dir, "identity")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(cb.CloseIdle)
+		cb := b.client(t, dir)
 		if _, err := cb.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatalf("poll through the other replica: %v", err)
 		}
@@ -568,11 +571,7 @@ func TestReplicasShareOneDatabase(t *testing.T) {
 		if _, err := b.admin.Rotate(ctx(t), created.Edge.ID); err != nil {
 			t.Fatal(err)
 		}
-		ca, err := controlclient.New(controlclient.Options{URL: a.edgeURL, Dir: filepath.Join(dir, "identity")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(ca.CloseIdle)
+		ca := a.client(t, dir)
 		_, err = ca.Artifact(ctx(t), m.Entries[0].SHA256)
 		var he *controlclient.HTTPError
 		if !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
@@ -595,11 +594,7 @@ func TestDeletedEdgeIsRefused(t *testing.T) {
 		b := a.replica(t)
 		created := a.createEdge(t, "fra-1")
 		_, _, dir := a.enroll(t, created.Token)
-		cb, err := controlclient.New(controlclient.Options{URL: b.edgeURL, Dir: filepath.Join(dir, "identity")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(cb.CloseIdle)
+		cb := b.client(t, dir)
 		if _, err := cb.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatalf("poll before the delete: %v", err)
 		}

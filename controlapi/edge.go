@@ -33,7 +33,8 @@ func (s *Server) EdgeHandler() http.Handler {
 	return mux
 }
 
-// edgeFunc is a handler for an authenticated edge.
+// edgeFunc is a handler for an authenticated edge. Its state's sequence is
+// the database's for every request but the cheap poll.
 type edgeFunc func(w http.ResponseWriter, r *http.Request, edge store.EdgeState) error
 
 // edge authenticates the client certificate: verified against the CA by
@@ -56,6 +57,7 @@ func (s *Server) edge(h edgeFunc) http.HandlerFunc {
 				return err
 			}
 			ok = err == nil && e.CertSerial == serial
+			st.Sequence = e.Sequence // and on the sequence: handlers use it
 		}
 		if !ok {
 			s.log.Warn("security: refused a client certificate that is not the edge's current identity",
@@ -107,7 +109,7 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
 		return s.writeEnrolled(w, e.ID, e.CertPEM, e.Slots)
 	case e.CSRHash != "":
 		s.log.Warn("security: a different CSR for a consumed bootstrap token", zap.String("edge", e.ID), zap.String("remote", r.RemoteAddr))
-		return errorf(http.StatusConflict, "bootstrap token already used with another key; rotate the edge's identity for a new token")
+		return errTokenUsed
 	}
 	cert, certPEM, err := s.ca.IssueClient(csr, e.ID, s.o.Now())
 	if err != nil {
@@ -133,8 +135,10 @@ func (s *Server) enrollRaced(w http.ResponseWriter, r *http.Request, tokenHash, 
 	if e.CSRHash == csrHash {
 		return s.writeEnrolled(w, e.ID, e.CertPEM, e.Slots)
 	}
-	return errorf(http.StatusConflict, "bootstrap token already used with another key; rotate the edge's identity for a new token")
+	return errTokenUsed
 }
+
+var errTokenUsed = errorf(http.StatusConflict, "bootstrap token already used with another key; rotate the edge's identity for a new token")
 
 func (s *Server) writeEnrolled(w http.ResponseWriter, id, certPEM string, slots int) error {
 	writeJSON(w, http.StatusOK, edgeapi.EnrollResponse{
@@ -185,8 +189,6 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 			return errorf(http.StatusBadRequest, "cursor %q is not one this API gave", cursor)
 		}
 		seq, from = n, d
-	} else if e, err := s.st.Edge(r.Context(), st.ID); err == nil {
-		seq = e.Sequence // the database's word, not the cache's
 	}
 	entries, err := s.st.Entries(r.Context(), st.ID, seq, from, manifest.MaxEntries+1)
 	if errors.Is(err, store.ErrNotFound) {
@@ -223,23 +225,19 @@ func (s *Server) artifact(w http.ResponseWriter, r *http.Request, st store.EdgeS
 // snapshot serves the edge's current manifest and every artifact it names
 // as a gzip'd tar (manifest.ReadSnapshot's format).
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
-	e, err := s.st.Edge(r.Context(), st.ID)
-	if err != nil {
-		return err
+	if st.Sequence == 0 {
+		return errorf(http.StatusNotFound, "edge %s has no manifest yet", st.ID)
 	}
-	if e.Sequence == 0 {
-		return errorf(http.StatusNotFound, "edge %s has no manifest yet", e.ID)
-	}
-	snap := manifest.Snapshot{Manifest: manifest.Manifest{EdgeID: e.ID, Sequence: e.Sequence}, Artifacts: map[string][]byte{}}
+	snap := manifest.Snapshot{Manifest: manifest.Manifest{EdgeID: st.ID, Sequence: st.Sequence}, Artifacts: map[string][]byte{}}
 	var total int64
 	for from := ""; ; {
-		entries, err := s.st.Entries(r.Context(), e.ID, e.Sequence, from, manifest.MaxEntries)
+		entries, err := s.st.Entries(r.Context(), st.ID, st.Sequence, from, manifest.MaxEntries)
 		if err != nil {
 			return err
 		}
 		for _, en := range entries {
 			if _, ok := snap.Artifacts[en.SHA256]; !ok {
-				data, err := s.st.Artifact(r.Context(), e.ID, en.SHA256)
+				data, err := s.st.Artifact(r.Context(), st.ID, en.SHA256)
 				if err != nil {
 					return err
 				}
@@ -257,7 +255,7 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, st store.EdgeS
 		from = entries[len(entries)-1].Domain
 	}
 	w.Header().Set("Content-Type", "application/gzip")
-	w.Header().Set("ETag", etag(e.Sequence))
+	w.Header().Set("ETag", etag(st.Sequence))
 	return manifest.WriteSnapshot(w, snap)
 }
 
