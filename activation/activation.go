@@ -30,6 +30,8 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/controlclient"
+	"cellvisor/domain"
+	"cellvisor/internal/atomicfile"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
 )
@@ -189,7 +191,7 @@ func (a *Activator) Poll(ctx context.Context) error {
 		return nil
 	}
 	pools, err := a.verify(ctx, m, a.o.Source.Artifact)
-	if manifest.IsRefusal(err) || errors.Is(err, runtime.ErrBadDomain) || errors.Is(err, errUnknownPool) {
+	if manifest.IsRefusal(err) || errors.Is(err, domain.ErrInvalid) || errors.Is(err, errUnknownPool) {
 		return a.refuse(m.Sequence, err)
 	}
 	if err != nil {
@@ -271,7 +273,7 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 	// run on as many workers as the runtime has processors (Go sizes
 	// GOMAXPROCS from the agent's cgroup CPU limit). The first error in
 	// entry order is the one reported.
-	domains := make([]runtime.Domain, len(m.Entries))
+	domains := make([]domain.Domain, len(m.Entries))
 	errs := make([]error, len(m.Entries))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -307,20 +309,20 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 
 // verifyEntry fetches one artifact, verifies it against its entry and
 // decodes it.
-func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch func(context.Context, string) ([]byte, error)) (runtime.Domain, error) {
+func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch func(context.Context, string) ([]byte, error)) (domain.Domain, error) {
 	data, err := fetch(ctx, e.SHA256)
 	if err != nil {
-		return runtime.Domain{}, fmt.Errorf("fetch artifact of %s: %w", e.Domain, err)
+		return domain.Domain{}, fmt.Errorf("fetch artifact of %s: %w", e.Domain, err)
 	}
 	if err := e.Verify(a.o.PublicKey, a.o.EdgeID, data); err != nil {
-		return runtime.Domain{}, err
+		return domain.Domain{}, err
 	}
-	d, err := runtime.DecodeDomain(data)
+	d, err := domain.Decode(data)
 	if err != nil {
-		return runtime.Domain{}, fmt.Errorf("artifact of %s revision %d: %w", e.Domain, e.Revision, err)
+		return domain.Domain{}, fmt.Errorf("artifact of %s revision %d: %w", e.Domain, e.Revision, err)
 	}
 	if d.Domain != e.Domain || d.Pool != e.Pool || d.Revision != e.Revision {
-		return runtime.Domain{}, fmt.Errorf("%w: artifact says %s/%s revision %d, its entry %s/%s revision %d",
+		return domain.Domain{}, fmt.Errorf("%w: artifact says %s/%s revision %d, its entry %s/%s revision %d",
 			manifest.ErrInvalid, d.Domain, d.Pool, d.Revision, e.Domain, e.Pool, e.Revision)
 	}
 	return d, nil
@@ -367,9 +369,12 @@ func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runt
 			a.log.Warn("prune releases", zap.String("cell", s.Name), zap.Error(err))
 		}
 	}
-	for name := range want {
-		if err := a.o.Cells.Reload(name); err != nil {
-			a.log.Warn("reload cell", zap.String("cell", name), zap.Error(err))
+	for _, s := range a.o.Topology.Slots { // in slot order, not the map's
+		if _, ok := want[s.Name]; !ok {
+			continue
+		}
+		if err := a.o.Cells.Reload(s.Name); err != nil {
+			a.log.Warn("reload cell", zap.String("cell", s.Name), zap.Error(err))
 		}
 	}
 	missing := a.awaitLoaded(ctx, want)
@@ -381,7 +386,7 @@ func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runt
 	if err := a.o.Journal.Append(ack); err != nil {
 		return err
 	}
-	if err := runtime.WriteFileAtomic(a.activePath(), []byte(fmt.Sprintf(`{"sequence":%d}`+"\n", seq)), 0o644); err != nil {
+	if err := atomicfile.WriteFile(a.activePath(), []byte(fmt.Sprintf(`{"sequence":%d}`+"\n", seq)), 0o644); err != nil {
 		return fmt.Errorf("record active sequence %d: %w", seq, err)
 	}
 	a.mu.Lock()
@@ -465,7 +470,7 @@ func (a *Activator) Rewind(seq int64) error {
 	if seq >= a.active {
 		return nil
 	}
-	if err := runtime.WriteFileAtomic(a.activePath(), []byte(fmt.Sprintf(`{"sequence":%d}`+"\n", seq)), 0o644); err != nil {
+	if err := atomicfile.WriteFile(a.activePath(), []byte(fmt.Sprintf(`{"sequence":%d}`+"\n", seq)), 0o644); err != nil {
 		return err
 	}
 	a.log.Warn("active sequence rewound after a rollback", zap.Int64("from", a.active), zap.Int64("to", seq))

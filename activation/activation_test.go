@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"cellvisor/controlclient"
+	"cellvisor/domain"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
 )
@@ -166,9 +167,9 @@ func domainJSON(domain, pool string, rev int64, body string) []byte {
 func (r *rig) publish(seq int64, domains map[string]string) {
 	m := manifest.Manifest{EdgeID: edge, Sequence: seq}
 	for d, body := range domains {
-		pool := runtime.PoolSharedDefault
+		pool := domain.PoolSharedDefault
 		if strings.HasPrefix(d, "q.") {
-			pool = runtime.PoolQuarantineDefault
+			pool = domain.PoolQuarantineDefault
 		}
 		art := domainJSON(d, pool, seq, body)
 		e := manifest.NewEntry(r.priv, edge, d, pool, seq, art)
@@ -182,11 +183,11 @@ func (r *rig) publish(seq int64, domains map[string]string) {
 
 // keepRevision1 puts the quarantine domain back at its revision-1 artifact
 // in the published manifest, so that its pool's content does not change.
-func (r *rig) keepRevision1(domain, body string) {
+func (r *rig) keepRevision1(name, body string) {
 	for i, e := range r.src.m.Entries {
-		if e.Domain == domain {
-			art := domainJSON(domain, runtime.PoolQuarantineDefault, 1, body)
-			r.src.m.Entries[i] = manifest.NewEntry(r.priv, edge, domain, runtime.PoolQuarantineDefault, 1, art)
+		if e.Domain == name {
+			art := domainJSON(name, domain.PoolQuarantineDefault, 1, body)
+			r.src.m.Entries[i] = manifest.NewEntry(r.priv, edge, name, domain.PoolQuarantineDefault, 1, art)
 			r.src.artifacts[r.src.m.Entries[i].SHA256] = art
 		}
 	}
@@ -283,8 +284,8 @@ func TestRefusalsLeaveThePreviousReleaseActive(t *testing.T) {
 		{"more than 500 entries in a page", func(r *rig) {
 			for i := 0; len(r.src.m.Entries) <= 500; i++ {
 				d := fmt.Sprintf("x%d.example.com", i)
-				art := domainJSON(d, runtime.PoolSharedDefault, 2, "x")
-				e := manifest.NewEntry(r.priv, edge, d, runtime.PoolSharedDefault, 2, art)
+				art := domainJSON(d, domain.PoolSharedDefault, 2, "x")
+				e := manifest.NewEntry(r.priv, edge, d, domain.PoolSharedDefault, 2, art)
 				r.src.artifacts[e.SHA256] = art
 				r.src.m.Entries = append(r.src.m.Entries, e)
 			}
@@ -296,7 +297,7 @@ func TestRefusalsLeaveThePreviousReleaseActive(t *testing.T) {
 		{"sequence going backwards", func(r *rig) { r.src.m.Sequence, r.src.ignoreAfter = 1, true }, "does not move forward"},
 		{"malformed artifact JSON", func(r *rig) {
 			art := []byte(`{"domain": "a.example.com", "pool": `)
-			e := manifest.NewEntry(r.priv, edge, "a.example.com", runtime.PoolSharedDefault, 2, art)
+			e := manifest.NewEntry(r.priv, edge, "a.example.com", domain.PoolSharedDefault, 2, art)
 			r.src.artifacts[e.SHA256] = art
 			r.src.m.Entries[0] = e
 		}, "invalid domain configuration"},
@@ -312,8 +313,8 @@ func TestRefusalsLeaveThePreviousReleaseActive(t *testing.T) {
 			*e = resign(r.priv, *e)
 		}, "not a valid hostname"},
 		{"artifact for another domain", func(r *rig) {
-			art := domainJSON("evil.example.com", runtime.PoolSharedDefault, 2, "x")
-			e := manifest.NewEntry(r.priv, edge, "a.example.com", runtime.PoolSharedDefault, 2, art)
+			art := domainJSON("evil.example.com", domain.PoolSharedDefault, 2, "x")
+			e := manifest.NewEntry(r.priv, edge, "a.example.com", domain.PoolSharedDefault, 2, art)
 			r.src.artifacts[e.SHA256] = art
 			r.src.m.Entries[0] = e
 		}, "artifact says evil.example.com"},

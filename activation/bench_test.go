@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"cellvisor/domain"
 	"cellvisor/manifest"
-	"cellvisor/runtime"
 )
 
 // bigManifest publishes n artifacts of about 2 KiB each in shared-default.
@@ -20,8 +20,8 @@ func (r *rig) bigManifest(seq int64, n int) {
 	r.src.artifacts = map[string][]byte{}
 	for i := 0; i < n; i++ {
 		d := fmt.Sprintf("d%05d.example.com", i)
-		art := domainJSON(d, runtime.PoolSharedDefault, seq, fmt.Sprintf("%d %s", seq, pad))
-		e := manifest.NewEntry(r.priv, edge, d, runtime.PoolSharedDefault, seq, art)
+		art := domainJSON(d, domain.PoolSharedDefault, seq, fmt.Sprintf("%d %s", seq, pad))
+		e := manifest.NewEntry(r.priv, edge, d, domain.PoolSharedDefault, seq, art)
 		r.src.artifacts[e.SHA256] = art
 		m.Entries = append(m.Entries, e)
 	}

@@ -8,7 +8,7 @@ import (
 	"sync"
 
 	"cellvisor/edgeapi"
-	"cellvisor/runtime"
+	"cellvisor/internal/atomicfile"
 )
 
 // ledger remembers the outcome of control tasks that ran but whose ack the
@@ -83,7 +83,7 @@ func (l *ledger) writeLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := runtime.WriteFileAtomic(l.path, data, 0o600); err != nil {
+	if err := atomicfile.WriteFile(l.path, data, 0o600); err != nil {
 		return fmt.Errorf("task ledger: %w", err)
 	}
 	return nil

@@ -15,9 +15,9 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/controlapi/store"
+	"cellvisor/domain"
 	"cellvisor/edgeapi"
 	"cellvisor/manifest"
-	"cellvisor/runtime"
 )
 
 // Admin API paths.
@@ -119,7 +119,7 @@ type PoolView struct {
 // DomainRequest publishes a domain's next revision.
 type DomainRequest struct {
 	Pool string `json:"pool"`
-	// Config is the domain's configuration (runtime.Domain); its domain,
+	// Config is the domain's configuration (domain.Domain); its domain,
 	// pool and revision are set by the control plane.
 	Config json.RawMessage `json:"config"`
 }
@@ -394,7 +394,7 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, 4<<10, &req); err != nil {
 		return err
 	}
-	class, ok := runtime.PoolClass(req.Name)
+	class, ok := domain.PoolClass(req.Name)
 	if !ok || len(req.Name) > 64 || !validName(req.Name, 64) {
 		return errorf(http.StatusBadRequest, "name: %q: want shared-, reserved-, dedicated- or quarantine- and a name (lowercase, at most 64)", req.Name)
 	}
@@ -438,8 +438,8 @@ func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
 // domainArtifact makes a domain revision's artifact from the admin's
 // configuration: strictly decoded, its domain, pool and revision set by the
 // control plane, validated exactly as an edge will, canonically encoded.
-func domainArtifact(name, pool string, config []byte, revision int64) (runtime.Domain, []byte, error) {
-	var d runtime.Domain
+func domainArtifact(name, pool string, config []byte, revision int64) (domain.Domain, []byte, error) {
+	var d domain.Domain
 	dec := json.NewDecoder(bytes.NewReader(config))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&d); err != nil {
@@ -456,7 +456,7 @@ func domainArtifact(name, pool string, config []byte, revision int64) (runtime.D
 	if err != nil {
 		return d, nil, err
 	}
-	if d, err = runtime.DecodeDomain(data); err != nil {
+	if d, err = domain.Decode(data); err != nil {
 		return d, nil, errorf(http.StatusBadRequest, "config: %v", err)
 	}
 	if len(data) > manifest.MaxArtifactBytes {
@@ -471,7 +471,7 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	name := r.PathValue("name")
-	if _, ok := runtime.PoolClass(req.Pool); !ok {
+	if _, ok := domain.PoolClass(req.Pool); !ok {
 		return errorf(http.StatusBadRequest, "pool: %q is not a shared-, reserved-, dedicated- or quarantine- pool", req.Pool)
 	}
 	d, _, err := domainArtifact(name, req.Pool, req.Config, 1)

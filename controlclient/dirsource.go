@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"cellvisor/internal/atomicfile"
 	"cellvisor/manifest"
-	"cellvisor/runtime"
 )
 
 // DirSource is a manifest.Source on a directory, for edges fed by file
@@ -91,7 +91,7 @@ func (d DirSource) Ack(_ context.Context, a manifest.Ack) error {
 	if err != nil {
 		return err
 	}
-	return runtime.WriteFileAtomic(filepath.Join(dir, strconv.FormatInt(a.Sequence, 10)+".json"), data, 0o644)
+	return atomicfile.WriteFile(filepath.Join(dir, strconv.FormatInt(a.Sequence, 10)+".json"), data, 0o644)
 }
 
 // Snapshot opens snapshot.tar.gz, the spool's full recovery snapshot.
@@ -137,7 +137,7 @@ func (d DirSource) Publish(m manifest.Manifest, artifacts map[string][]byte) err
 		if _, err := os.Stat(path); err == nil {
 			continue // content-addressed: already there
 		}
-		if err := runtime.WriteFileAtomic(path, data, 0o644); err != nil {
+		if err := atomicfile.WriteFile(path, data, 0o644); err != nil {
 			return err
 		}
 	}

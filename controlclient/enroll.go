@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"cellvisor/edgeapi"
-	"cellvisor/runtime"
+	"cellvisor/internal/atomicfile"
 )
 
 // Identity is what an enrolled edge knows about itself and its control
@@ -156,12 +156,12 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 		return Identity{}, err
 	}
 	for _, f := range files {
-		if err := runtime.WriteFileAtomic(filepath.Join(o.Dir, f.name), f.data, 0o600); err != nil {
+		if err := atomicfile.WriteFile(filepath.Join(o.Dir, f.name), f.data, 0o600); err != nil {
 			return Identity{}, fmt.Errorf("persist identity: %w", err)
 		}
 	}
 	data, _ := json.MarshalIndent(id, "", "  ")
-	if err := runtime.WriteFileAtomic(o.IdentityFile, append(data, '\n'), 0o600); err != nil {
+	if err := atomicfile.WriteFile(o.IdentityFile, append(data, '\n'), 0o600); err != nil {
 		return Identity{}, fmt.Errorf("persist identity: %w", err)
 	}
 	os.Remove(filepath.Join(o.Dir, pendingKey))
@@ -198,10 +198,10 @@ func pending(dir string) (crypto.Signer, []byte, error) {
 	}
 	keyPEM = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
 	csrPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: csrDER})
-	if err := runtime.WriteFileAtomic(keyPath, keyPEM, 0o600); err != nil {
+	if err := atomicfile.WriteFile(keyPath, keyPEM, 0o600); err != nil {
 		return nil, nil, err
 	}
-	if err := runtime.WriteFileAtomic(csrPath, csrPEM, 0o600); err != nil {
+	if err := atomicfile.WriteFile(csrPath, csrPEM, 0o600); err != nil {
 		return nil, nil, err
 	}
 	return key, csrPEM, nil

@@ -18,8 +18,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/internal/atomicfile"
 	"cellvisor/manifest"
-	"cellvisor/runtime"
 )
 
 // Journal is an append-only file of acknowledgements not yet delivered:
@@ -126,7 +126,7 @@ func (j *Journal) rewriteLocked() error {
 		}
 		b.Write(append(line, '\n'))
 	}
-	if err := runtime.WriteFileAtomic(j.path, b.Bytes(), 0o600); err != nil {
+	if err := atomicfile.WriteFile(j.path, b.Bytes(), 0o600); err != nil {
 		return fmt.Errorf("compact ack journal: %w", err)
 	}
 	return nil

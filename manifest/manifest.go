@@ -9,6 +9,7 @@ package manifest
 
 import (
 	"bytes"
+	"cellvisor/domain"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -19,8 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-
-	"cellvisor/runtime"
 )
 
 // Bounds.
@@ -122,7 +121,7 @@ func (e Entry) Validate() error {
 		return fmt.Errorf("%w: entry %q: %s", ErrInvalid, e.Domain, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case !runtime.ValidHostname(e.Domain) || len(e.Domain) > 0 && e.Domain[0] == '*':
+	case !domain.ValidHostname(e.Domain) || len(e.Domain) > 0 && e.Domain[0] == '*':
 		return bad("domain is not a valid hostname")
 	case !validPool(e.Pool):
 		return bad("pool %q is not a shared-, reserved-, dedicated- or quarantine- pool", e.Pool)
@@ -141,7 +140,7 @@ func (e Entry) Validate() error {
 }
 
 func validPool(p string) bool {
-	_, ok := runtime.PoolClass(p)
+	_, ok := domain.PoolClass(p)
 	return ok && len(p) <= 64
 }
 

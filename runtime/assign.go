@@ -1,17 +1,12 @@
 package runtime
 
 import (
+	"cellvisor/domain"
+	"cellvisor/internal/atomicfile"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
-)
-
-// Initial pools.
-const (
-	PoolSharedDefault     = "shared-default"
-	PoolQuarantineDefault = "quarantine-default"
 )
 
 const assignmentsFile = "assignments.json"
@@ -25,23 +20,12 @@ func InitialAssignments(t Topology) Assignments {
 	for _, s := range t.Slots {
 		switch s.Index {
 		case 1:
-			a[s.Name] = PoolSharedDefault
+			a[s.Name] = domain.PoolSharedDefault
 		case 2:
-			a[s.Name] = PoolQuarantineDefault
+			a[s.Name] = domain.PoolQuarantineDefault
 		}
 	}
 	return a
-}
-
-// PoolClass is the service class of a pool name: shared, reserved, dedicated
-// or quarantine, from the name's prefix.
-func PoolClass(pool string) (string, bool) {
-	for _, c := range []string{"shared", "reserved", "dedicated", "quarantine"} {
-		if pool == c || strings.HasPrefix(pool, c+"-") {
-			return c, true
-		}
-	}
-	return "", false
 }
 
 // LoadOrCreateAssignments returns the persisted assignments, creating the
@@ -69,7 +53,7 @@ func (a Assignments) Check(t Topology) error {
 		if _, ok := t.Slot(slot); !ok {
 			return fmt.Errorf("assignment of unknown slot %q", slot)
 		}
-		if _, ok := PoolClass(pool); !ok {
+		if _, ok := domain.PoolClass(pool); !ok {
 			return fmt.Errorf("assignment of %s to %q: not a shared-, reserved-, dedicated- or quarantine- pool", slot, pool)
 		}
 	}
@@ -85,5 +69,5 @@ func SaveAssignments(stateDir string, t Topology, a Assignments) error {
 	if err != nil {
 		return err
 	}
-	return WriteFileAtomic(filepath.Join(stateDir, assignmentsFile), append(out, '\n'), 0o644)
+	return atomicfile.WriteFile(filepath.Join(stateDir, assignmentsFile), append(out, '\n'), 0o644)
 }

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cellvisor/internal/atomicfile"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -19,7 +20,7 @@ func ensureSecret(path string) error {
 	if _, err := rand.Read(b); err != nil {
 		return err
 	}
-	return WriteFileAtomic(path, []byte(hex.EncodeToString(b)+"\n"), 0o600)
+	return atomicfile.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), 0o600)
 }
 
 // Secret reads the slot's private-endpoint secret.
@@ -44,7 +45,7 @@ func (s Slot) Drained() bool {
 // include to match; the cell picks the include up on its next reload.
 func SetDrained(s Slot, drained bool) error {
 	if drained {
-		if err := WriteFileAtomic(s.DrainedMarker(), []byte("drained\n"), 0o600); err != nil {
+		if err := atomicfile.WriteFile(s.DrainedMarker(), []byte("drained\n"), 0o600); err != nil {
 			return fmt.Errorf("mark %s drained: %w", s.Name, err)
 		}
 	} else if err := os.Remove(s.DrainedMarker()); err != nil && !os.IsNotExist(err) {
@@ -60,5 +61,5 @@ func WriteDrainConf(s Slot, drained bool) error {
 	if drained {
 		conf = "keepalive_timeout 0;\n"
 	}
-	return WriteFileAtomic(s.DrainConf(), []byte("# written by cellvisor: "+map[bool]string{true: "drained", false: "serving"}[drained]+"\n"+conf), 0o644)
+	return atomicfile.WriteFile(s.DrainConf(), []byte("# written by cellvisor: "+map[bool]string{true: "drained", false: "serving"}[drained]+"\n"+conf), 0o644)
 }

@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"cellvisor/domain"
+	"cellvisor/internal/atomicfile"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -78,7 +80,7 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 	hashes := map[string]string{"lua/cellvisor.lua": hashOf(cellLua)}
 	if p.Pool != "" {
 		if pool == nil {
-			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*Domain{}}
+			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*domain.Domain{}}
 		}
 		sum, err := pool.contentHash()
 		if err != nil {
@@ -178,7 +180,7 @@ func Install(s Slot, r Release) (string, error) {
 		}
 	}
 	for d := range dirs {
-		if err := syncDir(d); err != nil {
+		if err := atomicfile.SyncDir(d); err != nil {
 			return "", err
 		}
 	}
@@ -188,7 +190,7 @@ func Install(s Slot, r Release) (string, error) {
 	if err := os.Rename(stage, final); err != nil {
 		return "", fmt.Errorf("install release %d: %w", r.Meta.Sequence, err)
 	}
-	return final, syncDir(root)
+	return final, atomicfile.SyncDir(root)
 }
 
 // writeSynced creates path with what write produces, hashing it on the way
@@ -232,7 +234,7 @@ func Switch(s Slot, id string) error {
 		os.Remove(tmp)
 		return fmt.Errorf("switch %s to release %s: %w", s.Name, id, err)
 	}
-	return syncDir(dir)
+	return atomicfile.SyncDir(dir)
 }
 
 // currentID is the directory the current link names, "" without one.

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cellvisor/domain"
 	"flag"
 	"fmt"
 	"os"
@@ -12,7 +13,7 @@ import (
 var update = flag.Bool("update", false, "rewrite golden files")
 
 func testParams(s Slot, seq int64) RenderParams {
-	return RenderParams{Slot: s, Pool: PoolSharedDefault, Sequence: seq, Address: "127.0.0.1",
+	return RenderParams{Slot: s, Pool: domain.PoolSharedDefault, Sequence: seq, Address: "127.0.0.1",
 		Modules:           []string{"/usr/share/nginx/modules/ndk_http_module.so", "/usr/share/nginx/modules/ngx_http_lua_module.so"},
 		WorkerConnections: 1024, WorkerShutdownTimeout: 30, CacheMaxBytes: 256 << 20, RequestMaxBytes: 64 << 20}
 }
@@ -54,9 +55,9 @@ func TestActivateSwitchesAtomicallyKeepsPreviousAndPrunes(t *testing.T) {
 		t.Fatalf("fresh slot: %v, want ErrNoRelease", err)
 	}
 	pools := func(body string) *PoolRuntime {
-		p, _ := CompilePools([]Domain{{Domain: "a.test", Pool: PoolSharedDefault, Revision: 1, Hostnames: []string{"a.test"},
-			Routes: []Route{{Prefix: "/", Respond: &Response{Status: 200, Body: body}}}}})
-		return p[PoolSharedDefault]
+		p, _ := CompilePools([]domain.Domain{{Domain: "a.test", Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{"a.test"},
+			Routes: []domain.Route{{Prefix: "/", Respond: &domain.Response{Status: 200, Body: body}}}}})
+		return p[domain.PoolSharedDefault]
 	}
 	for i, body := range []string{"one", "two", "three"} {
 		seq := int64(i + 1)
@@ -72,7 +73,7 @@ func TestActivateSwitchesAtomicallyKeepsPreviousAndPrunes(t *testing.T) {
 		if err != nil || !strings.Contains(string(conf), "releases/"+r.Meta.ID) || !strings.HasPrefix(r.Meta.ID, fmt.Sprintf("%012d-", seq)) {
 			t.Fatalf("current nginx.conf is not release %d: %v", seq, err)
 		}
-		pool, _ := os.ReadFile(filepath.Join(s.RuntimeDir(), "current", "pools", PoolSharedDefault+".json"))
+		pool, _ := os.ReadFile(filepath.Join(s.RuntimeDir(), "current", "pools", domain.PoolSharedDefault+".json"))
 		if !strings.Contains(string(pool), body) {
 			t.Fatalf("pool json of release %d lacks %q", seq, body)
 		}
@@ -123,7 +124,7 @@ func TestInstallReplacesALeftoverFromACrashedInstall(t *testing.T) {
 func TestVerifyCurrentRollsBackFromADamagedRelease(t *testing.T) {
 	s := slotFor(t)
 	for seq := int64(1); seq <= 2; seq++ {
-		r, _ := BuildRelease(testParams(s, seq), &PoolRuntime{Pool: PoolSharedDefault, Hosts: map[string]*Domain{
+		r, _ := BuildRelease(testParams(s, seq), &PoolRuntime{Pool: domain.PoolSharedDefault, Hosts: map[string]*domain.Domain{
 			"a.test": {Domain: "a.test", Revision: seq}}})
 		if _, _, err := Activate(s, r); err != nil {
 			t.Fatal(err)
@@ -133,7 +134,7 @@ func TestVerifyCurrentRollsBackFromADamagedRelease(t *testing.T) {
 		t.Fatalf("intact: %+v rolled=%v %v", m, rolled, err)
 	}
 	// Damage the active release's pool file.
-	pool := filepath.Join(s.RuntimeDir(), "current", "pools", PoolSharedDefault+".json")
+	pool := filepath.Join(s.RuntimeDir(), "current", "pools", domain.PoolSharedDefault+".json")
 	if err := os.WriteFile(pool, []byte(`{"hosts":{}}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +184,7 @@ func TestSameSequenceDifferentContent(t *testing.T) {
 func TestMissingReleaseJSONRollsBack(t *testing.T) {
 	s := slotFor(t)
 	for seq := int64(1); seq <= 2; seq++ {
-		r, _ := BuildRelease(testParams(s, seq), &PoolRuntime{Pool: PoolSharedDefault, Hosts: map[string]*Domain{"a.test": {Domain: "a.test", Revision: seq}}})
+		r, _ := BuildRelease(testParams(s, seq), &PoolRuntime{Pool: domain.PoolSharedDefault, Hosts: map[string]*domain.Domain{"a.test": {Domain: "a.test", Revision: seq}}})
 		if _, _, err := Activate(s, r); err != nil {
 			t.Fatal(err)
 		}

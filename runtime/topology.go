@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cellvisor/internal/atomicfile"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -166,7 +167,7 @@ func LoadOrCreate(l Layout) (t Topology, created bool, err error) {
 	if err != nil {
 		return Topology{}, false, err
 	}
-	if err := WriteFileAtomic(path, append(out, '\n'), 0o644); err != nil {
+	if err := atomicfile.WriteFile(path, append(out, '\n'), 0o644); err != nil {
 		return Topology{}, false, fmt.Errorf("persist topology: %w", err)
 	}
 	return want, true, nil

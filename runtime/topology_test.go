@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cellvisor/domain"
 	"errors"
 	"net"
 	"os"
@@ -117,7 +118,7 @@ func TestAssignments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(a) != 2 || a["cell-01"] != PoolSharedDefault || a["cell-02"] != PoolQuarantineDefault {
+	if len(a) != 2 || a["cell-01"] != domain.PoolSharedDefault || a["cell-02"] != domain.PoolQuarantineDefault {
 		t.Fatalf("initial assignments %v", a)
 	}
 	a["cell-03"] = "reserved-eu"

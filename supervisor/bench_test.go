@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/domain"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
 )
@@ -18,7 +19,7 @@ import (
 func allAssigned(n int) runtime.Assignments {
 	a := runtime.Assignments{}
 	for i := 1; i <= n; i++ {
-		a[runtime.SlotName(i)] = runtime.PoolSharedDefault
+		a[runtime.SlotName(i)] = domain.PoolSharedDefault
 	}
 	return a
 }

@@ -17,20 +17,20 @@ import (
 	"time"
 
 	"cellvisor/cellapi"
+	"cellvisor/domain"
 	"cellvisor/internal/testutil"
 	"cellvisor/logbound"
-	"cellvisor/runtime"
 	"cellvisor/supervisor"
 )
 
 // originDomain is testHost proxied to origin, with /static answered by the cell.
-func originDomain(origin string) []runtime.Domain {
-	return []runtime.Domain{{
-		Domain: testHost, Pool: runtime.PoolSharedDefault, Revision: 1, Hostnames: []string{testHost},
-		Origins: []runtime.Origin{{Name: "app", URL: origin}},
-		Routes: []runtime.Route{
+func originDomain(origin string) []domain.Domain {
+	return []domain.Domain{{
+		Domain: testHost, Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{testHost},
+		Origins: []domain.Origin{{Name: "app", URL: origin}},
+		Routes: []domain.Route{
 			{Prefix: "/", Origin: "app"},
-			{Prefix: "/static", Respond: &runtime.Response{Status: 200, Body: "static"}},
+			{Prefix: "/static", Respond: &domain.Response{Status: 200, Body: "static"}},
 		},
 	}}
 }

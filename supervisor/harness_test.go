@@ -14,6 +14,7 @@ import (
 	"cellvisor/agent"
 	"cellvisor/cgroup"
 	"cellvisor/config"
+	"cellvisor/domain"
 	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
@@ -41,11 +42,11 @@ type harnessOpts struct {
 	binary  string         // "": the host's OpenResty
 	policy  supervisor.Policy
 	refusal error
-	ready   time.Duration    // ready timeout; 0 means 10s
-	domains []runtime.Domain // nil: one static domain in shared-default
-	drain   time.Duration    // drain timeout of operator restarts; 0 means 30s
-	monitor time.Duration    // monitor interval; 0 means 10s
-	limit   int              // operator restarts per window; 0 means 3
+	ready   time.Duration   // ready timeout; 0 means 10s
+	domains []domain.Domain // nil: one static domain in shared-default
+	drain   time.Duration   // drain timeout of operator restarts; 0 means 30s
+	monitor time.Duration   // monitor interval; 0 means 10s
+	limit   int             // operator restarts per window; 0 means 3
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -109,9 +110,9 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		o.assign = runtime.InitialAssignments(topo)
 	}
 	if o.domains == nil {
-		o.domains = []runtime.Domain{{
-			Domain: testHost, Pool: runtime.PoolSharedDefault, Revision: 1, Hostnames: []string{testHost},
-			Routes: []runtime.Route{{Prefix: "/", Respond: &runtime.Response{Status: 200, Body: "hello"}}},
+		o.domains = []domain.Domain{{
+			Domain: testHost, Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{testHost},
+			Routes: []domain.Route{{Prefix: "/", Respond: &domain.Response{Status: 200, Body: "hello"}}},
 		}}
 	}
 	pools, err := runtime.CompilePools(o.domains)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"cellvisor/domain"
 	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 )
@@ -24,7 +25,7 @@ func BenchmarkAgentRSS(b *testing.B) {
 			cfgPath, cfg := agentConfig(b, slots, "")
 			all := runtime.Assignments{}
 			for i := 1; i <= slots; i++ {
-				all[runtime.SlotName(i)] = runtime.PoolSharedDefault
+				all[runtime.SlotName(i)] = domain.PoolSharedDefault
 			}
 			if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
 				b.Fatal(err)

@@ -1,4 +1,8 @@
-package runtime
+// Package atomicfile writes files and directory entries durably: a file is
+// written beside its final name, fsynced, renamed into place and its
+// directory fsynced, so that a crash leaves the old file or the new one,
+// never a mix. The agent's state, identity and release writers use it.
+package atomicfile
 
 import (
 	"fmt"
@@ -6,10 +10,10 @@ import (
 	"path/filepath"
 )
 
-// WriteFileAtomic writes data to path through a temporary file in the same
+// WriteFile writes data to path through a temporary file in the same
 // directory, fsyncs it, renames it into place and fsyncs the directory, so a
 // crash leaves either the old or the new file, never a mix.
-func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+func WriteFile(path string, data []byte, perm os.FileMode) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
 	if err != nil {
@@ -35,11 +39,11 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	return syncDir(dir)
+	return SyncDir(dir)
 }
 
-// syncDir fsyncs a directory so renames and creations in it are durable.
-func syncDir(dir string) error {
+// SyncDir fsyncs a directory so renames and creations in it are durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err

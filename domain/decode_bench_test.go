@@ -1,4 +1,4 @@
-package runtime
+package domain
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ func BenchmarkDecodeDomain(b *testing.B) {
 	doc := []byte(fmt.Sprintf(`{"domain":"d1.example.com","pool":"shared-default","revision":1,"hostnames":["d1.example.com"],"routes":[{"prefix":"/","respond":{"status":200,"body":%q}}]}`, strings.Repeat("x", 1900)))
 	b.SetBytes(int64(len(doc)))
 	for b.Loop() {
-		if _, err := DecodeDomain(doc); err != nil {
+		if _, err := Decode(doc); err != nil {
 			b.Fatal(err)
 		}
 	}
