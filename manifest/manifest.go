@@ -9,7 +9,6 @@ package manifest
 
 import (
 	"bytes"
-	"cellvisor/domain"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -20,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"cellvisor/domain"
 )
 
 // Bounds.

@@ -1,12 +1,13 @@
 package runtime
 
 import (
-	"cellvisor/domain"
-	"cellvisor/internal/atomicfile"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"cellvisor/domain"
+	"cellvisor/internal/atomicfile"
 )
 
 const assignmentsFile = "assignments.json"

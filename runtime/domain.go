@@ -3,7 +3,6 @@ package runtime
 import (
 	"bufio"
 	"bytes"
-	"cellvisor/domain"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -14,6 +13,8 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+
+	"cellvisor/domain"
 )
 
 // LoadDomainsDir reads every *.json domain file in dir, refusing the whole

@@ -1,11 +1,12 @@
 package runtime
 
 import (
-	"cellvisor/internal/atomicfile"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"os"
+
+	"cellvisor/internal/atomicfile"
 )
 
 // ensureSecret creates a 256-bit random secret, hex-encoded, mode 0600, once.

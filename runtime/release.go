@@ -1,8 +1,6 @@
 package runtime
 
 import (
-	"cellvisor/domain"
-	"cellvisor/internal/atomicfile"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +13,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"cellvisor/domain"
+	"cellvisor/internal/atomicfile"
 )
 
 // ErrNoRelease is returned when a slot has no active release.

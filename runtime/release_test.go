@@ -1,13 +1,14 @@
 package runtime
 
 import (
-	"cellvisor/domain"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"cellvisor/domain"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")

@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"cellvisor/internal/atomicfile"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+
+	"cellvisor/internal/atomicfile"
 )
 
 // ErrTopologyChanged is returned when the configuration asks for a topology

@@ -1,13 +1,14 @@
 package runtime
 
 import (
-	"cellvisor/domain"
 	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+
+	"cellvisor/domain"
 )
 
 func layout(t *testing.T, slots, httpBase, httpsBase int) Layout {
