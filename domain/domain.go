@@ -14,6 +14,24 @@ import (
 	"strings"
 )
 
+// Bounds of one domain document. An artifact is at most 1 MiB whole; these
+// bound what one document may ask of every cell that serves it.
+const (
+	// MaxHostnames is the most hostnames one domain answers.
+	MaxHostnames = 100
+	// MaxOrigins is the most origins one domain names.
+	MaxOrigins = 32
+	// MaxRoutes is the most routes one domain has.
+	MaxRoutes = 256
+	// MaxPrefix is the longest route prefix, in bytes.
+	MaxPrefix = 1024
+	// MaxContentType is the longest fixed response content type, in bytes.
+	MaxContentType = 256
+	// MaxRevision is the highest revision: 2^53-1, the largest integer a
+	// JSON number carries exactly (the cells' Lua reads numbers as doubles).
+	MaxRevision = 1<<53 - 1
+)
+
 // ErrInvalid marks a domain configuration that failed validation.
 var ErrInvalid = errors.New("invalid domain configuration")
 
@@ -136,48 +154,117 @@ func (d Domain) Validate() error {
 	if _, ok := PoolClass(d.Pool); !ok {
 		return bad("pool %q is not a shared-, reserved-, dedicated- or quarantine- pool", d.Pool)
 	}
-	if d.Revision < 1 {
-		return bad("revision must be at least 1, got %d", d.Revision)
+	if d.Revision < 1 || d.Revision > MaxRevision {
+		return bad("revision must be 1–%d, got %d", int64(MaxRevision), d.Revision)
 	}
-	if len(d.Hostnames) == 0 {
-		return bad("hostnames: at least one is required")
+	if err := d.validateHostnames(); err != nil {
+		return bad("%v", err)
 	}
-	for _, h := range d.Hostnames {
-		if !ValidHostname(h) {
-			return bad("hostname %q is not a valid lowercase DNS name", h)
-		}
+	origins, err := d.validateOrigins()
+	if err != nil {
+		return bad("%v", err)
 	}
-	origins := map[string]bool{}
-	for _, o := range d.Origins {
-		u, err := url.Parse(o.URL)
-		if o.Name == "" || origins[o.Name] {
-			return bad("origin names must be unique and non-empty, got %q", o.Name)
-		}
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" {
-			return bad("origin %s: url %q must be http(s)://host[:port]", o.Name, o.URL)
-		}
-		origins[o.Name] = true
-	}
-	if len(d.Routes) == 0 {
-		return bad("routes: at least one is required")
-	}
-	for _, r := range d.Routes {
-		if !strings.HasPrefix(r.Prefix, "/") {
-			return bad("route prefix %q must start with /", r.Prefix)
-		}
-		switch {
-		case (r.Respond == nil) == (r.Origin == ""):
-			return bad("route %s: exactly one of respond and origin is required", r.Prefix)
-		case r.Respond != nil && (r.Respond.Status < 100 || r.Respond.Status > 599):
-			return bad("route %s: status %d is not 100–599", r.Prefix, r.Respond.Status)
-		case r.Origin != "" && !origins[r.Origin]:
-			return bad("route %s: unknown origin %q", r.Prefix, r.Origin)
-		}
+	if err := d.validateRoutes(origins); err != nil {
+		return bad("%v", err)
 	}
 	if d.Cache != nil && (d.Cache.TTLSeconds < 0 || d.Cache.TTLSeconds > 86400*365) {
 		return bad("cache ttl_seconds must be 0–31536000, got %d", d.Cache.TTLSeconds)
 	}
 	return nil
+}
+
+func (d Domain) validateHostnames() error {
+	switch {
+	case len(d.Hostnames) == 0:
+		return errors.New("hostnames: at least one is required")
+	case len(d.Hostnames) > MaxHostnames:
+		return fmt.Errorf("hostnames: at most %d, got %d", MaxHostnames, len(d.Hostnames))
+	}
+	seen := make(map[string]bool, len(d.Hostnames))
+	for _, h := range d.Hostnames {
+		if !ValidHostname(h) {
+			return fmt.Errorf("hostname %q is not a valid lowercase DNS name", h)
+		}
+		if seen[h] {
+			return fmt.Errorf("hostname %s is listed twice", h)
+		}
+		seen[h] = true
+	}
+	return nil
+}
+
+// validateOrigins checks every origin and returns the set of their names.
+func (d Domain) validateOrigins() (map[string]bool, error) {
+	if len(d.Origins) > MaxOrigins {
+		return nil, fmt.Errorf("origins: at most %d, got %d", MaxOrigins, len(d.Origins))
+	}
+	origins := make(map[string]bool, len(d.Origins))
+	for _, o := range d.Origins {
+		if !validName(o.Name) || origins[o.Name] {
+			return nil, fmt.Errorf("origin names must be unique, 1–64 of a-z 0-9 _ -, got %q", o.Name)
+		}
+		// Only scheme://host[:port]: user-info would put credentials in
+		// every cell's runtime JSON and logs, and a path, query or
+		// fragment means something the cell does not do.
+		u, err := url.Parse(o.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" ||
+			u.User != nil || u.Path != "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(o.URL, "#") {
+			return nil, fmt.Errorf("origin %s: url %q must be http(s)://host[:port], with no user-info, path, query or fragment", o.Name, o.URL)
+		}
+		origins[o.Name] = true
+	}
+	return origins, nil
+}
+
+func (d Domain) validateRoutes(origins map[string]bool) error {
+	switch {
+	case len(d.Routes) == 0:
+		return errors.New("routes: at least one is required")
+	case len(d.Routes) > MaxRoutes:
+		return fmt.Errorf("routes: at most %d, got %d", MaxRoutes, len(d.Routes))
+	}
+	for _, r := range d.Routes {
+		if !strings.HasPrefix(r.Prefix, "/") || len(r.Prefix) > MaxPrefix || !printable(r.Prefix) || strings.Contains(r.Prefix, " ") {
+			return fmt.Errorf("route prefix %q must start with /, be at most %d bytes and hold no spaces or control characters", r.Prefix, MaxPrefix)
+		}
+		switch {
+		case (r.Respond == nil) == (r.Origin == ""):
+			return fmt.Errorf("route %s: exactly one of respond and origin is required", r.Prefix)
+		case r.Respond != nil && (r.Respond.Status < 100 || r.Respond.Status > 599):
+			return fmt.Errorf("route %s: status %d is not 100–599", r.Prefix, r.Respond.Status)
+		case r.Respond != nil && (len(r.Respond.ContentType) > MaxContentType || !printable(r.Respond.ContentType)):
+			// It becomes a response header: a control character would
+			// split it (header injection).
+			return fmt.Errorf("route %s: content_type must be at most %d bytes of printable ASCII", r.Prefix, MaxContentType)
+		case r.Origin != "" && !origins[r.Origin]:
+			return fmt.Errorf("route %s: unknown origin %q", r.Prefix, r.Origin)
+		}
+	}
+	return nil
+}
+
+// printable reports whether s is printable ASCII (space to tilde).
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// validName reports 1–64 bytes of lowercase letters, digits, '_' and '-'.
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
 }
 
 // Canonical is the canonical JSON encoding of a domain made by Decode (nil

@@ -2,6 +2,7 @@ package domain
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -21,23 +22,80 @@ func TestDecodeDomain(t *testing.T) {
 		t.Errorf("decoded %+v", d)
 	}
 	bad := map[string]string{
-		"unknown field":      strings.Replace(goodDomain, `"revision"`, `"rev":1,"revision"`, 1),
-		"truncated":          goodDomain[:40],
-		"trailing data":      goodDomain + "{}",
-		"upper-case host":    strings.Replace(goodDomain, `"shop.example.com","*`, `"Shop.example.com","*`, 1),
-		"unknown pool":       strings.Replace(goodDomain, "shared-default", "premium", 1),
-		"zero revision":      strings.Replace(goodDomain, `"revision":3`, `"revision":0`, 1),
-		"unknown origin":     strings.Replace(goodDomain, `"origin":"app"`, `"origin":"db"`, 1),
-		"origin with path":   strings.Replace(goodDomain, `:9000"`, `:9000/x"`, 1),
-		"relative prefix":    strings.Replace(goodDomain, `"prefix":"/health"`, `"prefix":"health"`, 1),
-		"bad status":         strings.Replace(goodDomain, `"status":200`, `"status":42`, 1),
-		"wildcard as domain": strings.Replace(goodDomain, `"domain":"shop.example.com"`, `"domain":"*.example.com"`, 1),
+		"unknown field":              strings.Replace(goodDomain, `"revision"`, `"rev":1,"revision"`, 1),
+		"truncated":                  goodDomain[:40],
+		"trailing data":              goodDomain + "{}",
+		"upper-case host":            strings.Replace(goodDomain, `"shop.example.com","*`, `"Shop.example.com","*`, 1),
+		"unknown pool":               strings.Replace(goodDomain, "shared-default", "premium", 1),
+		"zero revision":              strings.Replace(goodDomain, `"revision":3`, `"revision":0`, 1),
+		"unknown origin":             strings.Replace(goodDomain, `"origin":"app"`, `"origin":"db"`, 1),
+		"origin with path":           strings.Replace(goodDomain, `:9000"`, `:9000/x"`, 1),
+		"relative prefix":            strings.Replace(goodDomain, `"prefix":"/health"`, `"prefix":"health"`, 1),
+		"bad status":                 strings.Replace(goodDomain, `"status":200`, `"status":42`, 1),
+		"wildcard as domain":         strings.Replace(goodDomain, `"domain":"shop.example.com"`, `"domain":"*.example.com"`, 1),
+		"revision past 2^53-1":       strings.Replace(goodDomain, `"revision":3`, `"revision":9007199254740992`, 1),
+		"origin with user-info":      strings.Replace(goodDomain, `http://127.0.0.1:9000`, `http://user:secret@127.0.0.1:9000`, 1),
+		"origin with fragment":       strings.Replace(goodDomain, `http://127.0.0.1:9000`, `http://127.0.0.1:9000#x`, 1),
+		"origin with empty fragment": strings.Replace(goodDomain, `http://127.0.0.1:9000`, `http://127.0.0.1:9000#`, 1),
+		"origin with query":          strings.Replace(goodDomain, `http://127.0.0.1:9000`, `http://127.0.0.1:9000?a=b`, 1),
+		"origin name with space":     strings.Replace(goodDomain, `"name":"app"`, `"name":"my app"`, 1),
+		"content type with CR LF":    strings.Replace(goodDomain, `"body":"ok"`, `"body":"ok","content_type":"text/plain\r\nSet-Cookie: x=1"`, 1),
+		"content type with NUL":      strings.Replace(goodDomain, `"body":"ok"`, `"body":"ok","content_type":"text/plain\u0000"`, 1),
+		"content type too long":      strings.Replace(goodDomain, `"body":"ok"`, `"body":"ok","content_type":"`+strings.Repeat("a", MaxContentType+1)+`"`, 1),
+		"prefix with newline":        strings.Replace(goodDomain, `"prefix":"/health"`, `"prefix":"/health\n"`, 1),
+		"hostname listed twice":      strings.Replace(goodDomain, `"*.shop.example.com"`, `"shop.example.com"`, 1),
+		"101 hostnames":              strings.Replace(goodDomain, `"*.shop.example.com"`, manyHostnames(100), 1),
+		"257 routes":                 strings.Replace(goodDomain, `{"prefix":"/","origin":"app"}`, manyRoutes(256), 1),
 	}
 	for name, doc := range bad {
 		if _, err := Decode([]byte(doc)); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: err %v, want ErrInvalid", name, err)
 		}
 	}
+	// At the bounds, not past them: accepted.
+	for name, doc := range map[string]string{
+		"100 hostnames":        strings.Replace(goodDomain, `"*.shop.example.com"`, manyHostnames(99), 1),
+		"256 routes":           strings.Replace(goodDomain, `{"prefix":"/","origin":"app"}`, manyRoutes(255), 1),
+		"revision 2^53-1":      strings.Replace(goodDomain, `"revision":3`, `"revision":9007199254740991`, 1),
+		"content type charset": strings.Replace(goodDomain, `"body":"ok"`, `"body":"ok","content_type":"text/html; charset=utf-8"`, 1),
+		"https origin on port": strings.Replace(goodDomain, `http://127.0.0.1:9000`, `https://origin.example.com:8443`, 1),
+	} {
+		if _, err := Decode([]byte(doc)); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestRefusalNamesTheRule: an operator reading the refusal learns the rule.
+func TestRefusalNamesTheRule(t *testing.T) {
+	for doc, want := range map[string]string{
+		strings.Replace(goodDomain, `http://127.0.0.1:9000`, `http://u:p@127.0.0.1:9000`, 1): "no user-info",
+		strings.Replace(goodDomain, `"*.shop.example.com"`, manyHostnames(100), 1):           "at most 100",
+		strings.Replace(goodDomain, `"body":"ok"`, `"body":"ok","content_type":"a\tb"`, 1):   "printable ASCII",
+	} {
+		_, err := Decode([]byte(doc))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err %v, want it to say %q", err, want)
+		}
+	}
+}
+
+// manyHostnames is n distinct hostnames as JSON strings, comma-separated.
+func manyHostnames(n int) string {
+	hs := make([]string, n)
+	for i := range hs {
+		hs[i] = fmt.Sprintf("%q", fmt.Sprintf("h%d.shop.example.com", i))
+	}
+	return strings.Join(hs, ",")
+}
+
+// manyRoutes is n respond routes as JSON objects, comma-separated.
+func manyRoutes(n int) string {
+	rs := make([]string, n)
+	for i := range rs {
+		rs[i] = fmt.Sprintf(`{"prefix":"/r%d","respond":{"status":200,"body":""}}`, i)
+	}
+	return strings.Join(rs, ",")
 }
 
 func TestValidHostname(t *testing.T) {
