@@ -13,8 +13,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -62,6 +64,9 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		}
 	} else {
 		s.dialect = SQLite
+		if err := createPrivate(dsn); err != nil {
+			return nil, fmt.Errorf("open %s database: %w", s.dialect, err)
+		}
 		// WAL lets readers run beside the writer; immediate transactions take
 		// the write lock up front instead of failing on an upgrade.
 		s.db, err = sql.Open("sqlite", "file:"+dsn+"?_txlock=immediate&_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)")
@@ -82,6 +87,40 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// createPrivate creates the SQLite file, or tightens an existing one, to
+// mode 0600 before SQLite opens it: it holds token hashes, identities and
+// every artifact, and SQLite gives its -wal and -shm files the mode of the
+// database file. A link is refused: the file is the operator's data
+// directory's own.
+func createPrivate(path string) error {
+	if path == ":memory:" || strings.HasPrefix(path, "file:") {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", path)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		if err := f.Chmod(0o600); err != nil {
+			return err
+		}
+	}
+	for _, side := range []string{"-wal", "-shm"} {
+		if err := os.Chmod(path+side, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }
 
 // Close closes the database.
