@@ -35,6 +35,20 @@ type RenderParams struct {
 	WorkerShutdownTimeout int // seconds
 	CacheMaxBytes         int64
 	RequestMaxBytes       int64
+	// AuthWindow is how far, in seconds, a private call's timestamp may be
+	// from the cell's clock either way; 0 means DefaultAuthWindow.
+	AuthWindow int
+}
+
+// DefaultAuthWindow is the private endpoint's timestamp window, in seconds.
+const DefaultAuthWindow = 30
+
+// AuthWindowSeconds is AuthWindow with its default.
+func (p RenderParams) AuthWindowSeconds() int {
+	if p.AuthWindow <= 0 {
+		return DefaultAuthWindow
+	}
+	return p.AuthWindow
 }
 
 // Listen is the listen argument for a port.

@@ -47,6 +47,9 @@ type harnessOpts struct {
 	drain   time.Duration   // drain timeout of operator restarts; 0 means 30s
 	monitor time.Duration   // monitor interval; 0 means 10s
 	limit   int             // operator restarts per window; 0 means 3
+	// authWindow is the private endpoint's timestamp window in seconds;
+	// 0 means the shipped one.
+	authWindow int
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -121,7 +124,9 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	}
 	for _, s := range topo.Slots {
 		if pool := o.assign[s.Name]; pool != "" {
-			r, err := runtime.BuildRelease(agent.RenderParams(cfg, s, pool, 1), pools[pool])
+			p := agent.RenderParams(cfg, s, pool, 1)
+			p.AuthWindow = o.authWindow
+			r, err := runtime.BuildRelease(p, pools[pool])
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,9 +16,12 @@ local dict = ngx.shared.cellvisor
 
 local _M = { hosts = {}, cell = "?", pool = "", sequence = 0, secret = nil }
 
--- A request is accepted only within this many seconds of its timestamp, and
--- each nonce only once (nonces are remembered for twice the window).
-local AUTH_WINDOW = 30
+-- A request is accepted only within auth_window seconds of its timestamp
+-- (init's opts.auth_window, 30 by default), and each nonce only once: a
+-- nonce is remembered until its timestamp has left the window, so a proof
+-- dated ahead of the cell's clock cannot be accepted again once its nonce
+-- is forgotten.
+local auth_window = 30
 
 local function read_file(path)
     local f, err = io.open(path, "rb")
@@ -30,6 +33,7 @@ end
 
 function _M.init(opts)
     _M.cell, _M.pool, _M.sequence = opts.cell, opts.pool or "", opts.sequence or 0
+    auth_window = tonumber(opts.auth_window) or 30
     local secret, err = read_file(opts.secret_file)
     if not secret or #secret < 32 then
         error("cellvisor: read cell secret " .. tostring(opts.secret_file) .. ": " .. tostring(err or "too short"))
@@ -163,7 +167,7 @@ local function authenticate()
         return refuse("missing credentials")
     end
     local t = tonumber(ts)
-    if not t or math.abs(ngx.time() - t) > AUTH_WINDOW then
+    if not t or t ~= math.floor(t) or math.abs(ngx.time() - t) > auth_window then
         return refuse("stale timestamp")
     end
     if #nonce < 16 or #nonce > 64 then
@@ -173,8 +177,12 @@ local function authenticate()
     if not equal(tohex(ngx.hmac_sha1(_M.secret, msg)), string.lower(mac)) then
         return refuse("bad signature")
     end
-    -- Only a correctly signed call consumes its nonce.
-    local ok, err = dict:add("nonce:" .. nonce, true, 2 * AUTH_WINDOW)
+    -- Only a correctly signed call consumes its nonce. It is kept until the
+    -- timestamp can no longer be accepted: ngx.time() is whole seconds, so
+    -- the proof is good while ngx.now() < t + window + 1; a second more
+    -- covers the cached clock's lag.
+    local keep = t + auth_window + 2 - ngx.now()
+    local ok, err = dict:add("nonce:" .. nonce, true, keep > 1 and keep or 1)
     if not ok then
         return refuse(err == "exists" and "replayed nonce" or ("nonce store: " .. tostring(err)))
     end
