@@ -9,6 +9,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -36,9 +37,12 @@ func AdminSocket(c config.Agent) string { return filepath.Join(c.RunDir, "admin.
 
 // Agent is a prepared agent, ready to Run.
 type Agent struct {
-	cfg     config.Agent
-	log     *zap.Logger
-	cg      cgroup.Manager
+	cfg config.Agent
+	log *zap.Logger
+	cg  cgroup.Manager
+	// locks hold the state directory and the cgroup subtree for this
+	// agent; Run releases them when it returns.
+	locks   []io.Closer
 	sup     *supervisor.Supervisor
 	admin   *supervisor.AdminServer
 	limitsN string
@@ -77,14 +81,25 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 			return nil, fmt.Errorf("create %s: %w", d, err)
 		}
 	}
-	// Bind the admin socket first: it refuses when another agent is running,
-	// before this one changes anything. Nothing is served until Run.
+	// Take the state directory, then bind the admin socket: each refuses
+	// when another agent is running, before this one changes anything.
+	// Nothing is served until Run.
+	lock, err := lockState(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	a.locks = append(a.locks, lock)
+	ok := false
+	defer func() {
+		if !ok {
+			a.unlock()
+		}
+	}()
 	admin, err := supervisor.ListenAdmin(AdminSocket(cfg), a, log.Named("admin"))
 	if err != nil {
 		return nil, err
 	}
 	a.admin = admin
-	ok := false
 	defer func() {
 		if !ok {
 			admin.Close()
@@ -112,6 +127,13 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Another agent on the same subtree (with other state and run
+	// directories) would kill these cells as strays, and this one its.
+	cgLock, err := a.cg.Lock()
+	if err != nil {
+		return nil, err
+	}
+	a.locks = append(a.locks, cgLock)
 	var refusal error
 	if a.cg.Mode() == cgroup.ModeUnenforced {
 		if cfg.Enforced() {
@@ -381,7 +403,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Debug("remove cgroup subtree", zap.Error(rerr))
 		}
 	}
+	a.unlock()
 	return err
+}
+
+// unlock releases the state directory and the cgroup subtree, last taken
+// first.
+func (a *Agent) unlock() {
+	for i := len(a.locks) - 1; i >= 0; i-- {
+		a.locks[i].Close()
+	}
+	a.locks = nil
 }
 
 // reportStatus keeps systemd's one-line STATUS= current until ctx ends.

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os/exec"
 	"regexp"
 )
@@ -92,6 +93,10 @@ type Manager interface {
 	// Remove removes the subtree itself once it is empty of cells (best effort
 	// for the agent leaf, which holds the caller).
 	Remove() error
+	// Lock takes the subtree for this process until the returned closer is
+	// closed or the process exits; ErrLocked when another process holds it.
+	// Nothing that changes a cell may happen before it.
+	Lock() (io.Closer, error)
 }
 
 // Group is one cell's cgroup.

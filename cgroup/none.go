@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -42,6 +43,10 @@ func (n *none) Open(name string) (Group, error) {
 
 func (n *none) List() ([]string, error) { return nil, nil }
 func (n *none) Remove() error           { return nil }
+
+// Lock has no subtree to take: an unenforced agent's cells are its own
+// process groups, and the state directory's lock keeps agents apart.
+func (n *none) Lock() (io.Closer, error) { return nopCloser{}, nil }
 
 type noneGroup struct {
 	name string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -57,6 +58,10 @@ func checkWritable(dir string) error {
 func (m *v1) Mode() Mode    { return ModeV1Hybrid }
 func (m *v1) Reason() error { return nil }
 func (m *v1) Path() string  { return m.base["memory"] }
+
+// Lock locks the subtree in the memory hierarchy: every agent of the same
+// subtree meets there.
+func (m *v1) Lock() (io.Closer, error) { return lockDir(m.dir("memory", "")) }
 
 func (m *v1) dir(c, name string) string { return join(m.root, c, m.base[c], name) }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path"
@@ -54,11 +55,12 @@ func newV2(root string, self selfPaths, subtree string) (*v2, error) {
 	return m, nil
 }
 
-func (m *v2) Mode() Mode              { return ModeV2 }
-func (m *v2) Reason() error           { return nil }
-func (m *v2) Path() string            { return m.base }
-func (m *v2) dir(name string) string  { return join(m.root, m.base, name) }
-func (m *v2) List() ([]string, error) { return listCells(m.dir("")) }
+func (m *v2) Mode() Mode               { return ModeV2 }
+func (m *v2) Reason() error            { return nil }
+func (m *v2) Path() string             { return m.base }
+func (m *v2) Lock() (io.Closer, error) { return lockDir(m.dir("")) }
+func (m *v2) dir(name string) string   { return join(m.root, m.base, name) }
+func (m *v2) List() ([]string, error)  { return listCells(m.dir("")) }
 
 func resources(l Limits) *cgroup2.Resources {
 	mem := l.MemoryBytes
