@@ -23,11 +23,20 @@ import (
 // ErrUnauthorized is returned when the cell refuses a call's credentials.
 var ErrUnauthorized = errors.New("cell refused the call's credentials")
 
+// ErrExpired is returned when the cell took up a call only after its
+// deadline or its timestamp's window had passed (a cell that was stalled):
+// it did nothing with it, and did not count it as an attack.
+var ErrExpired = errors.New("cell took up the call after its deadline")
+
 // Header names of the authentication scheme.
 const (
 	HeaderTime  = "X-Cellvisor-Time"
 	HeaderNonce = "X-Cellvisor-Nonce"
 	HeaderAuth  = "X-Cellvisor-Auth"
+	// HeaderDeadline is the caller's deadline, unix milliseconds: a cell
+	// that takes the call up later does nothing with it. It is not signed:
+	// it can only make the cell refuse a call, never accept one.
+	HeaderDeadline = "X-Cellvisor-Deadline"
 )
 
 // Status is a cell's own report of itself.
@@ -69,18 +78,33 @@ type Security struct {
 	AuthFailures int64   `json:"auth_failures"`
 	LastAt       float64 `json:"last_at"`
 	LastReason   string  `json:"last_reason"`
+	// Expired counts correctly signed calls the cell took up only after
+	// their deadline or timestamp window: the agent's own calls queued
+	// while the cell was stalled. They are not security events.
+	Expired int64 `json:"expired"`
 }
 
-// Client calls one cell's private endpoint.
+// Client calls one cell's private endpoint, one call at a time. A call
+// stays in flight until the cell answers it (or AbandonAfter), even when its
+// caller gave up: a stalled cell gets one call queued on its socket, not one
+// per status poll, and callers meanwhile wait, bounded by their contexts.
 type Client struct {
-	socket string
-	secret []byte
-	hc     *http.Client
+	socket   string
+	secret   []byte
+	hc       *http.Client
+	inflight chan struct{} // holds a token while a call is in flight
+	base     context.Context
+	stop     context.CancelFunc
 }
+
+// AbandonAfter bounds how long a call given up by its caller is still
+// waited on for the cell's answer before another may be sent.
+const AbandonAfter = time.Minute
 
 // New returns a client for the cell listening on socket with secret.
 func New(socket string, secret []byte) *Client {
-	return &Client{socket: socket, secret: secret, hc: &http.Client{
+	base, stop := context.WithCancel(context.Background())
+	return &Client{socket: socket, secret: secret, inflight: make(chan struct{}, 1), base: base, stop: stop, hc: &http.Client{
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				var d net.Dialer
@@ -94,8 +118,11 @@ func New(socket string, secret []byte) *Client {
 	}}
 }
 
-// Close releases idle connections.
-func (c *Client) Close() { c.hc.CloseIdleConnections() }
+// Close ends a call still in flight and releases idle connections.
+func (c *Client) Close() {
+	c.stop()
+	c.hc.CloseIdleConnections()
+}
 
 // Sign is the MAC of one call: HMAC-SHA1 (what every ngx_lua has built in)
 // over method, path, timestamp and nonce.
@@ -139,6 +166,8 @@ func (c *Client) Do(ctx context.Context, method, path string, h http.Header) (St
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized:
 		return Status{}, fmt.Errorf("cell %s %s: %w: %s", method, path, ErrUnauthorized, body)
+	case resp.StatusCode == http.StatusRequestTimeout:
+		return Status{}, fmt.Errorf("cell %s %s: %w: %s", method, path, ErrExpired, body)
 	case resp.StatusCode != http.StatusOK:
 		return Status{}, fmt.Errorf("cell %s %s: %s: %s", method, path, resp.Status, body)
 	}
@@ -149,8 +178,37 @@ func (c *Client) Do(ctx context.Context, method, path string, h http.Header) (St
 	return st, nil
 }
 
+// call waits for the call in flight, if any, then signs and sends this one
+// with ctx's deadline for the cell to see. If ctx ends first, the call stays
+// in flight (holding the client) until the cell answers it or AbandonAfter.
 func (c *Client) call(ctx context.Context, method, path string) (Status, error) {
-	return c.Do(ctx, method, path, c.Headers(method, path, time.Now()))
+	select {
+	case c.inflight <- struct{}{}:
+	case <-ctx.Done():
+		return Status{}, fmt.Errorf("cell %s %s: an earlier call is still unanswered: %w", method, path, ctx.Err())
+	}
+	h := c.Headers(method, path, time.Now())
+	if d, ok := ctx.Deadline(); ok {
+		h.Set(HeaderDeadline, strconv.FormatInt(d.UnixMilli(), 10))
+	}
+	type result struct {
+		st  Status
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		defer func() { <-c.inflight }()
+		rctx, cancel := context.WithTimeout(c.base, AbandonAfter)
+		defer cancel()
+		st, err := c.Do(rctx, method, path, h)
+		done <- result{st, err}
+	}()
+	select {
+	case r := <-done:
+		return r.st, r.err
+	case <-ctx.Done():
+		return Status{}, fmt.Errorf("cell %s %s: no answer: %w", method, path, ctx.Err())
+	}
 }
 
 // Status asks the cell for its status.

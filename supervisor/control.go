@@ -35,6 +35,15 @@ func (c *slot) client() (*cellapi.Client, error) {
 	return c.api, nil
 }
 
+// closeClient ends a private call still in flight once the cell is gone.
+func (c *slot) closeClient() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.api != nil {
+		c.api.Close()
+	}
+}
+
 func (c *slot) running() (pid int, st State) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

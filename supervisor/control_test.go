@@ -108,11 +108,11 @@ func TestPrivateEndpointRefusesBadCalls(t *testing.T) {
 			}
 		}
 		bad := map[string]http.Header{
-			"no credentials": {},
-			"wrong secret":   wrong.Headers(call.method, call.path, time.Now()),
-			"stale":          good.Headers(call.method, call.path, time.Now().Add(-5*time.Minute)),
-			"replayed":       replay,
-			"other path":     good.Headers(call.method, "/status-other", time.Now()),
+			"no credentials":      {},
+			"wrong secret":        wrong.Headers(call.method, call.path, time.Now()),
+			"stale, wrong secret": wrong.Headers(call.method, call.path, time.Now().Add(-5*time.Minute)),
+			"replayed":            replay,
+			"other path":          good.Headers(call.method, "/status-other", time.Now()),
 		}
 		for name, hdr := range bad {
 			_, err := good.Do(ctx, call.method, call.path, hdr)
@@ -125,12 +125,25 @@ func TestPrivateEndpointRefusesBadCalls(t *testing.T) {
 			t.Errorf("after refused %s calls readiness is %d: a refused call changed the cell", call.path, code)
 		}
 	}
+	// Correctly signed but late (a call queued while the cell was
+	// stalled, its caller gone): not done, and not a security event.
+	stale := good.Headers("POST", "/drain", time.Now().Add(-5*time.Minute))
+	pastDeadline := good.Headers("POST", "/drain", time.Now())
+	pastDeadline.Set(cellapi.HeaderDeadline, strconv.FormatInt(time.Now().Add(-time.Second).UnixMilli(), 10))
+	for name, hdr := range map[string]http.Header{"stale": stale, "past its deadline": pastDeadline} {
+		if _, err := good.Do(ctx, "POST", "/drain", hdr); !errors.Is(err, cellapi.ErrExpired) {
+			t.Errorf("drain %s: %v, want expired", name, err)
+		}
+		if code := readiness(t, port); code != 200 {
+			t.Errorf("after a drain %s readiness is %d: a late call was carried out", name, code)
+		}
+	}
 	st, err := good.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Drained || st.Security.AuthFailures != int64(refused) {
-		t.Errorf("cell status %+v: want undrained with %d refused calls", st, refused)
+	if st.Drained || st.Security.AuthFailures != int64(refused) || st.Security.Expired != 2 {
+		t.Errorf("cell status %+v: want undrained with %d refused calls and 2 expired", st, refused)
 	}
 	if live := h.sup.LiveStatus(ctx).Slots[0]; live.Cell == nil || live.Cell.Security.AuthFailures != int64(refused) {
 		t.Errorf("agent status cell report %+v (%s): want %d security events", live.Cell, live.CellError, refused)

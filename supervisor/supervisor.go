@@ -194,6 +194,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	sideWG.Wait()
 	var errs []error
 	for _, c := range s.slots {
+		c.closeClient()
 		if err := c.removeGroup(); err != nil {
 			errs = append(errs, err)
 		}

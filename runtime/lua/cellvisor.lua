@@ -160,6 +160,20 @@ local function refuse(reason)
     return ngx.exit(401)
 end
 
+-- expired answers a correctly signed call taken up after its caller's
+-- deadline or its timestamp's window: the agent's own call, queued while
+-- this cell was stalled, whose caller has given up. Nothing is done with it,
+-- and it is counted apart from the security events: no one attacked.
+local function expired(reason)
+    dict:incr("sec:expired", 1, 0)
+    ngx.status = 408
+    ngx.header["Content-Type"] = "application/json"
+    ngx.say(cjson.encode({ error = "expired", reason = reason }))
+    -- Not ngx.exit(408): nginx finalizes a 408 by closing the connection
+    -- without an answer. The 408 is sent; this ends the request.
+    return ngx.exit(ngx.HTTP_OK)
+end
+
 local function authenticate()
     local h = ngx.req.get_headers()
     local ts, nonce, mac = h["X-Cellvisor-Time"], h["X-Cellvisor-Nonce"], h["X-Cellvisor-Auth"]
@@ -167,15 +181,24 @@ local function authenticate()
         return refuse("missing credentials")
     end
     local t = tonumber(ts)
-    if not t or t ~= math.floor(t) or math.abs(ngx.time() - t) > auth_window then
-        return refuse("stale timestamp")
+    if not t or t ~= math.floor(t) then
+        return refuse("bad timestamp")
     end
     if #nonce < 16 or #nonce > 64 then
         return refuse("bad nonce")
     end
+    -- The signature first: only a call made with the secret can be told
+    -- apart as late rather than hostile.
     local msg = ngx.req.get_method() .. "\n" .. ngx.var.uri .. "\n" .. ts .. "\n" .. nonce
     if not equal(tohex(ngx.hmac_sha1(_M.secret, msg)), string.lower(mac)) then
         return refuse("bad signature")
+    end
+    local deadline = tonumber(h["X-Cellvisor-Deadline"])
+    if deadline and ngx.now() * 1000 > deadline then
+        return expired("taken up after the caller's deadline")
+    end
+    if math.abs(ngx.time() - t) > auth_window then
+        return expired("timestamp outside the window")
     end
     -- Only a correctly signed call consumes its nonce. It is kept until the
     -- timestamp can no longer be accepted: ngx.time() is whole seconds, so
@@ -221,6 +244,7 @@ local function status_doc()
             auth_failures = dict:get("sec:auth_failures") or 0,
             last_at = dict:get("sec:last_at") or 0,
             last_reason = dict:get("sec:last_reason") or "",
+            expired = dict:get("sec:expired") or 0,
         },
     }
 end
