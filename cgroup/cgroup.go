@@ -102,8 +102,12 @@ type Manager interface {
 // Group is one cell's cgroup.
 type Group interface {
 	Name() string
-	// Path is the group relative to the cgroup mount.
+	// Path is the group relative to the cgroup mount (v1: the memory
+	// hierarchy's).
 	Path() string
+	// Paths is the group's path in each hierarchy it spans, by controller
+	// ("unified" on v2; nil when nothing is enforced).
+	Paths() map[string]string
 	// Prepare makes cmd start inside the group. Call after, when not nil, once
 	// cmd.Start has returned (successful or not).
 	Prepare(cmd *exec.Cmd) (after func(started bool), err error)

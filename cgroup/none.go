@@ -57,6 +57,9 @@ type noneGroup struct {
 func (g *noneGroup) Name() string { return g.name }
 func (g *noneGroup) Path() string { return "" }
 
+// Paths is nil: an unenforced cell is in no group of its own.
+func (g *noneGroup) Paths() map[string]string { return nil }
+
 // Prepare puts the cell in a new process group, remembered once started.
 func (g *noneGroup) Prepare(cmd *exec.Cmd) (func(bool), error) {
 	if cmd.SysProcAttr == nil {

@@ -243,3 +243,97 @@ func TestMemoryHogOOMKilledInCell(t *testing.T) {
 	}
 	t.Logf("hog: %v; cell recorded %d OOM kill(s)", cmd.ProcessState, u.OOMKills)
 }
+
+// CPU usage is read on v2 and on hybrid hosts alike (cpuacct, with cpu or
+// in a hierarchy of its own), grows under load and is what the kernel's file
+// says; Paths names the group in every hierarchy the process is in.
+func TestUsageCPUAndPathsPerController(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, err := m.Ensure("cell-05", cellLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd, _ := testutil.StartIn(t, g, "/bin/sh", "-c", "while :; do :; done")
+	testutil.Eventually(t, 20*time.Second, func() error {
+		u, err := g.Usage()
+		if err != nil {
+			return err
+		}
+		if u.CPUUsageNS < uint64(50*time.Millisecond) {
+			return errors.New("cpu usage " + strconv.FormatUint(u.CPUUsageNS, 10) + "ns")
+		}
+		return nil
+	})
+	raw := func() uint64 {
+		t.Helper()
+		var file string
+		switch m.Mode() {
+		case cgroup.ModeV2:
+			kv := readStat(t, filepath.Join("/sys/fs/cgroup", g.Path(), "cpu.stat"))
+			return kv["usage_usec"] * 1000
+		default:
+			file = filepath.Join("/sys/fs/cgroup", "cpuacct", g.Paths()["cpuacct"], "cpuacct.usage")
+			if _, ok := g.Paths()["cpuacct"]; !ok { // cpuacct mounted with cpu
+				file = filepath.Join("/sys/fs/cgroup", "cpu", g.Paths()["cpu"], "cpuacct.usage")
+			}
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := raw()
+	u, err := g.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := raw()
+	if u.CPUUsageNS < before || u.CPUUsageNS > after {
+		t.Errorf("usage %d ns, the kernel's file said %d then %d", u.CPUUsageNS, before, after)
+	}
+
+	own, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := g.Paths()
+	if len(paths) == 0 {
+		t.Fatal("no paths")
+	}
+	for c, p := range paths {
+		want := c
+		if c == "unified" {
+			want = ""
+		}
+		found := false
+		for _, line := range strings.Split(string(own), "\n") {
+			f := strings.SplitN(line, ":", 3)
+			if len(f) == 3 && hasController(f[1], want) && f[2] == p {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s: the process is not in %s:\n%s", c, p, own)
+		}
+	}
+}
+
+func readStat(t *testing.T, path string) map[string]uint64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			out[f[0]], _ = strconv.ParseUint(f[1], 10, 64)
+		}
+	}
+	return out
+}

@@ -16,20 +16,32 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// v1Controllers are the only v1 hierarchies the agent touches. name=systemd
+// v1Controllers are the v1 hierarchies the agent needs. name=systemd
 // belongs to systemd and is never written.
 var v1Controllers = []string{"memory", "cpu", "pids"}
 
 // v1 manages the subtree on the v1 memory, cpu and pids hierarchies of a
-// hybrid (or legacy) host. The subtree has the same relative path under each.
+// hybrid (or legacy) host, and on cpuacct's where it is a hierarchy of its
+// own, for CPU usage. The subtree has the same relative path under each.
 type v1 struct {
 	root string
 	base map[string]string // controller -> subtree path relative to its mount
+	// ctrls are the hierarchies cells join: v1Controllers, and cpuacct
+	// where it is mounted apart from cpu.
+	ctrls []string
+	// acct is the hierarchy holding cpuacct.usage: "cpu" where cpuacct is
+	// mounted with it, "cpuacct" where apart, "" where there is none (CPU
+	// usage then reads 0).
+	acct string
 }
 
 func newV1(root string, self selfPaths, subtree string) (*v1, error) {
-	m := &v1{root: root, base: map[string]string{}}
-	for _, c := range v1Controllers {
+	m := &v1{root: root, base: map[string]string{}, ctrls: slices.Clone(v1Controllers)}
+	m.acct = acctHierarchy(root, self)
+	if m.acct == "cpuacct" {
+		m.ctrls = append(m.ctrls, "cpuacct")
+	}
+	for _, c := range m.ctrls {
 		p, ok := self[c]
 		if !ok {
 			return nil, fmt.Errorf("cgroup v1: this process is in no %s cgroup", c)
@@ -44,6 +56,23 @@ func newV1(root string, self selfPaths, subtree string) (*v1, error) {
 		}
 	}
 	return m, nil
+}
+
+// acctHierarchy finds where CPU usage is accounted: in the cpu hierarchy
+// when cpuacct is mounted with it (cpu,cpuacct, the usual layout), in its
+// own hierarchy otherwise, or nowhere.
+func acctHierarchy(root string, self selfPaths) string {
+	if _, ok := self["cpuacct"]; !ok {
+		return ""
+	}
+	acct, err := os.Stat(join(root, "cpuacct"))
+	if err != nil || !acct.IsDir() {
+		return ""
+	}
+	if cpu, err := os.Stat(join(root, "cpu")); err == nil && os.SameFile(cpu, acct) {
+		return "cpu"
+	}
+	return "cpuacct"
 }
 
 // checkWritable tells whether this process may create groups in dir.
@@ -82,6 +111,11 @@ func (m *v1) Ensure(name string, l Limits) (Group, error) {
 	if err := writeBurst(join(m.dir("cpu", name), "cpu.cfs_burst_us"), l.CPUBurstUS); err != nil {
 		return nil, fmt.Errorf("create v1 cgroup %s: %w", name, err)
 	}
+	if m.acct == "cpuacct" { // accounting only: no limits there
+		if err := os.MkdirAll(m.dir("cpuacct", name), 0o755); err != nil {
+			return nil, fmt.Errorf("create v1 cgroup %s: %w", name, err)
+		}
+	}
 	return m.Open(name)
 }
 
@@ -100,7 +134,7 @@ func (m *v1) PlaceSelf(l Limits) error {
 		return err
 	}
 	pid := strconv.Itoa(os.Getpid())
-	for _, c := range v1Controllers {
+	for _, c := range m.ctrls {
 		if err := writeFile(join(g.(*v1Group).dir(c), "cgroup.procs"), pid); err != nil {
 			return fmt.Errorf("move agent into %s leaf: %w", c, err)
 		}
@@ -113,7 +147,7 @@ func (m *v1) PlaceSelf(l Limits) error {
 func (m *v1) Remove() error {
 	var errs []error
 	pid := strconv.Itoa(os.Getpid())
-	for _, c := range v1Controllers {
+	for _, c := range m.ctrls {
 		dir := join(m.root, c, m.base[c])
 		if procs, _ := readProcs(join(dir, AgentLeaf, "cgroup.procs")); slices.Contains(procs, os.Getpid()) {
 			_ = writeFile(join(path.Dir(dir), "cgroup.procs"), pid)
@@ -131,8 +165,18 @@ type v1Group struct {
 	name string
 }
 
-func (g *v1Group) Name() string            { return g.name }
-func (g *v1Group) Path() string            { return path.Join(g.m.base["memory"], g.name) }
+func (g *v1Group) Name() string { return g.name }
+func (g *v1Group) Path() string { return path.Join(g.m.base["memory"], g.name) }
+
+// Paths names the group in every hierarchy it spans: on a hybrid host the
+// cpu, pids and cpuacct hierarchies may sit at other paths than memory's.
+func (g *v1Group) Paths() map[string]string {
+	out := make(map[string]string, len(g.m.ctrls))
+	for _, c := range g.m.ctrls {
+		out[c] = path.Join(g.m.base[c], g.name)
+	}
+	return out
+}
 func (g *v1Group) dir(c string) string     { return g.m.dir(c, g.name) }
 func (g *v1Group) file(c, f string) string { return join(g.dir(c), f) }
 
@@ -140,8 +184,8 @@ func (g *v1Group) file(c, f string) string { return join(g.dir(c), f) }
 // group's memory, cpu and pids cgroups and only then execs the cell: the cell
 // never runs outside its limits. (v1 has no clone-into-cgroup.)
 func (g *v1Group) Prepare(cmd *exec.Cmd) (func(bool), error) {
-	files := make([]string, 0, len(v1Controllers))
-	for _, c := range v1Controllers {
+	files := make([]string, 0, len(g.m.ctrls))
+	for _, c := range g.m.ctrls {
 		files = append(files, g.file(c, "cgroup.procs"))
 	}
 	wrapExec(cmd, files)
@@ -153,7 +197,7 @@ func (g *v1Group) Prepare(cmd *exec.Cmd) (func(bool), error) {
 func (g *v1Group) Procs() ([]int, error) {
 	seen := map[int]bool{}
 	var out []int
-	for _, c := range v1Controllers {
+	for _, c := range g.m.ctrls {
 		pids, err := readProcs(g.file(c, "cgroup.procs"))
 		if err != nil {
 			if os.IsNotExist(err) {
@@ -208,7 +252,7 @@ func (g *v1Group) Delete(ctx context.Context) error {
 		return err
 	}
 	var errs []error
-	for _, c := range v1Controllers {
+	for _, c := range g.m.ctrls {
 		errs = append(errs, removeDir(ctx, g.dir(c)))
 	}
 	return errors.Join(errs...)
@@ -237,6 +281,9 @@ func (g *v1Group) Usage() (Usage, error) {
 	}
 	if kv, err := readKV(g.file("cpu", "cpu.stat")); err == nil {
 		u.CPUThrottled, u.CPUThrottleNS = kv["nr_throttled"], kv["throttled_time"]
+	}
+	if g.m.acct != "" {
+		u.CPUUsageNS, _ = readUint(g.file(g.m.acct, "cpuacct.usage"))
 	}
 	return u, nil
 }

@@ -124,8 +124,11 @@ type v2Group struct {
 	name string
 }
 
-func (g *v2Group) Name() string         { return g.name }
-func (g *v2Group) Path() string         { return path.Join(g.m.base, g.name) }
+func (g *v2Group) Name() string { return g.name }
+func (g *v2Group) Path() string { return path.Join(g.m.base, g.name) }
+func (g *v2Group) Paths() map[string]string {
+	return map[string]string{"unified": g.Path()}
+}
 func (g *v2Group) file(f string) string { return join(g.m.dir(g.name), f) }
 
 // Prepare clones the cell straight into its cgroup (CLONE_INTO_CGROUP), so it

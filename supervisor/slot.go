@@ -547,7 +547,7 @@ func (c *slot) status() SlotStatus {
 		st.Limits = c.s.o.Limits
 	}
 	if g != nil && g.Path() != "" {
-		st.Cgroup = g.Path()
+		st.Cgroup, st.CgroupPaths = g.Path(), g.Paths()
 		if u, err := g.Usage(); err == nil {
 			st.Usage = &u
 		}

@@ -26,22 +26,25 @@ const (
 
 // SlotStatus is one slot as the admin endpoint reports it.
 type SlotStatus struct {
-	Name       string        `json:"name"`
-	Pool       string        `json:"pool,omitempty"`
-	Assignment string        `json:"assignment"`
-	State      State         `json:"state"`
-	Reason     string        `json:"reason,omitempty"`
-	PID        int           `json:"pid,omitempty"`
-	HTTPPort   int           `json:"http_port"`
-	HTTPSPort  int           `json:"https_port"`
-	Cgroup     string        `json:"cgroup,omitempty"`
-	Limits     cgroup.Limits `json:"limits"`
-	Usage      *cgroup.Usage `json:"usage,omitempty"`
-	Restarts   int           `json:"restarts"`
-	LastExit   string        `json:"last_exit,omitempty"`
-	ReadySince *time.Time    `json:"ready_since,omitempty"`
-	Sequence   int64         `json:"sequence"`
-	Drained    bool          `json:"drained"`
+	Name       string `json:"name"`
+	Pool       string `json:"pool,omitempty"`
+	Assignment string `json:"assignment"`
+	State      State  `json:"state"`
+	Reason     string `json:"reason,omitempty"`
+	PID        int    `json:"pid,omitempty"`
+	HTTPPort   int    `json:"http_port"`
+	HTTPSPort  int    `json:"https_port"`
+	Cgroup     string `json:"cgroup,omitempty"`
+	// CgroupPaths is the cell's group in each hierarchy, by controller: on
+	// a hybrid host cpu, pids and cpuacct may sit elsewhere than memory.
+	CgroupPaths map[string]string `json:"cgroup_paths,omitempty"`
+	Limits      cgroup.Limits     `json:"limits"`
+	Usage       *cgroup.Usage     `json:"usage,omitempty"`
+	Restarts    int               `json:"restarts"`
+	LastExit    string            `json:"last_exit,omitempty"`
+	ReadySince  *time.Time        `json:"ready_since,omitempty"`
+	Sequence    int64             `json:"sequence"`
+	Drained     bool              `json:"drained"`
 	// Cell is the running cell's own report from its private endpoint
 	// (connections, requests, passive-origin failures, security events).
 	Cell      *cellapi.Status `json:"cell,omitempty"`
