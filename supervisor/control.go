@@ -209,6 +209,7 @@ func (c *slot) admitRestart(now time.Time) error {
 			ErrRateLimited, c.spec.Name, len(kept), window, next)
 	}
 	c.opRestarts = append(c.opRestarts, now)
+	c.opRestartsTotal++
 	return nil
 }
 

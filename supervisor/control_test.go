@@ -312,8 +312,9 @@ func TestRestartUnderSteadyStreamAndRateLimit(t *testing.T) {
 	} else if !strings.Contains(err.Error(), "next is allowed in") {
 		t.Errorf("refusal %q does not say when the next restart is allowed", err)
 	}
-	if h.slot("cell-01").PID != pid {
-		t.Error("a refused restart restarted the cell")
+	if st := h.slot("cell-01"); st.PID != pid || st.OperatorRestarts != 3 || st.Restarts != 0 {
+		t.Errorf("pid %d (was %d), %d operator restarts, %d crash restarts: want the same pid, 3 and 0 (a refused restart restarts nothing and counts nothing)",
+			st.PID, pid, st.OperatorRestarts, st.Restarts)
 	}
 	close(stop)
 	wg.Wait()

@@ -51,7 +51,10 @@ type slot struct {
 	seq        int64
 	drained    bool
 	opRestarts []time.Time // accepted operator restarts, for the rate limit
-	secSeen    int64       // refused private calls already reported
+	// opRestartsTotal counts accepted operator restarts since the agent
+	// started; restarts counts the crash restarts.
+	opRestartsTotal int
+	secSeen         int64 // refused private calls already reported
 }
 
 // restartReq is an operator restart; done receives nil once the new cell is
@@ -523,18 +526,19 @@ func describeExit(err error) string {
 func (c *slot) status() SlotStatus {
 	c.mu.Lock()
 	st := SlotStatus{
-		Name:       c.spec.Name,
-		Pool:       c.pool,
-		Assignment: Unassigned,
-		State:      c.state,
-		Reason:     c.reason,
-		PID:        c.pid,
-		HTTPPort:   c.spec.HTTPPort,
-		HTTPSPort:  c.spec.HTTPSPort,
-		Restarts:   c.restarts,
-		LastExit:   c.lastExit,
-		Sequence:   c.seq,
-		Drained:    c.drained,
+		Name:             c.spec.Name,
+		Pool:             c.pool,
+		Assignment:       Unassigned,
+		State:            c.state,
+		Reason:           c.reason,
+		PID:              c.pid,
+		HTTPPort:         c.spec.HTTPPort,
+		HTTPSPort:        c.spec.HTTPSPort,
+		Restarts:         c.restarts,
+		OperatorRestarts: c.opRestartsTotal,
+		LastExit:         c.lastExit,
+		Sequence:         c.seq,
+		Drained:          c.drained,
 	}
 	if !c.readySince.IsZero() {
 		t := c.readySince

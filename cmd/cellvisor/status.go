@@ -103,8 +103,10 @@ func printStatus(w io.Writer, st supervisor.Status) {
 				s.Reason = strings.TrimSpace(fmt.Sprintf("%s %d refused private calls", s.Reason, c.Security.AuthFailures))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Name, pool, s.State, pid,
-			s.HTTPPort, s.HTTPSPort, mem, pids, thr, conns, s.Restarts, s.Reason)
+		// Crash restarts, then operator restarts: "2+1".
+		restarts := fmt.Sprintf("%d+%d", s.Restarts, s.OperatorRestarts)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, pool, s.State, pid,
+			s.HTTPPort, s.HTTPSPort, mem, pids, thr, conns, restarts, s.Reason)
 	}
 	tw.Flush()
 }
