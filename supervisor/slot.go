@@ -80,6 +80,7 @@ type proc struct {
 	done    chan struct{}
 	err     error // valid once done is closed
 	started time.Time
+	logs    logMark // where the cell's logs ended at its start
 }
 
 // firstOutcome counts this slot towards the supervisor's Ready once.
@@ -226,6 +227,7 @@ func (c *slot) start() (*proc, error) {
 		return nil, err
 	}
 	defer stderr.Close()
+	logs := markLogs(c.spec.LogsDir())
 	cmd := exec.Command(c.s.o.Binary,
 		"-p", c.spec.Dir+"/",
 		"-c", c.spec.ConfPath(),
@@ -236,7 +238,7 @@ func (c *slot) start() (*proc, error) {
 	if err := cgroup.Start(g, cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", c.s.o.Binary, err)
 	}
-	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: time.Now()}
+	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: time.Now(), logs: logs}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -404,7 +406,7 @@ func (c *slot) afterExit(p *proc, forced string) {
 	why := describeExit(p.err)
 	if forced != "" {
 		why = forced
-	} else if detail := c.lastLogError(); detail != "" && time.Since(p.started) < c.s.o.ReadyTimeout {
+	} else if detail := exitDetail(c.spec.LogsDir(), p.logs, p.pid, p.started); detail != "" {
 		why += ": " + detail
 	}
 	c.mu.Lock()
@@ -472,41 +474,6 @@ func (c *slot) killStalePidfile() {
 	c.log.Warn("stopping a cell master left by a previous agent", zap.Int("pid", pid))
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
 	_ = syscall.Kill(pid, syscall.SIGKILL)
-}
-
-// lastLogError returns the last emerg/alert/crit line of the cell's error
-// log or stderr, to say why a start failed.
-func (c *slot) lastLogError() string {
-	for _, f := range []string{"error.log", "stderr.log"} {
-		data, err := readTail(filepath.Join(c.spec.LogsDir(), f), 4096)
-		if err != nil {
-			continue
-		}
-		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-		for i := len(lines) - 1; i >= 0; i-- {
-			l := lines[i]
-			if strings.Contains(l, "[emerg]") || strings.Contains(l, "[alert]") || strings.Contains(l, "[crit]") || strings.HasPrefix(l, "cellvisor-cgexec") {
-				return l
-			}
-		}
-	}
-	return ""
-}
-
-func readTail(path string, n int64) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	off := max(st.Size()-n, 0)
-	buf := make([]byte, st.Size()-off)
-	_, err = f.ReadAt(buf, off)
-	return buf, err
 }
 
 func describeExit(err error) string {

@@ -313,3 +313,24 @@ func TestMissingBinaryRefused(t *testing.T) {
 		}
 	}
 }
+
+// A cell whose error log holds an alert line of an earlier master (another
+// pid, half an hour old) reports its own exit, not that line.
+func TestExitReasonIsAboutThisExit(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1})
+	before := h.waitReady("cell-01", 0)
+	old := time.Now().Add(-30*time.Minute).Format("2006/01/02 15:04:05") + " [alert] 999#999: an old master's failure\n"
+	f, err := os.OpenFile(filepath.Join(h.slotSpec("cell-01").LogsDir(), "error.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(old)
+	f.Close()
+	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	after := h.waitReady("cell-01", before.PID)
+	if strings.Contains(after.LastExit, "old master") || !strings.Contains(after.LastExit, "killed") {
+		t.Errorf("last exit %q: want this master's own exit (killed), not the old log line", after.LastExit)
+	}
+}
