@@ -36,17 +36,19 @@ type harness struct {
 }
 
 type harnessOpts struct {
-	slots   int
-	assign  runtime.Assignments
-	cg      cgroup.Manager // nil: a fresh real subtree
-	binary  string         // "": the host's OpenResty
-	policy  supervisor.Policy
-	refusal error
-	ready   time.Duration   // ready timeout; 0 means 10s
-	domains []domain.Domain // nil: one static domain in shared-default
-	drain   time.Duration   // drain timeout of operator restarts; 0 means 30s
-	monitor time.Duration   // monitor interval; 0 means 10s
-	limit   int             // operator restarts per window; 0 means 3
+	slots int
+	// sequence is the release sequence the cells start with; 0 means 1.
+	sequence int64
+	assign   runtime.Assignments
+	cg       cgroup.Manager // nil: a fresh real subtree
+	binary   string         // "": the host's OpenResty
+	policy   supervisor.Policy
+	refusal  error
+	ready    time.Duration   // ready timeout; 0 means 10s
+	domains  []domain.Domain // nil: one static domain in shared-default
+	drain    time.Duration   // drain timeout of operator restarts; 0 means 30s
+	monitor  time.Duration   // monitor interval; 0 means 10s
+	limit    int             // operator restarts per window; 0 means 3
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -121,7 +123,11 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	}
 	for _, s := range topo.Slots {
 		if pool := o.assign[s.Name]; pool != "" {
-			r, err := runtime.BuildRelease(agent.RenderParams(cfg, s, pool, 1), pools[pool])
+			seq := o.sequence
+			if seq == 0 {
+				seq = 1
+			}
+			r, err := runtime.BuildRelease(agent.RenderParams(cfg, s, pool, seq), pools[pool])
 			if err != nil {
 				t.Fatal(err)
 			}
