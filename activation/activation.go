@@ -22,7 +22,6 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +83,7 @@ type Activator struct {
 	lastErr  error
 	// snapshotRefused stops re-reading a snapshot already refused.
 	snapshotRefused bool
+	trust           *trust // the pinned key and active revisions: verify_header.go
 }
 
 type activeFile struct {
@@ -103,6 +103,10 @@ func New(o Options) (*Activator, error) {
 		o.Logger = zap.NewNop()
 	}
 	a := &Activator{o: o, log: o.Logger.Named("activation")}
+	var err error
+	if a.trust, err = loadTrust(o.StateDir, o.PublicKey); err != nil {
+		return nil, err
+	}
 	data, err := os.ReadFile(a.activePath())
 	switch {
 	case err == nil:
@@ -178,6 +182,9 @@ func (a *Activator) Poll(ctx context.Context) error {
 		active = a.Active()
 	}
 	m, err := manifest.Collect(ctx, a.o.Source.Page, a.o.EdgeID, active)
+	if err == nil {
+		err = a.authenticate(m)
+	}
 	switch {
 	case errors.Is(err, manifest.ErrNoChange):
 		return nil
@@ -187,12 +194,12 @@ func (a *Activator) Poll(ctx context.Context) error {
 	if err != nil {
 		return a.refuse(m.Sequence, err)
 	}
-	if a.alreadyRefused(m.Sequence) {
+	if a.alreadyRefused(m) {
 		return nil
 	}
 	pools, err := a.verify(ctx, m, a.o.Source.Artifact)
 	if manifest.IsRefusal(err) || errors.Is(err, domain.ErrInvalid) || errors.Is(err, errUnknownPool) {
-		return a.refuse(m.Sequence, err)
+		return a.refuseManifest(m, err)
 	}
 	if err != nil {
 		return err
@@ -237,6 +244,12 @@ func (a *Activator) ApplySnapshot(ctx context.Context, r io.Reader) error {
 	}
 	if active := a.Active(); err == nil && seq <= active {
 		err = fmt.Errorf("%w: snapshot sequence %d, active %d", manifest.ErrStale, seq, active)
+	}
+	if err == nil {
+		err = a.authenticate(s.Manifest)
+	}
+	if err != nil && !manifest.IsRefusal(err) {
+		return err // the new pin could not be written: retried
 	}
 	if err != nil {
 		a.mu.Lock()
@@ -314,7 +327,7 @@ func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch fun
 	if err != nil {
 		return domain.Domain{}, fmt.Errorf("fetch artifact of %s: %w", e.Domain, err)
 	}
-	if err := e.Verify(a.o.PublicKey, a.o.EdgeID, data); err != nil {
+	if err := e.Verify(a.PinnedKey(), a.o.EdgeID, data); err != nil {
 		return domain.Domain{}, err
 	}
 	d, err := domain.Decode(data)
@@ -386,6 +399,9 @@ func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runt
 	if err := a.o.Journal.Append(ack); err != nil {
 		return err
 	}
+	if err := a.commitRevisions(seq); err != nil {
+		return err
+	}
 	if err := atomicfile.WriteFile(a.activePath(), []byte(fmt.Sprintf(`{"sequence":%d}`+"\n", seq)), 0o644); err != nil {
 		return fmt.Errorf("record active sequence %d: %w", seq, err)
 	}
@@ -437,6 +453,7 @@ func (a *Activator) awaitLoaded(ctx context.Context, want map[string]int64) []st
 // source keeps serving a bad manifest until it is replaced); the previous
 // release stays active.
 func (a *Activator) refuse(seq int64, why error) error {
+	seq = ackSequence(seq)
 	key := fmt.Sprintf("%d\x00%s", seq, why)
 	a.mu.Lock()
 	again := a.refused == key
@@ -452,13 +469,6 @@ func (a *Activator) refuse(seq int64, why error) error {
 	a.refused = key
 	a.mu.Unlock()
 	return nil
-}
-
-// alreadyRefused tells whether seq was refused (for any reason) last.
-func (a *Activator) alreadyRefused(seq int64) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return seq != 0 && strings.HasPrefix(a.refused, fmt.Sprintf("%d\x00", seq))
 }
 
 // Rewind lowers the active sequence to seq (a damaged release was rolled

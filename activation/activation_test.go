@@ -38,6 +38,11 @@ type memSource struct {
 	// as a misbehaving control plane would.
 	ignoreAfter bool
 	snapshot    []byte
+	// sign, when set, signs the manifest's header as it is served, as the
+	// control API does: the tests that tamper with entries test the
+	// entries' own checks behind a valid header.
+	sign      ed25519.PrivateKey
+	rotations []manifest.Rotation
 }
 
 func (s *memSource) Page(_ context.Context, after int64, cursor string) (manifest.Page, error) {
@@ -53,7 +58,11 @@ func (s *memSource) Page(_ context.Context, after int64, cursor string) (manifes
 	if size == 0 {
 		size = manifest.MaxEntries
 	}
-	pages := manifest.Paginate(s.m, size)
+	m := s.m
+	if s.sign != nil {
+		m = manifest.Sign(s.sign, m, s.rotations)
+	}
+	pages := manifest.Paginate(m, size)
 	for i, p := range pages {
 		if (i == 0 && cursor == "") || (i > 0 && pages[i-1].Next == cursor) {
 			return p, nil
@@ -141,7 +150,7 @@ func newRig(t testing.TB) *rig {
 		t.Fatal(err)
 	}
 	r := &rig{t: t, pub: priv.Public().(ed25519.PublicKey), priv: priv, topo: topo, j: j, state: dir,
-		src:   &memSource{artifacts: map[string][]byte{}},
+		src:   &memSource{artifacts: map[string][]byte{}, sign: priv},
 		cells: &fakeCells{topo: topo, loaded: map[string]int64{}}}
 	r.a, err = New(Options{
 		EdgeID: edge, PublicKey: r.pub, Source: r.src, Journal: j, Topology: topo,
@@ -191,6 +200,13 @@ func (r *rig) keepRevision1(name, body string) {
 			r.src.artifacts[r.src.m.Entries[i].SHA256] = art
 		}
 	}
+}
+
+// signed is the served manifest with its header signed, for a snapshot.
+func (r *rig) signed() manifest.Manifest {
+	r.src.mu.Lock()
+	defer r.src.mu.Unlock()
+	return manifest.Sign(r.priv, r.src.m, nil)
 }
 
 func (r *rig) slot(name string) runtime.Slot {
@@ -420,7 +436,7 @@ func TestRecoverySnapshot(t *testing.T) {
 	r := newRig(t)
 	r.publish(5, map[string]string{"a.example.com": "from snapshot"})
 	var buf bytes.Buffer
-	if err := manifest.WriteSnapshot(&buf, manifest.Snapshot{Manifest: r.src.m, Artifacts: r.src.artifacts}); err != nil {
+	if err := manifest.WriteSnapshot(&buf, manifest.Snapshot{Manifest: r.signed(), Artifacts: r.src.artifacts}); err != nil {
 		t.Fatal(err)
 	}
 	r.src.snapshot = buf.Bytes()
@@ -458,7 +474,7 @@ func TestRecoverySnapshot(t *testing.T) {
 		forged.src.m.Entries[i] = resign(other, e)
 	}
 	buf.Reset()
-	manifest.WriteSnapshot(&buf, manifest.Snapshot{Manifest: forged.src.m, Artifacts: forged.src.artifacts})
+	manifest.WriteSnapshot(&buf, manifest.Snapshot{Manifest: forged.signed(), Artifacts: forged.src.artifacts})
 	forged.src.snapshot, forged.src.m = buf.Bytes(), manifest.Manifest{}
 	forged.a.Poll(context.Background())
 	if a := forged.lastAck(); a.Status != manifest.AckRefused || forged.a.Active() != 0 || forged.poolJSON("cell-01") != "" {
@@ -474,6 +490,7 @@ func TestBadSpoolPageRefusedOnceWithItsSequence(t *testing.T) {
 	r.publish(7, map[string]string{"a.example.com": "one"})
 	m := r.src.m
 	m.Entries = append(m.Entries, m.Entries[0]) // a duplicate domain
+	m = manifest.Sign(r.priv, m, nil)
 	if err := spool.Publish(m, r.src.artifacts); err != nil {
 		t.Fatal(err)
 	}

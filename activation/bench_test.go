@@ -25,7 +25,7 @@ func (r *rig) bigManifest(seq int64, n int) {
 		r.src.artifacts[e.SHA256] = art
 		m.Entries = append(m.Entries, e)
 	}
-	r.src.m = m
+	r.src.m = m // memSource signs the header as it serves it
 }
 
 // BenchmarkActivation: Poll of a manifest of n ~2 KiB artifacts, from the

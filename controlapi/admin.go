@@ -161,6 +161,8 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("GET "+AdminDomains+"/{name}", s.handle(s.showDomain))
 	mux.HandleFunc("PUT "+AdminDomains+"/{name}", s.handle(s.publishDomain))
 	mux.HandleFunc("DELETE "+AdminDomains+"/{name}", s.handle(s.deleteDomain))
+	mux.HandleFunc("POST "+AdminDomains+"/{name}/rollback", s.handle(s.rollbackDomain))
+	mux.HandleFunc("POST "+AdminKeys+"/rotate", s.handle(s.rotateKey))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.o.AdminToken)) != 1 {
@@ -503,7 +505,7 @@ func publishedView(p store.Published) PublishedView {
 }
 
 func (s *Server) deleteDomain(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.st.DeleteDomain(r.Context(), r.PathValue("name"))
+	p, err := s.st.DeleteDomain(r.Context(), r.PathValue("name"), s.sign)
 	if err != nil {
 		return err
 	}

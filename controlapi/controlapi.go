@@ -19,13 +19,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
-	"cellvisor/manifest"
 )
 
 // Options configure a Server.
@@ -58,10 +58,15 @@ type Server struct {
 	log     *zap.Logger
 	st      *store.Store
 	ca      *pki.CA
-	signing ed25519.PrivateKey
 	cert    tls.Certificate
 	clients *x509.CertPool
 	cache   *cache
+
+	keyMu sync.Mutex // guards the following fields
+	// keys caches opened signing keys by their sealed form: the current
+	// one is read from the store by every write that signs (see
+	// store.Signer), so that a rotation on any replica holds on all.
+	keys map[string]ed25519.PrivateKey
 }
 
 // New loads the control plane's keys from the store, creating them on
@@ -96,8 +101,13 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
 	}
-	if s.signing, err = s.loadSigningKey(ctx); err != nil {
+	if err = s.initSigningKey(ctx); err != nil {
 		return nil, err
+	}
+	if n, err := s.st.SignMissingHeaders(ctx, s.sign); err != nil {
+		return nil, fmt.Errorf("sign manifest headers: %w", err)
+	} else if n > 0 {
+		s.log.Info("signed the headers of manifests written before headers existed", zap.Int("edges", n))
 	}
 	s.clients = x509.NewCertPool()
 	s.clients.AddCert(s.ca.Cert)
@@ -147,42 +157,71 @@ func (s *Server) loadCA(ctx context.Context) (*pki.CA, error) {
 	return pki.LoadCA(sc.Cert, keyDER)
 }
 
-func (s *Server) loadSigningKey(ctx context.Context) (ed25519.PrivateKey, error) {
+// initSigningKey creates the signing key on first start (the first of
+// several replicas starting together wins).
+func (s *Server) initSigningKey(ctx context.Context) error {
+	sealed, err := s.newSealedKey()
+	if err != nil {
+		return err
+	}
+	stored, err := s.st.InitSetting(ctx, store.SigningKeySetting, sealed)
+	if err != nil {
+		return err
+	}
+	_, err = s.sign(stored)
+	return err
+}
+
+func (s *Server) newSealedKey() (string, error) {
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	sealed, err := pki.Seal(s.o.SealKey, "signing-key", priv.Seed())
-	if err != nil {
-		return nil, err
-	}
-	stored, err := s.st.InitSetting(ctx, "signing_key", sealed)
-	if err != nil {
-		return nil, err
-	}
-	seed, err := pki.Open(s.o.SealKey, "signing-key", stored)
-	if err != nil {
-		return nil, fmt.Errorf("signing key: %w", err)
-	}
-	if len(seed) != ed25519.SeedSize {
-		return nil, errors.New("signing key: stored seed has the wrong size")
-	}
-	return ed25519.NewKeyFromSeed(seed), nil
+	return pki.Seal(s.o.SealKey, "signing-key", priv.Seed())
 }
 
 // CAPEM is the CA certificate: what agents pass as --ca-file to trust the
 // edge-control API, and what issued their client certificates.
 func (s *Server) CAPEM() string { return s.ca.PEM }
 
-// PublicKey is the standard base64 Ed25519 key that signs artifacts.
+// PublicKey is the standard base64 Ed25519 key that signs manifests now:
+// the one a newly enrolled edge pins. Empty when the store cannot be read.
 func (s *Server) PublicKey() string {
-	return base64.StdEncoding.EncodeToString(s.signing.Public().(ed25519.PublicKey))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sealed, err := s.st.Setting(ctx, store.SigningKeySetting)
+	if err != nil {
+		s.log.Error("read the signing key", zap.Error(err))
+		return ""
+	}
+	priv, err := s.sign(sealed)
+	if err != nil {
+		s.log.Error("open the signing key", zap.Error(err))
+		return ""
+	}
+	return base64.StdEncoding.EncodeToString(priv.Public().(ed25519.PublicKey))
 }
 
-// sign signs an entry for an edge.
-func (s *Server) sign(edgeID string, e manifest.Entry) manifest.Entry {
-	e.Signature = base64.StdEncoding.EncodeToString(ed25519.Sign(s.signing, manifest.SigningMessage(edgeID, e)))
-	return e
+// sign opens a sealed signing key (a store.Signer), once per key.
+func (s *Server) sign(sealed string) (ed25519.PrivateKey, error) {
+	s.keyMu.Lock()
+	defer s.keyMu.Unlock()
+	if k, ok := s.keys[sealed]; ok {
+		return k, nil
+	}
+	seed, err := pki.Open(s.o.SealKey, "signing-key", sealed)
+	if err != nil {
+		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	if len(seed) != ed25519.SeedSize {
+		return nil, errors.New("signing key: stored seed has the wrong size")
+	}
+	if s.keys == nil {
+		s.keys = map[string]ed25519.PrivateKey{}
+	}
+	k := ed25519.NewKeyFromSeed(seed)
+	s.keys[sealed] = k
+	return k, nil
 }
 
 // EdgeTLSConfig is the edge-control listener's TLS configuration: this

@@ -167,8 +167,8 @@ func etag(seq int64) string { return `"` + strconv.FormatInt(seq, 10) + `"` }
 func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
 	q := r.URL.Query()
 	after, err := strconv.ParseInt(q.Get("after"), 10, 64)
-	if err != nil || after < 0 {
-		return errorf(http.StatusBadRequest, "after: want a sequence ≥ 0")
+	if err != nil || after < 0 || after > manifest.MaxSequence {
+		return errorf(http.StatusBadRequest, "after: want a sequence 0–%d", int64(manifest.MaxSequence))
 	}
 	cursor := q.Get("cursor")
 	w.Header().Set(edgeapi.HeaderTasks, strconv.Itoa(st.PendingTasks))
@@ -185,7 +185,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 	if cursor != "" {
 		c, d, ok := strings.Cut(cursor, ":")
 		n, err := strconv.ParseInt(c, 10, 64)
-		if !ok || err != nil || n <= after {
+		if !ok || err != nil || n <= after || n > manifest.MaxSequence {
 			return errorf(http.StatusBadRequest, "cursor %q is not one this API gave", cursor)
 		}
 		seq, from = n, d
@@ -197,7 +197,14 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 	if err != nil {
 		return err
 	}
-	p := manifest.Page{EdgeID: st.ID, Sequence: seq, Entries: entries}
+	h, sig, err := s.st.Header(r.Context(), st.ID, seq)
+	if errors.Is(err, store.ErrNotFound) {
+		return errorf(http.StatusGone, "manifest sequence %d is no longer served; start again from the first page", seq)
+	}
+	if err != nil {
+		return err
+	}
+	p := manifest.Page{EdgeID: st.ID, Sequence: seq, Entries: entries, Header: h, HeaderSignature: sig}
 	if len(entries) > manifest.MaxEntries {
 		p.Entries = entries[:manifest.MaxEntries]
 		p.Next = fmt.Sprintf("%d:%s", seq, p.Entries[len(p.Entries)-1].Domain)
@@ -228,7 +235,11 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, st store.EdgeS
 	if st.Sequence == 0 {
 		return errorf(http.StatusNotFound, "edge %s has no manifest yet", st.ID)
 	}
-	snap := manifest.Snapshot{Manifest: manifest.Manifest{EdgeID: st.ID, Sequence: st.Sequence}, Artifacts: map[string][]byte{}}
+	h, sig, err := s.st.Header(r.Context(), st.ID, st.Sequence)
+	if err != nil {
+		return err
+	}
+	snap := manifest.Snapshot{Manifest: manifest.Manifest{EdgeID: st.ID, Sequence: st.Sequence, Header: h, HeaderSignature: sig}, Artifacts: map[string][]byte{}}
 	var total int64
 	for from := ""; ; {
 		entries, err := s.st.Entries(r.Context(), st.ID, st.Sequence, from, manifest.MaxEntries)
@@ -273,8 +284,8 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState)
 		return nil
 	}
 	switch {
-	case a.Sequence < 1:
-		return errorf(http.StatusBadRequest, "sequence: want ≥ 1")
+	case a.Sequence < 1 || a.Sequence > manifest.MaxSequence:
+		return errorf(http.StatusBadRequest, "sequence: want 1–%d", int64(manifest.MaxSequence))
 	case a.Status != manifest.AckApplied && a.Status != manifest.AckRefused && a.Status != manifest.AckPartial:
 		return errorf(http.StatusBadRequest, "status %q: want applied, refused or partial", a.Status)
 	}

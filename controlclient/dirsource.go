@@ -125,8 +125,22 @@ func (d DirSource) Acks() (map[int64]manifest.Ack, error) {
 }
 
 // Publish writes artifacts, then the manifest's pages into a staging
-// directory renamed into place: the control plane's side of the spool.
+// directory renamed into place: the control plane's side of the spool. The
+// manifest must be signed already (manifest.Sign, with the control plane's
+// key, which never comes near an edge): Publish refuses one without a
+// header, or whose header does not match its edge, sequence and entries,
+// so that tooling cannot write a spool every edge would refuse.
 func (d DirSource) Publish(m manifest.Manifest, artifacts map[string][]byte) error {
+	h := m.Header
+	switch {
+	case m.HeaderSignature == "":
+		return fmt.Errorf("publish %d: %w: the manifest is not signed (manifest.Sign)", m.Sequence, manifest.ErrHeader)
+	case m.Sequence < 1 || m.Sequence > manifest.MaxSequence:
+		return fmt.Errorf("publish %d: %w: sequence is not 1–%d", m.Sequence, manifest.ErrInvalid, int64(manifest.MaxSequence))
+	case h.EdgeID != m.EdgeID || h.Sequence != m.Sequence || h.Entries != len(m.Entries) ||
+		h.EntriesDigest != manifest.EntriesDigest(m.EdgeID, m.Entries):
+		return fmt.Errorf("publish %d: %w: the signed header does not match the manifest", m.Sequence, manifest.ErrHeader)
+	}
 	for _, sub := range []string{"manifests", "artifacts"} {
 		if err := os.MkdirAll(filepath.Join(d.Dir, sub), 0o755); err != nil {
 			return err

@@ -13,7 +13,6 @@ import (
 	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -46,6 +45,7 @@ var (
 	ErrTooMany    = errors.New("too many entries in a manifest page")
 	ErrSnapshot   = errors.New("invalid recovery snapshot")
 	ErrTooLarge   = errors.New("recovery snapshot over its bound")
+	ErrRevision   = errors.New("revision goes backwards without a signed rollback")
 	signingDomain = []byte("cellvisor/artifact/v1\x00")
 )
 
@@ -56,6 +56,10 @@ type Page struct {
 	Entries  []Entry `json:"entries"`
 	// Next is the cursor of the next page; empty on the last one.
 	Next string `json:"next,omitempty"`
+	// Header and HeaderSignature authenticate the whole manifest; every
+	// page carries the same ones.
+	Header          Header `json:"header"`
+	HeaderSignature string `json:"header_signature"`
 }
 
 // Entry names one domain revision's artifact and carries its signature.
@@ -66,6 +70,10 @@ type Entry struct {
 	Size     int64  `json:"size"`
 	// SHA256 is the lowercase hex SHA-256 of the artifact bytes.
 	SHA256 string `json:"sha256"`
+	// Rollback marks a revision lower than one published before, on an
+	// operator's rollback: without it an edge refuses a revision that goes
+	// backwards. Signed with the entry.
+	Rollback bool `json:"rollback,omitempty"`
 	// Signature is the standard base64 Ed25519 signature over
 	// SigningMessage(edge id, entry).
 	Signature string `json:"signature"`
@@ -76,6 +84,10 @@ type Manifest struct {
 	EdgeID   string  `json:"edge_id"`
 	Sequence int64   `json:"sequence"`
 	Entries  []Entry `json:"entries"`
+	// Header and HeaderSignature authenticate the manifest as a whole (see
+	// VerifyHeader); a snapshot's manifest.json carries them too.
+	Header          Header `json:"header"`
+	HeaderSignature string `json:"header_signature"`
 }
 
 // isSHA256 reports 64 lowercase hex digits.
@@ -93,16 +105,19 @@ func isSHA256(s string) bool {
 
 // SigningMessage is the canonical bytes an entry's signature covers: a
 // domain-separation prefix, then edge id, domain, pool, revision, sha256 and
-// size, each as a big-endian uint32 length and its bytes. Binding the edge id
-// means an entry signed for one edge is refused by every other.
+// size, each as a big-endian uint32 length and its bytes, and "rollback"
+// for a rollback entry (absent otherwise, so that the entries signed before
+// rollbacks existed keep their signatures). Binding the edge id means an
+// entry signed for one edge is refused by every other.
 func SigningMessage(edgeID string, e Entry) []byte {
 	var b bytes.Buffer
 	b.Write(signingDomain)
-	for _, f := range []string{edgeID, e.Domain, e.Pool, strconv.FormatInt(e.Revision, 10), e.SHA256, strconv.FormatInt(e.Size, 10)} {
-		var n [4]byte
-		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
-		b.Write(n[:])
-		b.WriteString(f)
+	fields := []string{edgeID, e.Domain, e.Pool, strconv.FormatInt(e.Revision, 10), e.SHA256, strconv.FormatInt(e.Size, 10)}
+	if e.Rollback {
+		fields = append(fields, "rollback")
+	}
+	for _, f := range fields {
+		putField(&b, f)
 	}
 	return b.Bytes()
 }
@@ -126,8 +141,8 @@ func (e Entry) Validate() error {
 		return bad("domain is not a valid hostname")
 	case !validPool(e.Pool):
 		return bad("pool %q is not a shared-, reserved-, dedicated- or quarantine- pool", e.Pool)
-	case e.Revision < 1:
-		return bad("revision %d is not positive", e.Revision)
+	case e.Revision < 1 || e.Revision > MaxSequence:
+		return bad("revision %d is not 1–%d", e.Revision, int64(MaxSequence))
 	case e.Size < 1 || e.Size > MaxArtifactBytes:
 		return bad("size %d is not 1–%d", e.Size, MaxArtifactBytes)
 	case !isSHA256(e.SHA256):
@@ -198,8 +213,8 @@ func (p Page) Validate() error {
 	if p.EdgeID == "" {
 		return fmt.Errorf("%w: no edge id", ErrInvalid)
 	}
-	if p.Sequence < 1 {
-		return fmt.Errorf("%w: sequence %d is not positive", ErrInvalid, p.Sequence)
+	if p.Sequence < 1 || p.Sequence > MaxSequence {
+		return fmt.Errorf("%w: sequence %d is not 1–%d", ErrInvalid, p.Sequence, int64(MaxSequence))
 	}
 	if len(p.Entries) > MaxEntries {
 		return fmt.Errorf("%w: %d entries, at most %d", ErrTooMany, len(p.Entries), MaxEntries)
@@ -223,9 +238,11 @@ type Fetch func(ctx context.Context, after int64, cursor string) (Page, error)
 
 // Collect walks every page of the manifest after sequence active and
 // returns it whole, refusing pages for another edge, pages that disagree on
-// the sequence, a sequence that does not move forward, duplicate domains
-// across pages and cursors that loop. On a refusal the returned manifest
-// carries the sequence when the first page named one, for the refusal ack.
+// the sequence or the signed header, more entries than the header counts, a
+// sequence that does not move forward, duplicate domains across pages and
+// cursors that loop. It does not check the header's signature: see
+// VerifyHeader. On a refusal the returned manifest carries the sequence
+// when the first page named one within bounds, for the refusal ack.
 func Collect(ctx context.Context, fetch Fetch, edgeID string, active int64) (m Manifest, err error) {
 	defer func() {
 		if err != nil {
@@ -233,6 +250,7 @@ func Collect(ctx context.Context, fetch Fetch, edgeID string, active int64) (m M
 		}
 	}()
 	m = Manifest{EdgeID: edgeID}
+	var first Page
 	seen := map[string]bool{}
 	cursors := map[string]bool{}
 	cursor := ""
@@ -245,7 +263,14 @@ func Collect(ctx context.Context, fetch Fetch, edgeID string, active int64) (m M
 			return m, err
 		}
 		if n == 0 {
-			m.Sequence = p.Sequence
+			if p.Sequence >= 1 && p.Sequence <= MaxSequence {
+				m.Sequence = p.Sequence
+			}
+			first = p
+			m.Header, m.HeaderSignature = p.Header, p.HeaderSignature
+			if p.HeaderSignature == "" {
+				return m, fmt.Errorf("%w: sequence %d carries no signed header", ErrHeader, p.Sequence)
+			}
 		}
 		if err := p.Validate(); err != nil {
 			return m, err
@@ -255,6 +280,10 @@ func Collect(ctx context.Context, fetch Fetch, edgeID string, active int64) (m M
 			return m, fmt.Errorf("%w: page for edge %q, this is %q", ErrInvalid, p.EdgeID, edgeID)
 		case p.Sequence != m.Sequence:
 			return m, fmt.Errorf("%w: pages disagree on the sequence (%d, %d)", ErrInvalid, m.Sequence, p.Sequence)
+		case !sameHeader(first, p):
+			return m, fmt.Errorf("%w: page %d carries another header than the first page", ErrHeader, n+1)
+		case len(m.Entries)+len(p.Entries) > max(m.Header.Entries, 0):
+			return m, fmt.Errorf("%w: pages carry more entries than the header's %d", ErrHeader, m.Header.Entries)
 		}
 		if m.Sequence <= active {
 			return m, fmt.Errorf("%w: manifest sequence %d, active %d", ErrStale, m.Sequence, active)
@@ -283,7 +312,7 @@ func Paginate(m Manifest, size int) []Page {
 	var pages []Page
 	for i := 0; i == 0 || i < len(m.Entries); i += size {
 		end := min(i+size, len(m.Entries))
-		p := Page{EdgeID: m.EdgeID, Sequence: m.Sequence, Entries: m.Entries[i:end]}
+		p := Page{EdgeID: m.EdgeID, Sequence: m.Sequence, Entries: m.Entries[i:end], Header: m.Header, HeaderSignature: m.HeaderSignature}
 		if end < len(m.Entries) {
 			p.Next = strconv.Itoa(len(pages) + 1)
 		}
@@ -295,7 +324,7 @@ func Paginate(m Manifest, size int) []Page {
 // IsRefusal tells a refusal of the manifest's content (ack it as refused)
 // from a failure to get it (retry later).
 func IsRefusal(err error) bool {
-	for _, e := range []error{ErrInvalid, ErrStale, ErrSize, ErrDigest, ErrSignature, ErrDuplicate, ErrTooMany, ErrSnapshot, ErrTooLarge} {
+	for _, e := range []error{ErrInvalid, ErrStale, ErrSize, ErrDigest, ErrSignature, ErrDuplicate, ErrTooMany, ErrSnapshot, ErrTooLarge, ErrHeader, ErrRevision} {
 		if errors.Is(err, e) {
 			return true
 		}

@@ -78,7 +78,7 @@ func manifestOf(t testing.TB, priv ed25519.PrivateKey, seq int64, n int) Manifes
 		d := fmt.Sprintf("d%d.example.com", i)
 		m.Entries = append(m.Entries, NewEntry(priv, edge, d, "shared-default", 1, artifact(d)))
 	}
-	return m
+	return Sign(priv, m, nil)
 }
 
 func encode(t testing.TB, v any) []byte {

@@ -74,9 +74,16 @@ func hashOf(data []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
+// MaxSequence is the largest release sequence a cell holds exactly (its Lua
+// numbers are doubles): manifest.MaxSequence.
+const MaxSequence = 1<<53 - 1
+
 // BuildRelease assembles the files of a slot's release for sequence seq: its
 // pool runtime JSON, the cell Lua and the rendered nginx.conf.
 func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
+	if p.Sequence < 0 || p.Sequence > MaxSequence {
+		return Release{}, fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
+	}
 	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua}}
 	hashes := map[string]string{"lua/cellvisor.lua": hashOf(cellLua)}
 	if p.Pool != "" {

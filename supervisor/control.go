@@ -127,7 +127,7 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 				_, err = api.Undrain(ctx)
 			}
 		}
-		if err != nil {
+		if err != nil && !c.cellAgrees(ctx, drained, err) {
 			if rerr := runtime.SetDrained(c.spec, !drained); rerr != nil {
 				c.log.Error("restore drained state", zap.Error(rerr))
 			}
@@ -152,6 +152,22 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 	}
 	c.log.Info("cell "+verb+"ed", zap.Int("pid", pid))
 	return c.status(), nil
+}
+
+// cellAgrees tells, after a drain or undrain call failed with callErr,
+// whether the cell is nonetheless in the state asked for (the call worked
+// and only its answer was lost or unreadable): then the persisted marker,
+// the cell and status agree on it. Otherwise the caller puts the marker
+// back, which agrees with a cell the call did not reach.
+func (c *slot) cellAgrees(ctx context.Context, drained bool, callErr error) bool {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	cs, err := c.cellStatus(sctx)
+	if err != nil || cs == nil || cs.Drained != drained {
+		return false
+	}
+	c.log.Warn("the cell took the call though its answer failed", zap.Bool("drained", drained), zap.Error(callErr))
+	return true
 }
 
 // Restart restarts a running cell gracefully: drain, wait for requests in

@@ -36,17 +36,19 @@ type harness struct {
 }
 
 type harnessOpts struct {
-	slots   int
-	assign  runtime.Assignments
-	cg      cgroup.Manager // nil: a fresh real subtree
-	binary  string         // "": the host's OpenResty
-	policy  supervisor.Policy
-	refusal error
-	ready   time.Duration   // ready timeout; 0 means 10s
-	domains []domain.Domain // nil: one static domain in shared-default
-	drain   time.Duration   // drain timeout of operator restarts; 0 means 30s
-	monitor time.Duration   // monitor interval; 0 means 10s
-	limit   int             // operator restarts per window; 0 means 3
+	slots int
+	// sequence is the release sequence the cells start with; 0 means 1.
+	sequence int64
+	assign   runtime.Assignments
+	cg       cgroup.Manager // nil: a fresh real subtree
+	binary   string         // "": the host's OpenResty
+	policy   supervisor.Policy
+	refusal  error
+	ready    time.Duration   // ready timeout; 0 means 10s
+	domains  []domain.Domain // nil: one static domain in shared-default
+	drain    time.Duration   // drain timeout of operator restarts; 0 means 30s
+	monitor  time.Duration   // monitor interval; 0 means 10s
+	limit    int             // operator restarts per window; 0 means 3
 	// authWindow is the private endpoint's timestamp window in seconds;
 	// 0 means the shipped one.
 	authWindow int
@@ -124,7 +126,11 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	}
 	for _, s := range topo.Slots {
 		if pool := o.assign[s.Name]; pool != "" {
-			p := agent.RenderParams(cfg, s, pool, 1)
+			seq := o.sequence
+			if seq == 0 {
+				seq = 1
+			}
+			p := agent.RenderParams(cfg, s, pool, seq)
 			p.AuthWindow = o.authWindow
 			r, err := runtime.BuildRelease(p, pools[pool])
 			if err != nil {

@@ -96,19 +96,21 @@ type cli struct {
 // commands maps each admin command's words to its handler.
 func (c *cli) commands() map[string]func(context.Context, []string) error {
 	return map[string]func(context.Context, []string) error{
-		"edge create":    c.edgeCreate,
-		"edge list":      c.edgeList,
-		"edge show":      c.edgeShow,
-		"edge rotate":    c.edgeRotate,
-		"edge delete":    c.edgeDelete,
-		"task create":    c.taskCreate,
-		"task list":      c.taskList,
-		"pool list":      c.poolList,
-		"pool create":    c.poolCreate,
-		"domain publish": c.domainPublish,
-		"domain list":    c.domainList,
-		"domain delete":  c.domainDelete,
-		"ca":             c.ca,
+		"edge create":     c.edgeCreate,
+		"edge list":       c.edgeList,
+		"edge show":       c.edgeShow,
+		"edge rotate":     c.edgeRotate,
+		"edge delete":     c.edgeDelete,
+		"task create":     c.taskCreate,
+		"task list":       c.taskList,
+		"pool list":       c.poolList,
+		"pool create":     c.poolCreate,
+		"domain publish":  c.domainPublish,
+		"domain list":     c.domainList,
+		"domain delete":   c.domainDelete,
+		"domain rollback": c.domainRollback,
+		"key rotate":      c.keyRotate,
+		"ca":              c.ca,
 	}
 }
 

@@ -92,3 +92,28 @@ func (c *cli) domainDelete(ctx context.Context, args []string) error {
 		return ac.DeleteDomain(ctx, pos[0])
 	})
 }
+
+func (c *cli) domainRollback(ctx context.Context, args []string) error {
+	fs := c.flags("domain rollback")
+	to := fs.Int64("to", 0, "the earlier revision to republish")
+	pos, ac, err := c.parse(fs, args, "NAME")
+	if err != nil {
+		return err
+	}
+	if *to < 1 {
+		return errors.New("domain rollback: --to REVISION is required")
+	}
+	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	defer cancel()
+	p, err := ac.RollbackDomain(ctx, pos[0], *to)
+	if err != nil {
+		return fmt.Errorf("domain rollback %s: %w", pos[0], err)
+	}
+	return printJSON(c.out, p)
+}
+
+func (c *cli) keyRotate(ctx context.Context, args []string) error {
+	return one(ctx, c, "key rotate", args, nil, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) (controlapi.RotatedView, error) {
+		return ac.RotateKey(ctx)
+	})
+}

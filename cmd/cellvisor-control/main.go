@@ -42,6 +42,11 @@ administration, through the admin API:
                        configuration, - for stdin
   domain list [-o json]
   domain delete NAME   withdraw the domain from every edge
+  domain rollback NAME --to REVISION
+                       republish an earlier revision's artifact, marked as a signed
+                       rollback (edges refuse a lower revision without it)
+  key rotate           replace the signing key: every edge gets a manifest signed by
+                       the new key that announces it, vouched for by the old key
   ca                   print the CA certificate (PEM): agents pass it as --ca-file
 
 admin flags, before or after the command:

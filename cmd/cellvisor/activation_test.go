@@ -68,7 +68,7 @@ func (s *spool) publish(t testing.TB, seq int64, body string, n int, tamper bool
 	for i := 0; i < n; i++ {
 		add(fmt.Sprintf("filler%d.test", i), "filler")
 	}
-	if err := s.src.Publish(m, arts); err != nil {
+	if err := s.src.Publish(manifest.Sign(s.priv, m, nil), arts); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -111,7 +111,9 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 		var oldPool string
 		var oldRev int64
 		var deleted int
-		err = tx.QueryRowContext(ctx, s.q(`SELECT pool, revision, deleted FROM domains WHERE name = ?`+lock), domain).Scan(&oldPool, &oldRev, &deleted)
+		// The next revision is above every one the domain had, rolled back
+		// or not: an edge never sees a revision go down but on a rollback.
+		err = tx.QueryRowContext(ctx, s.q(`SELECT pool, top_revision, deleted FROM domains WHERE name = ?`+lock), domain).Scan(&oldPool, &oldRev, &deleted)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
@@ -132,15 +134,20 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 			return fmt.Errorf("store artifact: %w", err)
 		}
 		var rev int64
-		err = tx.QueryRowContext(ctx, s.q(`INSERT INTO domains (name, pool, revision, sha256, size, deleted, updated_at) VALUES (?, ?, ?, ?, ?, 0, ?)
-			ON CONFLICT (name) DO UPDATE SET pool = excluded.pool, revision = excluded.revision, sha256 = excluded.sha256,
-			size = excluded.size, deleted = 0, updated_at = excluded.updated_at WHERE domains.revision < excluded.revision RETURNING revision`),
-			domain, pool, d.Revision, d.SHA256, d.Size, ms(d.UpdatedAt)).Scan(&rev)
+		err = tx.QueryRowContext(ctx, s.q(`INSERT INTO domains (name, pool, revision, top_revision, sha256, size, deleted, updated_at) VALUES (?, ?, ?, ?, ?, ?, 0, ?)
+			ON CONFLICT (name) DO UPDATE SET pool = excluded.pool, revision = excluded.revision, top_revision = excluded.top_revision,
+			sha256 = excluded.sha256, size = excluded.size, deleted = 0, updated_at = excluded.updated_at
+			WHERE domains.top_revision < excluded.top_revision RETURNING revision`),
+			domain, pool, d.Revision, d.Revision, d.SHA256, d.Size, ms(d.UpdatedAt)).Scan(&rev)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("revision %d published concurrently: %w", d.Revision, ErrConflict)
 		}
 		if err != nil {
 			return fmt.Errorf("store domain: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO domain_revisions (domain, revision, pool, sha256, size, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+			domain, d.Revision, pool, d.SHA256, d.Size, ms(d.UpdatedAt)); err != nil {
+			return fmt.Errorf("store revision: %w", err)
 		}
 		out.Domain = d
 		entry := manifest.Entry{Domain: domain, Pool: pool, Revision: d.Revision, Size: d.Size, SHA256: d.SHA256}
@@ -154,7 +161,7 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 }
 
 // DeleteDomain withdraws a domain from every edge's manifest.
-func (s *Store) DeleteDomain(ctx context.Context, domain string) (Published, error) {
+func (s *Store) DeleteDomain(ctx context.Context, domain string, sign Signer) (Published, error) {
 	var out Published
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		gen, err := s.next(ctx, tx, "gen") // first: see PublishDomain
@@ -176,7 +183,7 @@ func (s *Store) DeleteDomain(ctx context.Context, domain string) (Published, err
 			return err
 		}
 		out.Domain = d
-		out.Edges, err = s.advance(ctx, tx, gen, domain, d.Pool, d.Pool, "", manifest.Entry{}, nil)
+		out.Edges, err = s.advance(ctx, tx, gen, domain, d.Pool, d.Pool, "", manifest.Entry{}, sign)
 		return err
 	})
 	if err != nil {
@@ -214,7 +221,7 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, domain string, hostnames 
 
 // advance gives every edge with a cell in poolA or poolB a new sequence in
 // which domain's entry is closed and, for edges in newPool, replaced by
-// entry signed for that edge.
+// entry signed for that edge, and signs each new sequence's header.
 func (s *Store) advance(ctx context.Context, tx *sql.Tx, gen int64, domain, poolA, poolB, newPool string, entry manifest.Entry, sign Signer) ([]EdgeSequence, error) {
 	rows, err := tx.QueryContext(ctx, s.q(`SELECT DISTINCT edge_id, pool FROM assignments WHERE pool = ? OR pool = ? ORDER BY edge_id`), poolA, poolB)
 	if err != nil {
@@ -241,21 +248,27 @@ func (s *Store) advance(ctx context.Context, tx *sql.Tx, gen int64, domain, pool
 		return nil, err
 	}
 	var out []EdgeSequence
+	if len(edges) == 0 {
+		return nil, nil
+	}
+	k, err := s.keyring(ctx, tx, sign)
+	if err != nil {
+		return nil, err
+	}
 	for _, id := range edges {
-		var seq int64
-		// The row lock taken here orders concurrent changes to one edge.
-		if err := tx.QueryRowContext(ctx, s.q(`UPDATE edges SET sequence = sequence + 1, gen = ? WHERE id = ? RETURNING sequence`), gen, id).Scan(&seq); err != nil {
-			return nil, fmt.Errorf("advance edge %s: %w", id, err)
+		seq, err := s.bump(ctx, tx, gen, id)
+		if err != nil {
+			return nil, err
 		}
 		if _, err := tx.ExecContext(ctx, s.q(`UPDATE manifest_entries SET to_seq = ? WHERE edge_id = ? AND domain = ? AND to_seq = 0`), seq, id, domain); err != nil {
 			return nil, err
 		}
 		if in[id] {
-			if err := s.insertEntry(ctx, tx, id, seq, sign(id, entry)); err != nil {
+			if err := s.insertEntry(ctx, tx, id, seq, k.entry(id, entry)); err != nil {
 				return nil, err
 			}
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM manifest_entries WHERE edge_id = ? AND to_seq <> 0 AND to_seq <= ?`), id, seq-keepSequences); err != nil {
+		if err := s.finishSequence(ctx, tx, k, id, seq); err != nil {
 			return nil, err
 		}
 		out = append(out, EdgeSequence{EdgeID: id, Sequence: seq})
@@ -321,7 +334,7 @@ func (s *Store) Entries(ctx context.Context, edgeID string, seq int64, after str
 	if seq < 1 || seq > current || seq <= current-keepSequences {
 		return nil, fmt.Errorf("edge %s manifest sequence %d (current %d): %w", edgeID, seq, current, ErrNotFound)
 	}
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT domain, pool, revision, size, sha256, signature FROM manifest_entries
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT domain, pool, revision, size, sha256, rollback, signature FROM manifest_entries
 		WHERE edge_id = ? AND from_seq <= ? AND (to_seq = 0 OR to_seq > ?) AND domain > ? ORDER BY domain LIMIT ?`),
 		edgeID, seq, seq, after, limit)
 	if err != nil {
@@ -330,8 +343,8 @@ func (s *Store) Entries(ctx context.Context, edgeID string, seq int64, after str
 	defer rows.Close()
 	var out []manifest.Entry
 	for rows.Next() {
-		var e manifest.Entry
-		if err := rows.Scan(&e.Domain, &e.Pool, &e.Revision, &e.Size, &e.SHA256, &e.Signature); err != nil {
+		e, err := scanEntry(rows)
+		if err != nil {
 			return nil, err
 		}
 		out = append(out, e)

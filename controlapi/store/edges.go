@@ -54,9 +54,6 @@ type NewEdge struct {
 	Assignments map[string]string
 }
 
-// Signer signs an entry for an edge (sets Signature).
-type Signer func(edgeID string, e manifest.Entry) manifest.Entry
-
 const edgeColumns = `id, name, org, country, continent, mgmt_ipv4, mgmt_ipv6, slots, csr_hash, cert_pem, cert_serial,
 	rotations, sequence, active_sequence, enrolled_at, last_seen, status, status_at, created_at`
 
@@ -110,7 +107,7 @@ func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, e
 				rows.Close()
 				return err
 			}
-			entries = append(entries, sign(n.ID, e))
+			entries = append(entries, e)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -119,13 +116,19 @@ func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, e
 		if len(entries) == 0 {
 			return nil
 		}
+		k, err := s.keyring(ctx, tx, sign)
+		if err != nil {
+			return err
+		}
 		for _, e := range entries {
-			if err := s.insertEntry(ctx, tx, n.ID, 1, e); err != nil {
+			if err := s.insertEntry(ctx, tx, n.ID, 1, k.entry(n.ID, e)); err != nil {
 				return err
 			}
 		}
-		_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET sequence = 1 WHERE id = ?`), n.ID)
-		return err
+		if _, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET sequence = 1 WHERE id = ?`), n.ID); err != nil {
+			return err
+		}
+		return s.signHeader(ctx, tx, k, n.ID, 1)
 	})
 	if err != nil {
 		return Edge{}, fmt.Errorf("create edge %s: %w", n.Name, err)
@@ -134,8 +137,12 @@ func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, e
 }
 
 func (s *Store) insertEntry(ctx context.Context, tx *sql.Tx, edgeID string, seq int64, e manifest.Entry) error {
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO manifest_entries (edge_id, domain, from_seq, pool, revision, size, sha256, signature)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`), edgeID, e.Domain, seq, e.Pool, e.Revision, e.Size, e.SHA256, e.Signature)
+	rollback := 0
+	if e.Rollback {
+		rollback = 1
+	}
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO manifest_entries (edge_id, domain, from_seq, pool, revision, size, sha256, rollback, signature)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`), edgeID, e.Domain, seq, e.Pool, e.Revision, e.Size, e.SHA256, rollback, e.Signature)
 	return err
 }
 

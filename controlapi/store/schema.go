@@ -121,4 +121,41 @@ CREATE TABLE deleted_edges (
 );
 CREATE INDEX deleted_edges_gen ON deleted_edges (gen);
 `,
+	// 4: manifests authenticated as a whole: a signed header per edge
+	// sequence; a signed rollback flag per entry; every revision's
+	// artifact, for rollbacks, and the highest revision a domain had, so
+	// that one published after a rollback still goes up; the signing key's
+	// rotations, carried in every header.
+	`
+CREATE TABLE manifest_headers (
+	edge_id   TEXT NOT NULL REFERENCES edges (id) ON DELETE CASCADE,
+	sequence  {{bigint}} NOT NULL,
+	header    TEXT NOT NULL,
+	signature TEXT NOT NULL,
+	PRIMARY KEY (edge_id, sequence)
+);
+ALTER TABLE manifest_entries ADD COLUMN rollback INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE domains ADD COLUMN top_revision {{bigint}} NOT NULL DEFAULT 0;
+UPDATE domains SET top_revision = revision;
+CREATE TABLE domain_revisions (
+	domain     TEXT NOT NULL,
+	revision   {{bigint}} NOT NULL,
+	pool       TEXT NOT NULL,
+	sha256     TEXT NOT NULL REFERENCES artifacts (sha256),
+	size       {{bigint}} NOT NULL,
+	created_at {{bigint}} NOT NULL,
+	PRIMARY KEY (domain, revision)
+);
+INSERT INTO domain_revisions (domain, revision, pool, sha256, size, created_at)
+	SELECT name, revision, pool, sha256, size, updated_at FROM domains;
+INSERT INTO domain_revisions (domain, revision, pool, sha256, size, created_at)
+	SELECT DISTINCT m.domain, m.revision, m.pool, m.sha256, m.size, 0 FROM manifest_entries m
+	WHERE NOT EXISTS (SELECT 1 FROM domain_revisions r WHERE r.domain = m.domain AND r.revision = m.revision)
+	AND EXISTS (SELECT 1 FROM artifacts a WHERE a.sha256 = m.sha256);
+CREATE TABLE key_rotations (
+	id         INTEGER PRIMARY KEY,
+	rotation   TEXT NOT NULL,
+	created_at {{bigint}} NOT NULL
+);
+`,
 }

@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -35,6 +37,9 @@ func open(t *testing.T, dsn string) *Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	if _, err := s.InitSetting(ctx, SigningKeySetting, "test-key"); err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 
@@ -44,11 +49,21 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-// fakeSign marks an entry as signed for an edge, so tests can tell whose
-// signature an entry carries.
-func fakeSign(edgeID string, e manifest.Entry) manifest.Entry {
-	e.Signature = edgeID + "/" + e.Domain + "/" + fmt.Sprint(e.Revision)
-	return e
+// testKey is what fakeSign opens the sealed key "test-key" to.
+var testKey = ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize))
+
+// fakeSign opens the test's signing key, unsealed.
+func fakeSign(sealed string) (ed25519.PrivateKey, error) {
+	if sealed != "test-key" {
+		return nil, fmt.Errorf("unknown sealed key %q", sealed)
+	}
+	return testKey, nil
+}
+
+// signedFor reports whether e carries the test key's signature for edgeID.
+func signedFor(edgeID string, e manifest.Entry) bool {
+	sig, err := base64.StdEncoding.DecodeString(e.Signature)
+	return err == nil && ed25519.Verify(testKey.Public().(ed25519.PublicKey), manifest.SigningMessage(edgeID, e), sig)
 }
 
 // bytes builds a fixed artifact whatever the revision.
@@ -149,7 +164,7 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 		}
 		for _, id := range []string{a.ID, b.ID} {
 			es, err := s.Entries(ctx(t), id, 1, "", 500)
-			if err != nil || len(es) != 1 || es[0].Signature != id+"/x.example/1" {
+			if err != nil || len(es) != 1 || !signedFor(id, es[0]) {
 				t.Fatalf("edge %s entries %+v, %v", id, es, err)
 			}
 			if data, err := s.Artifact(ctx(t), id, es[0].SHA256); err != nil || string(data) != string(art) {
@@ -176,13 +191,13 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 		if d.Sequence != 1 {
 			t.Fatalf("new edge sequence %d, want 1", d.Sequence)
 		}
-		if es, _ := s.Entries(ctx(t), d.ID, 1, "", 500); len(es) != 1 || es[0].Revision != 2 || es[0].Signature != d.ID+"/x.example/2" {
+		if es, _ := s.Entries(ctx(t), d.ID, 1, "", 500); len(es) != 1 || es[0].Revision != 2 || !signedFor(d.ID, es[0]) {
 			t.Fatalf("new edge entries %+v", es)
 		}
 		if _, err := s.PublishDomain(ctx(t), "y.example", "reserved-none", nil, bytes(art), fakeSign); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("unknown pool: %v", err)
 		}
-		del, err := s.DeleteDomain(ctx(t), "x.example")
+		del, err := s.DeleteDomain(ctx(t), "x.example", fakeSign)
 		if err != nil || len(del.Edges) != 3 {
 			t.Fatalf("delete: %+v, %v", del, err)
 		}
@@ -354,7 +369,7 @@ func TestHostnamesAreClaimedOnce(t *testing.T) {
 		if _, err := s.PublishDomain(ctx(t), "b.example", "quarantine-default", []string{"www.example"}, bytes([]byte("b")), fakeSign); err != nil {
 			t.Fatalf("a released hostname: %v", err)
 		}
-		if _, err := s.DeleteDomain(ctx(t), "b.example"); err != nil {
+		if _, err := s.DeleteDomain(ctx(t), "b.example", fakeSign); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.PublishDomain(ctx(t), "c.example", "shared-default", []string{"www.example"}, bytes([]byte("c")), fakeSign); err != nil {
@@ -411,7 +426,7 @@ func TestEdgesCreatedDuringPublishesGetEveryDomain(t *testing.T) {
 			})
 			if i < 4 {
 				wg.Go(func() {
-					_, err := s.DeleteDomain(ctx(t), fmt.Sprintf("old%d.example", i))
+					_, err := s.DeleteDomain(ctx(t), fmt.Sprintf("old%d.example", i), fakeSign)
 					errs <- err
 				})
 			}

@@ -23,6 +23,13 @@ local _M = { hosts = {}, cell = "?", pool = "", sequence = 0, secret = nil }
 -- is forgotten.
 local auth_window = 30
 
+-- seqstr renders the sequence as the exact integer it is: tostring and
+-- cjson (14 significant digits by default) would round one over 10^14 into
+-- an exponent the agent cannot decode as an integer.
+local function seqstr()
+    return string.format("%.0f", _M.sequence)
+end
+
 local function read_file(path)
     local f, err = io.open(path, "rb")
     if not f then return nil, err end
@@ -34,6 +41,12 @@ end
 function _M.init(opts)
     _M.cell, _M.pool, _M.sequence = opts.cell, opts.pool or "", opts.sequence or 0
     auth_window = tonumber(opts.auth_window) or 30
+    -- Sequences are 1 … 2^53-1, exact in a double; anything else is not
+    -- one the agent wrote, and is reported as 0 rather than rounded.
+    if type(_M.sequence) ~= "number" or _M.sequence < 0 or _M.sequence > 9007199254740991
+        or _M.sequence ~= math.floor(_M.sequence) then
+        _M.sequence = 0
+    end
     local secret, err = read_file(opts.secret_file)
     if not secret or #secret < 32 then
         error("cellvisor: read cell secret " .. tostring(opts.secret_file) .. ": " .. tostring(err or "too short"))
@@ -71,7 +84,7 @@ function _M.ready()
         ngx.say("draining ", _M.cell)
         return ngx.exit(503)
     end
-    ngx.say("ready ", _M.cell, " sequence ", _M.sequence)
+    ngx.say("ready ", _M.cell, " sequence ", seqstr())
 end
 
 function _M.serve()
@@ -249,6 +262,14 @@ local function status_doc()
     }
 end
 
+-- encode_status encodes status_doc with the sequence spliced in exactly.
+local function encode_status()
+    local doc = status_doc()
+    doc.sequence = "@@sequence@@"
+    local out = cjson.encode(doc)
+    return (string.gsub(out, '"@@sequence@@"', seqstr(), 1))
+end
+
 -- private() serves the private socket.
 function _M.private()
     if authenticate() ~= true then return end
@@ -265,7 +286,7 @@ function _M.private()
         return ngx.exit(404)
     end
     ngx.header["Content-Type"] = "application/json"
-    ngx.say(cjson.encode(status_doc()))
+    ngx.say(encode_status())
 end
 
 return _M
