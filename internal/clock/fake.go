@@ -67,7 +67,9 @@ func (f *Fake) Advance(d time.Duration) {
 		default: // a ticker nobody read: drop the tick, as time.Ticker does
 		}
 		if t.period > 0 {
-			t.at = f.now.Add(t.period)
+			for !t.at.After(f.now) { // ticks missed in one Advance are dropped
+				t.at = t.at.Add(t.period)
+			}
 			kept = append(kept, t)
 		}
 	}
