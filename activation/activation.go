@@ -15,22 +15,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"maps"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
-	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"cellvisor/controlclient"
-	"cellvisor/domain"
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/clock"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
 )
@@ -69,12 +63,16 @@ type Options struct {
 	ApplyTimeout time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
+	// Clock paces polls and retries and stamps acks, or nil for the real
+	// clock.
+	Clock clock.Clock
 }
 
 // Activator applies manifests.
 type Activator struct {
-	o   Options
-	log *zap.Logger
+	o     Options
+	log   *zap.Logger
+	clock clock.Clock
 
 	mu       sync.Mutex // guards the following fields
 	active   int64
@@ -102,7 +100,7 @@ func New(o Options) (*Activator, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	a := &Activator{o: o, log: o.Logger.Named("activation")}
+	a := &Activator{o: o, log: o.Logger.Named("activation"), clock: clock.Or(o.Clock)}
 	var err error
 	if a.trust, err = loadTrust(o.StateDir, o.PublicKey); err != nil {
 		return nil, err
@@ -135,340 +133,6 @@ func (a *Activator) LastPoll() (time.Time, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.lastPoll, a.lastErr
-}
-
-// Run polls every interval (with jittered backoff up to maxDelay while the
-// source fails) until ctx ends. Cells keep serving the last good release
-// whatever happens here.
-func (a *Activator) Run(ctx context.Context, interval, maxDelay time.Duration) {
-	delay := interval
-	for {
-		err := a.Poll(ctx)
-		a.mu.Lock()
-		a.lastPoll, a.lastErr = time.Now(), err
-		a.mu.Unlock()
-		wait := interval
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			wait = delay
-			a.log.Warn("poll failed; keeping the active release", zap.Duration("retry_in", wait), zap.Error(err))
-			delay = min(delay*2, maxDelay)
-		} else {
-			delay = interval
-		}
-		t := time.NewTimer(time.Duration(float64(wait) * (0.75 + rand.Float64()/2)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// Poll applies the newest manifest after the active sequence, if any. It
-// returns an error only for failures to be retried (source unreachable,
-// local I/O); refusals are journaled as acks and return nil.
-func (a *Activator) Poll(ctx context.Context) error {
-	active := a.Active()
-	if active == 0 {
-		// A new edge, or one whose state was lost: a full snapshot, when the
-		// source has one, is the quickest way to everything.
-		if err := a.recover(ctx); err != nil {
-			return err
-		}
-		active = a.Active()
-	}
-	m, err := manifest.Collect(ctx, a.o.Source.Page, a.o.EdgeID, active)
-	if err == nil {
-		err = a.authenticate(m)
-	}
-	switch {
-	case errors.Is(err, manifest.ErrNoChange):
-		return nil
-	case err != nil && !manifest.IsRefusal(err):
-		return fmt.Errorf("fetch manifest: %w", err)
-	}
-	if err != nil {
-		return a.refuse(m.Sequence, err)
-	}
-	if a.alreadyRefused(m) {
-		return nil
-	}
-	pools, err := a.verify(ctx, m, a.o.Source.Artifact)
-	if manifest.IsRefusal(err) || errors.Is(err, domain.ErrInvalid) || errors.Is(err, errUnknownPool) {
-		return a.refuseManifest(m, err)
-	}
-	if err != nil {
-		return err
-	}
-	return a.apply(ctx, m.Sequence, pools)
-}
-
-var errUnknownPool = errors.New("pool not assigned on this edge")
-
-// recover applies the source's recovery snapshot, if it has one and it was
-// not refused already.
-func (a *Activator) recover(ctx context.Context) error {
-	a.mu.Lock()
-	skip := a.snapshotRefused
-	a.mu.Unlock()
-	if skip {
-		return nil
-	}
-	rc, err := a.o.Source.Snapshot(ctx)
-	if errors.Is(err, manifest.ErrNoChange) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("open recovery snapshot: %w", err)
-	}
-	defer rc.Close()
-	return a.ApplySnapshot(ctx, rc)
-}
-
-// ApplySnapshot applies a full recovery snapshot read from r, with the hard
-// bounds of manifest.ReadSnapshot, verifying every artifact against its
-// signed entry exactly as for a manifest; a refusal is acknowledged and
-// changes nothing.
-func (a *Activator) ApplySnapshot(ctx context.Context, r io.Reader) error {
-	s, err := manifest.ReadSnapshot(r, manifest.SnapshotLimit)
-	if err != nil && !manifest.IsRefusal(err) {
-		return fmt.Errorf("recovery snapshot: %w", err) // a broken download: retried
-	}
-	seq := s.Manifest.Sequence
-	if err == nil && s.Manifest.EdgeID != a.o.EdgeID {
-		err = fmt.Errorf("%w: snapshot for edge %q, this is %q", manifest.ErrSnapshot, s.Manifest.EdgeID, a.o.EdgeID)
-	}
-	if active := a.Active(); err == nil && seq <= active {
-		err = fmt.Errorf("%w: snapshot sequence %d, active %d", manifest.ErrStale, seq, active)
-	}
-	if err == nil {
-		err = a.authenticate(s.Manifest)
-	}
-	if err != nil && !manifest.IsRefusal(err) {
-		return err // the new pin could not be written: retried
-	}
-	if err != nil {
-		a.mu.Lock()
-		a.snapshotRefused = true
-		a.mu.Unlock()
-		return a.refuse(seq, fmt.Errorf("recovery snapshot: %w", err))
-	}
-	pools, err := a.verify(ctx, s.Manifest, func(_ context.Context, sum string) ([]byte, error) {
-		return s.Artifacts[sum], nil
-	})
-	if err != nil {
-		a.mu.Lock()
-		a.snapshotRefused = true
-		a.mu.Unlock()
-		return a.refuse(seq, fmt.Errorf("recovery snapshot: %w", err))
-	}
-	a.log.Info("applying recovery snapshot", zap.Int64("sequence", seq), zap.Int("entries", len(s.Manifest.Entries)))
-	return a.apply(ctx, seq, pools)
-}
-
-// verify fetches every artifact and checks it against its signed entry,
-// decodes it, and compiles the pools. It writes nothing.
-func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(context.Context, string) ([]byte, error)) (map[string]*runtime.PoolRuntime, error) {
-	assigned := map[string]bool{}
-	for _, pool := range a.o.Assignments {
-		assigned[pool] = true
-	}
-	for _, e := range m.Entries {
-		if !assigned[e.Pool] {
-			return nil, fmt.Errorf("%w: %s is for pool %s", errUnknownPool, e.Domain, e.Pool)
-		}
-	}
-	// Verification and decoding are CPU-bound and independent per entry: they
-	// run on as many workers as the runtime has processors (Go sizes
-	// GOMAXPROCS from the agent's cgroup CPU limit). The first error in
-	// entry order is the one reported.
-	domains := make([]domain.Domain, len(m.Entries))
-	errs := make([]error, len(m.Entries))
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var next atomic.Int64 // the next entry to claim
-	var wg sync.WaitGroup
-	for range max(goruntime.GOMAXPROCS(0), 1) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= len(m.Entries) {
-					return
-				}
-				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i], fetch)
-				if errs[i] != nil {
-					cancel()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil && !errors.Is(err, context.Canceled) {
-			return nil, err
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return runtime.CompilePools(domains)
-}
-
-// verifyEntry fetches one artifact, verifies it against its entry and
-// decodes it.
-func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch func(context.Context, string) ([]byte, error)) (domain.Domain, error) {
-	data, err := fetch(ctx, e.SHA256)
-	if err != nil {
-		return domain.Domain{}, fmt.Errorf("fetch artifact of %s: %w", e.Domain, err)
-	}
-	if err := e.Verify(a.PinnedKey(), a.o.EdgeID, data); err != nil {
-		return domain.Domain{}, err
-	}
-	d, err := domain.Decode(data)
-	if err != nil {
-		return domain.Domain{}, fmt.Errorf("artifact of %s revision %d: %w", e.Domain, e.Revision, err)
-	}
-	if d.Domain != e.Domain || d.Pool != e.Pool || d.Revision != e.Revision {
-		return domain.Domain{}, fmt.Errorf("%w: artifact says %s/%s revision %d, its entry %s/%s revision %d",
-			manifest.ErrInvalid, d.Domain, d.Pool, d.Revision, e.Domain, e.Pool, e.Revision)
-	}
-	return d, nil
-}
-
-// apply installs and switches the changed slots, reloads their cells,
-// waits for them to report the sequence, journals the ack, and only then
-// records the sequence as active: a crash anywhere before that redoes the
-// activation (a no-op on disk) and the ack.
-func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runtime.PoolRuntime) error {
-	var changed []runtime.Slot
-	ids := map[string]string{} // slot -> installed release
-	// want is the release sequence each reloaded cell must report: seq for
-	// changed slots, the active one for unchanged slots whose running cell
-	// had not loaded it (an earlier reload that failed, acked as partial).
-	want := map[string]int64{}
-	for _, s := range a.o.Topology.Slots {
-		pool := a.o.Assignments[s.Name]
-		if pool == "" {
-			continue
-		}
-		r, err := runtime.BuildRelease(a.o.Render(s, pool, seq), pools[pool])
-		if err != nil {
-			return err
-		}
-		if cur, err := runtime.Current(s); err == nil && cur.Digest == r.Meta.Digest && cur.Pool == pool {
-			if loaded, running, err := a.o.Cells.Loaded(ctx, s.Name); err == nil && running && loaded != cur.Sequence {
-				want[s.Name] = cur.Sequence
-			}
-			continue
-		}
-		want[s.Name] = seq
-		if _, err := runtime.Install(s, r); err != nil {
-			return fmt.Errorf("activate release %d: %w", seq, err)
-		}
-		ids[s.Name] = r.Meta.ID
-		changed = append(changed, s)
-	}
-	for _, s := range changed {
-		if err := runtime.Switch(s, ids[s.Name]); err != nil {
-			return fmt.Errorf("activate release %d: %w", seq, err)
-		}
-		if err := runtime.Prune(s); err != nil {
-			a.log.Warn("prune releases", zap.String("cell", s.Name), zap.Error(err))
-		}
-	}
-	for _, s := range a.o.Topology.Slots { // in slot order, not the map's
-		if _, ok := want[s.Name]; !ok {
-			continue
-		}
-		if err := a.o.Cells.Reload(s.Name); err != nil {
-			a.log.Warn("reload cell", zap.String("cell", s.Name), zap.Error(err))
-		}
-	}
-	missing := a.awaitLoaded(ctx, want)
-	ack := manifest.Ack{Sequence: seq, Status: manifest.AckApplied, At: time.Now().UTC()}
-	if len(missing) > 0 {
-		ack.Status, ack.Cells = manifest.AckPartial, missing
-		ack.Reason = fmt.Sprintf("release %d is active but %d cell(s) have not reported loading it", seq, len(missing))
-	}
-	if err := a.o.Journal.Append(ack); err != nil {
-		return err
-	}
-	if err := a.commitRevisions(seq); err != nil {
-		return err
-	}
-	if err := atomicfile.WriteFile(a.activePath(), []byte(fmt.Sprintf(`{"sequence":%d}`+"\n", seq)), 0o644); err != nil {
-		return fmt.Errorf("record active sequence %d: %w", seq, err)
-	}
-	a.mu.Lock()
-	a.active = seq
-	a.mu.Unlock()
-	names := make([]string, len(changed))
-	for i, s := range changed {
-		names[i] = s.Name
-	}
-	a.log.Info("manifest applied", zap.Int64("sequence", seq), zap.Strings("reloaded", names), zap.String("ack", ack.Status), zap.Strings("not_loaded", missing))
-	return nil
-}
-
-// awaitLoaded waits until every cell in want reports its sequence, and
-// returns the ones that did not within the apply timeout.
-func (a *Activator) awaitLoaded(ctx context.Context, want map[string]int64) []string {
-	ctx, cancel := context.WithTimeout(ctx, a.o.ApplyTimeout)
-	defer cancel()
-	waiting := maps.Clone(want)
-	delay := 2 * time.Millisecond
-	for len(waiting) > 0 {
-		for name, seq := range waiting {
-			if got, running, err := a.o.Cells.Loaded(ctx, name); err == nil && running && got == seq {
-				delete(waiting, name)
-			}
-		}
-		if len(waiting) == 0 {
-			break
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			var out []string
-			for name := range waiting {
-				out = append(out, name)
-			}
-			sort.Strings(out)
-			return out
-		case <-t.C:
-		}
-		delay = min(delay*2, 100*time.Millisecond)
-	}
-	return nil
-}
-
-// refuse journals a refusal ack, once for the same sequence and reason (a
-// source keeps serving a bad manifest until it is replaced); the previous
-// release stays active.
-func (a *Activator) refuse(seq int64, why error) error {
-	seq = ackSequence(seq)
-	key := fmt.Sprintf("%d\x00%s", seq, why)
-	a.mu.Lock()
-	again := a.refused == key
-	a.mu.Unlock()
-	if again {
-		return nil
-	}
-	a.log.Error("manifest refused; the previous release stays active", zap.Int64("sequence", seq), zap.Error(why))
-	if err := a.o.Journal.Append(manifest.Ack{Sequence: seq, Status: manifest.AckRefused, Reason: why.Error(), At: time.Now().UTC()}); err != nil {
-		return err
-	}
-	a.mu.Lock()
-	a.refused = key
-	a.mu.Unlock()
-	return nil
 }
 
 // Rewind lowers the active sequence to seq (a damaged release was rolled

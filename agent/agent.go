@@ -5,17 +5,11 @@
 package agent
 
 import (
-	"context"
 	"crypto/ed25519"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/user"
 	"path/filepath"
-	"strings"
-	"sync"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -26,7 +20,6 @@ import (
 	"cellvisor/manifest"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
-	"cellvisor/systemd"
 )
 
 // Version is set at build time.
@@ -105,52 +98,14 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 			admin.Close()
 		}
 	}()
-	topo, created, err := runtime.LoadOrCreate(runtime.Layout{
-		Slots: cfg.Slots, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase,
-		Address: cfg.Ports.Address, StateDir: cfg.StateDir, RunDir: cfg.RunDir,
-	})
+	topo, assign, err := loadLayout(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	if created {
-		log.Info("topology created", zap.Int("slots", len(topo.Slots)), zap.Int("http_base", topo.HTTPBase), zap.Int("https_base", topo.HTTPSBase))
-	}
-	if ports := topo.InEphemeralRange(); len(ports) > 0 {
-		log.Warn("cell ports inside the kernel's ephemeral port range: an outgoing connection can take one and keep its cell from starting; choose port bases below it",
-			zap.Ints("ports", ports), zap.Int("ephemeral_from", runtime.EphemeralLow()))
-	}
-	assign, err := runtime.LoadOrCreateAssignments(cfg.StateDir, topo)
+	refusal, err := a.setupCgroups()
 	if err != nil {
 		return nil, err
 	}
-	a.cg, err = cgroup.New(cgroup.Options{Root: cfg.Cgroup.Root, Subtree: cfg.Cgroup.Subtree})
-	if err != nil {
-		return nil, err
-	}
-	// Another agent on the same subtree (with other state and run
-	// directories) would kill these cells as strays, and this one its.
-	cgLock, err := a.cg.Lock()
-	if err != nil {
-		return nil, err
-	}
-	a.locks = append(a.locks, cgLock)
-	var refusal error
-	if a.cg.Mode() == cgroup.ModeUnenforced {
-		if cfg.Enforced() {
-			refusal = fmt.Errorf("cell limits cannot be enforced (%v); set limits.enforce: false to run cells without limits", a.cg.Reason())
-			log.Error("refusing to start cells", zap.Error(refusal))
-		} else {
-			log.Warn("running cells WITHOUT resource limits (limits.enforce is false)", zap.NamedError("reason", a.cg.Reason()))
-		}
-	} else if cfg.AgentPlaced() {
-		q, p := cgroup.CPULimits(cfg.AgentLimits.CPU)
-		l := cgroup.Limits{MemoryBytes: int64(cfg.AgentLimits.Memory), CPUQuotaUS: q, CPUPeriodUS: p}
-		if err := a.cg.PlaceSelf(l); err != nil {
-			return nil, fmt.Errorf("place agent in its own leaf cgroup: %w", err)
-		}
-		a.limitsN = fmt.Sprintf("%s memory, %g CPU", cfg.AgentLimits.Memory, cfg.AgentLimits.CPU)
-	}
-	log.Info("cgroups", zap.String("mode", string(a.cg.Mode())), zap.String("subtree", a.cg.Path()))
 	// Choose the source before anything is written: an enrolled edge
 	// refuses domains_dir without touching its releases.
 	if err := a.chooseSource(); err != nil {
@@ -162,25 +117,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		}
 	}
 	rewind := verifyReleases(topo, assign, log)
-	a.sup, err = supervisor.New(supervisor.Options{
-		Binary:        cfg.OpenResty.Binary,
-		Topology:      topo,
-		Assignments:   assign,
-		Cgroups:       a.cg,
-		Limits:        CellLimits(cfg),
-		Refusal:       refusal,
-		Policy:        supervisor.Policy{Initial: cfg.Restart.InitialDelay.D(), Max: cfg.Restart.MaxDelay.D(), HealthyAfter: cfg.Restart.HealthyAfter.D()},
-		ReadyTimeout:  cfg.OpenResty.ReadyTimeout.D(),
-		StopTimeout:   cfg.OpenResty.StopTimeout.D(),
-		ProbeHost:     probeHost(cfg.Ports.Address),
-		RestartLimit:  cfg.Restart.RateLimit,
-		RestartWindow: cfg.Restart.RateWindow.D(),
-		DrainTimeout:  cfg.Restart.DrainTimeout.D(),
-		LogBudget:     int64(cfg.Limits.Logs),
-		Logger:        log,
-		Version:       Version,
-	})
-	if err != nil {
+	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log); err != nil {
 		return nil, err
 	}
 	if a.source != nil {
@@ -197,98 +134,6 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	return a, nil
 }
 
-// chooseSource picks where signed manifests come from: a spool directory
-// when one is configured, else the control API the edge enrolled with, else
-// none (standalone, or not enrolled yet).
-func (a *Agent) chooseSource() error {
-	a.enrollment = EnrollmentNone
-	if a.cfg.Source.Dir != "" {
-		id, key, err := LoadIdentity(a.cfg.Identity())
-		if err != nil {
-			return err
-		}
-		a.enrollment, a.id, a.key = EnrollmentSpool, &id, key
-		a.source = controlclient.DirSource{Dir: a.cfg.Source.Dir}
-		return nil
-	}
-	id, key, err := a.enrolled()
-	if errors.Is(err, errUnusable) {
-		a.unusable(err)
-		return nil
-	}
-	if err != nil || id == nil {
-		return err
-	}
-	if a.cfg.DomainsDir != "" {
-		return fmt.Errorf("domains_dir: this edge is enrolled with %s; its configuration comes from there, remove domains_dir", id.ControlURL)
-	}
-	a.id, a.key = id, key
-	a.client, err = controlclient.New(controlclient.Options{URL: id.ControlURL, Dir: a.cfg.IdentityDir(), Logger: a.log})
-	if err != nil {
-		a.unusable(fmt.Errorf("%w: control client: %v", errUnusable, err))
-		return nil
-	}
-	if a.tasks, err = openLedger(filepath.Join(a.cfg.StateDir, "tasks.json")); err != nil {
-		// Not worth refusing to start over: at worst a task runs again.
-		a.log.Error("control task ledger damaged; starting an empty one", zap.Error(err))
-	}
-	a.enrollment, a.source = EnrollmentEnrolled, a.client
-	a.log.Info("enrolled edge", zap.String("edge", id.EdgeID), zap.String("control", id.ControlURL))
-	return nil
-}
-
-// unusable records an enrolled identity that cannot be used: the cells
-// still serve their verified releases from disk (a damaged identity must not
-// take customer traffic down), nothing is polled, and status says why.
-func (a *Agent) unusable(err error) {
-	a.enrollment, a.controlErr = EnrollmentUnusable, err.Error()
-	a.log.Error("enrolled identity unusable: serving the releases on disk, polling nothing; enroll again (cellvisor enroll --replace)", zap.Error(err))
-}
-
-// setupActivation prepares the ack journal and the activator.
-func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignments) error {
-	var err error
-	a.acks, err = controlclient.OpenJournal(filepath.Join(a.cfg.StateDir, "acks.journal"), a.log)
-	if err != nil {
-		return err
-	}
-	a.act, err = activation.New(activation.Options{
-		EdgeID: a.id.EdgeID, PublicKey: a.key, Source: a.source, Journal: a.acks,
-		Topology: topo, Assignments: assign, Cells: a.sup, StateDir: a.cfg.StateDir,
-		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), Logger: a.log,
-		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {
-			return RenderParams(a.cfg, s, pool, seq)
-		},
-	})
-	return err
-}
-
-// verifyReleases re-checks every assigned slot's active release before any
-// cell starts: a damaged one is replaced by the newest intact older one, and
-// a slot with none stays degraded. This is what lets an agent restarted with
-// its control plane unreachable serve from disk, and only what is whole. It
-// returns the lowest sequence a slot was rolled back to (0 if none), which
-// the active sequence must go back to so that the newer one is fetched again.
-func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) (rewind int64) {
-	for _, s := range topo.Slots {
-		if assign[s.Name] == "" {
-			continue
-		}
-		m, rolledBack, err := runtime.VerifyCurrent(s)
-		switch {
-		case errors.Is(err, runtime.ErrNoRelease):
-		case err != nil:
-			log.Error("no intact release; the cell stays degraded", zap.String("cell", s.Name), zap.Error(err))
-		case rolledBack:
-			log.Warn("active release was damaged; rolled back", zap.String("cell", s.Name), zap.Int64("sequence", m.Sequence))
-			if rewind == 0 || m.Sequence < rewind {
-				rewind = m.Sequence
-			}
-		}
-	}
-	return rewind
-}
-
 // probeHost is the loopback address that reaches listeners bound to addr.
 func probeHost(addr string) string {
 	switch addr {
@@ -300,212 +145,80 @@ func probeHost(addr string) string {
 	return addr
 }
 
-// Status reports the agent.
-func (a *Agent) Status() supervisor.Status {
-	st := a.sup.Status()
-	a.decorate(&st)
-	return st
-}
-
-// LiveStatus reports the agent with each running cell's own report.
-func (a *Agent) LiveStatus(ctx context.Context) supervisor.Status {
-	st := a.sup.LiveStatus(ctx)
-	a.decorate(&st)
-	return st
-}
-
-func (a *Agent) decorate(st *supervisor.Status) {
-	st.AgentLimits = a.limitsN
-	c := &supervisor.ControlStatus{Enrollment: a.enrollment, Error: a.controlErr}
-	st.Control = c
-	if a.id != nil {
-		c.EdgeID, c.ControlURL = a.id.EdgeID, a.id.ControlURL
-	}
-	if a.client != nil {
-		if ok, _ := a.client.LastSuccess(); !ok.IsZero() {
-			c.LastSuccess = &ok
-		}
-	}
-	if a.act == nil {
-		return
-	}
-	at, err := a.act.LastPoll()
-	c.ActiveSequence, c.PendingAcks = a.act.Active(), len(a.acks.Pending())
-	if !at.IsZero() {
-		c.LastPoll = &at
-	}
+// loadLayout loads the slot topology and assignments, or creates them on a
+// new host.
+func loadLayout(cfg config.Agent, log *zap.Logger) (runtime.Topology, runtime.Assignments, error) {
+	topo, created, err := runtime.LoadOrCreate(runtime.Layout{
+		Slots: cfg.Slots, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase,
+		Address: cfg.Ports.Address, StateDir: cfg.StateDir, RunDir: cfg.RunDir,
+	})
 	if err != nil {
-		c.LastPollError = err.Error()
+		return runtime.Topology{}, nil, err
 	}
+	if created {
+		log.Info("topology created", zap.Int("slots", len(topo.Slots)), zap.Int("http_base", topo.HTTPBase), zap.Int("https_base", topo.HTTPSBase))
+	}
+	if ports := topo.InEphemeralRange(); len(ports) > 0 {
+		log.Warn("cell ports inside the kernel's ephemeral port range: an outgoing connection can take one and keep its cell from starting; choose port bases below it",
+			zap.Ints("ports", ports), zap.Int("ephemeral_from", runtime.EphemeralLow()))
+	}
+	assign, err := runtime.LoadOrCreateAssignments(cfg.StateDir, topo)
+	return topo, assign, err
 }
 
-// Drain, Undrain and Restart control one cell (see supervisor).
-func (a *Agent) Drain(ctx context.Context, cell string) (supervisor.SlotStatus, error) {
-	return a.sup.Drain(ctx, cell)
-}
-
-// Undrain reverses Drain.
-func (a *Agent) Undrain(ctx context.Context, cell string) (supervisor.SlotStatus, error) {
-	return a.sup.Undrain(ctx, cell)
-}
-
-// Restart restarts one cell gracefully.
-func (a *Agent) Restart(ctx context.Context, cell string) (supervisor.SlotStatus, error) {
-	return a.sup.Restart(ctx, cell)
-}
-
-// Ready is closed once every cell had its first outcome.
-func (a *Agent) Ready() <-chan struct{} { return a.sup.Ready() }
-
-// Run runs until ctx is cancelled, then stops every cell and returns.
-func (a *Agent) Run(ctx context.Context) error {
-	n := systemd.New(a.log)
-	adminCtx, stopAdmin := context.WithCancel(context.Background())
-	adminDone := make(chan error, 1)
-	go func() { adminDone <- a.admin.Serve(adminCtx) }()
-	supDone := make(chan error, 1)
-	go func() { supDone <- a.sup.Run(ctx) }()
-	go n.Watchdog(ctx, func() bool { return true })
-	var side sync.WaitGroup
-	if a.act != nil {
-		side.Add(2)
-		go func() {
-			defer side.Done()
-			a.act.Run(ctx, a.cfg.Source.PollInterval.D(), a.cfg.Source.MaxBackoff.D())
-		}()
-		go func() {
-			defer side.Done()
-			a.acks.Run(ctx, a.source.Ack, a.cfg.Source.MaxBackoff.D())
-		}()
-	}
-	if a.client != nil {
-		side.Add(2)
-		go func() { defer side.Done(); a.taskLoop(ctx) }()
-		go func() { defer side.Done(); a.reportLoop(ctx) }()
-	}
-	defer side.Wait()
-	select {
-	case <-a.sup.Ready():
-		n.Ready()
-		a.log.Info("agent ready", zap.String("summary", a.summary()))
-		a.reportStatus(ctx, n)
-	case <-ctx.Done():
-	}
-	n.Stopping()
-	a.log.Info("stopping cells")
-	err := <-supDone
-	stopAdmin()
-	if aerr := <-adminDone; aerr != nil && !errors.Is(aerr, context.Canceled) {
-		err = errors.Join(err, aerr)
-	}
-	if a.cfg.Cgroup.Subtree != "" {
-		if rerr := a.cg.Remove(); rerr != nil {
-			a.log.Debug("remove cgroup subtree", zap.Error(rerr))
-		}
-	}
-	a.unlock()
-	return err
-}
-
-// unlock releases the state directory and the cgroup subtree, last taken
-// first.
-func (a *Agent) unlock() {
-	for i := len(a.locks) - 1; i >= 0; i-- {
-		a.locks[i].Close()
-	}
-	a.locks = nil
-}
-
-// reportStatus keeps systemd's one-line STATUS= current until ctx ends.
-func (a *Agent) reportStatus(ctx context.Context, n *systemd.Notifier) {
-	t := time.NewTicker(2 * time.Second)
-	defer t.Stop()
-	last := ""
-	for {
-		if s := a.summary(); s != last {
-			n.Status(s)
-			last = s
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (a *Agent) summary() string {
-	st := a.sup.Status()
-	counts := map[supervisor.State]int{}
-	for _, s := range st.Slots {
-		counts[s.State]++
-	}
-	return fmt.Sprintf("%d slots: %d ready, %d drained, %d degraded, %d stopped; cgroups %s",
-		len(st.Slots), counts[supervisor.StateReady], counts[supervisor.StateDrained], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], st.CgroupMode)
-}
-
-// buildStandalone compiles the local domains directory into a release for
-// every assigned slot and switches to it if its content changed. A bad
-// domains directory refuses to start, naming the file.
-func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) error {
-	domains, err := runtime.LoadDomainsDir(cfg.DomainsDir)
+// setupCgroups detects the cgroup subtree and places the agent in its own
+// leaf with its limits. It returns why cells must not start (limits that
+// must be enforced cannot be), or nil.
+func (a *Agent) setupCgroups() (refusal error, err error) {
+	cfg, log := a.cfg, a.log
+	a.cg, err = cgroup.New(cgroup.Options{Root: cfg.Cgroup.Root, Subtree: cfg.Cgroup.Subtree})
 	if err != nil {
-		return fmt.Errorf("domains_dir %s: %w", cfg.DomainsDir, err)
+		return nil, err
 	}
-	pools, err := runtime.CompilePools(domains)
+	// Another agent on the same subtree (with other state and run
+	// directories) would kill these cells as strays, and this one its.
+	cgLock, err := a.cg.Lock()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	for _, s := range topo.Slots {
-		pool := assign[s.Name]
-		if pool == "" {
-			continue
+	a.locks = append(a.locks, cgLock)
+	if a.cg.Mode() == cgroup.ModeUnenforced {
+		if cfg.Enforced() {
+			refusal = fmt.Errorf("cell limits cannot be enforced (%v); set limits.enforce: false to run cells without limits", a.cg.Reason())
+			log.Error("refusing to start cells", zap.Error(refusal))
+		} else {
+			log.Warn("running cells WITHOUT resource limits (limits.enforce is false)", zap.NamedError("reason", a.cg.Reason()))
 		}
-		var seq int64 = 1
-		if cur, err := runtime.Current(s); err == nil {
-			seq = cur.Sequence + 1
+	} else if cfg.AgentPlaced() {
+		q, p := cgroup.CPULimits(cfg.AgentLimits.CPU)
+		l := cgroup.Limits{MemoryBytes: int64(cfg.AgentLimits.Memory), CPUQuotaUS: q, CPUPeriodUS: p}
+		if err := a.cg.PlaceSelf(l); err != nil {
+			return nil, fmt.Errorf("place agent in its own leaf cgroup: %w", err)
 		}
-		r, err := runtime.BuildRelease(RenderParams(cfg, s, pool, seq), pools[pool])
-		if err != nil {
-			return err
-		}
-		meta, changed, err := runtime.Activate(s, r)
-		if err != nil {
-			return err
-		}
-		if changed {
-			log.Info("release activated", zap.String("cell", s.Name), zap.String("pool", pool), zap.Int64("sequence", meta.Sequence))
-		}
+		a.limitsN = fmt.Sprintf("%s memory, %g CPU", cfg.AgentLimits.Memory, cfg.AgentLimits.CPU)
 	}
-	return nil
+	log.Info("cgroups", zap.String("mode", string(a.cg.Mode())), zap.String("subtree", a.cg.Path()))
+	return refusal, nil
 }
 
-// RenderParams are the render inputs for a slot from the configuration.
-func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runtime.RenderParams {
-	p := runtime.RenderParams{
-		Slot:                  s,
-		Pool:                  pool,
-		Sequence:              seq,
-		Address:               cfg.Ports.Address,
-		Modules:               cfg.OpenResty.Modules,
-		WorkerConnections:     cfg.OpenResty.WorkerConnections,
-		WorkerShutdownTimeout: int(cfg.OpenResty.WorkerShutdownTimeout.D().Seconds()),
-		CacheMaxBytes:         int64(cfg.Limits.Cache),
-		RequestMaxBytes:       int64(cfg.Limits.RequestTmp),
-	}
-	if os.Geteuid() == 0 {
-		// Cells run as the agent's user; as root that needs saying, or
-		// nginx would switch its workers to nobody.
-		if u, err := user.Current(); err == nil {
-			p.User = u.Username + " " + groupName(u)
-		}
-	}
-	return p
-}
-
-func groupName(u *user.User) string {
-	if g, err := user.LookupGroupId(u.Gid); err == nil {
-		return g.Name
-	}
-	return strings.TrimSpace(u.Gid)
+// newSupervisor configures the supervisor from the configuration.
+func newSupervisor(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, cg cgroup.Manager, refusal error, log *zap.Logger) (*supervisor.Supervisor, error) {
+	return supervisor.New(supervisor.Options{
+		Binary:        cfg.OpenResty.Binary,
+		Topology:      topo,
+		Assignments:   assign,
+		Cgroups:       cg,
+		Limits:        CellLimits(cfg),
+		Refusal:       refusal,
+		Policy:        supervisor.Policy{Initial: cfg.Restart.InitialDelay.D(), Max: cfg.Restart.MaxDelay.D(), HealthyAfter: cfg.Restart.HealthyAfter.D()},
+		ReadyTimeout:  cfg.OpenResty.ReadyTimeout.D(),
+		StopTimeout:   cfg.OpenResty.StopTimeout.D(),
+		ProbeHost:     probeHost(cfg.Ports.Address),
+		RestartLimit:  cfg.Restart.RateLimit,
+		RestartWindow: cfg.Restart.RateWindow.D(),
+		DrainTimeout:  cfg.Restart.DrainTimeout.D(),
+		LogBudget:     int64(cfg.Limits.Logs),
+		Logger:        log,
+		Version:       Version,
+	})
 }

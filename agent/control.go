@@ -6,13 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"time"
 
 	"go.uber.org/zap"
 
 	"cellvisor/edgeapi"
+	"cellvisor/internal/backoff"
 	"cellvisor/supervisor"
 )
 
@@ -48,11 +48,13 @@ func (a *Agent) enrolled() (*Identity, ed25519.PublicKey, error) {
 }
 
 // taskLoop runs control tasks: when a poll says some are pending, and
-// every few poll intervals in case a signal was missed. A task's outcome is
-// in the ledger before its ack is sent, so a task whose ack was not taken
-// is acked again, not run again, even after an agent restart.
+// every few poll intervals in case a signal was missed; a failed fetch is
+// retried with backoff. A task's outcome is in the ledger before its ack is
+// sent, so a task whose ack was not taken is acked again, not run again,
+// even after an agent restart.
 func (a *Agent) taskLoop(ctx context.Context) {
 	every := 10 * a.cfg.Source.PollInterval.D()
+	b := &backoff.Backoff{Initial: a.cfg.Source.PollInterval.D(), Max: a.cfg.Source.MaxBackoff.D()}
 	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
@@ -65,28 +67,39 @@ func (a *Agent) taskLoop(ctx context.Context) {
 		t.Reset(every)
 		tasks, err := a.client.Tasks(ctx)
 		if err != nil {
-			if ctx.Err() == nil {
-				a.log.Warn("fetch control tasks", zap.Error(err))
+			if ctx.Err() != nil {
+				return
+			}
+			delay := b.Next()
+			a.log.Warn("fetch control tasks", zap.Duration("retry_in", delay), zap.Error(err))
+			if backoff.Sleep(ctx, nil, delay) != nil {
+				return
 			}
 			continue
 		}
+		b.Reset()
 		for _, task := range tasks {
-			ack, ok := a.tasks.outcome(task.ID)
-			if !ok {
-				ack = a.runTask(ctx, task)
-				if err := a.tasks.record(task.ID, ack); err != nil {
-					a.log.Error("record control task outcome", zap.Int64("task", task.ID), zap.Error(err))
-				}
-				a.report(ctx) // the control plane sees the new state at once
-			}
-			if err := a.client.AckTask(ctx, task.ID, ack); err != nil {
-				a.log.Warn("acknowledge control task", zap.Int64("task", task.ID), zap.Error(err))
-				continue
-			}
-			if err := a.tasks.forget(task.ID); err != nil {
-				a.log.Error("record control task outcome", zap.Int64("task", task.ID), zap.Error(err))
-			}
+			a.handleTask(ctx, task)
 		}
+	}
+}
+
+// handleTask runs a task once (or takes its recorded outcome) and acks it.
+func (a *Agent) handleTask(ctx context.Context, task edgeapi.Task) {
+	ack, ok := a.tasks.outcome(task.ID)
+	if !ok {
+		ack = a.runTask(ctx, task)
+		if err := a.tasks.record(task.ID, ack); err != nil {
+			a.log.Error("record control task outcome", zap.Int64("task", task.ID), zap.Error(err))
+		}
+		a.report(ctx) // the control plane sees the new state at once
+	}
+	if err := a.client.AckTask(ctx, task.ID, ack); err != nil {
+		a.log.Warn("acknowledge control task", zap.Int64("task", task.ID), zap.Error(err))
+		return
+	}
+	if err := a.tasks.forget(task.ID); err != nil {
+		a.log.Error("record control task outcome", zap.Int64("task", task.ID), zap.Error(err))
 	}
 }
 
@@ -118,15 +131,12 @@ func (a *Agent) runTask(ctx context.Context, t edgeapi.Task) edgeapi.TaskAck {
 // reportLoop sends the agent's status to the control API every status
 // interval (jittered, so a fleet restarted together spreads out).
 func (a *Agent) reportLoop(ctx context.Context) {
+	d := a.cfg.Source.StatusInterval.D()
+	b := &backoff.Backoff{Initial: d, Max: d + d/2}
 	for {
 		a.report(ctx)
-		d := a.cfg.Source.StatusInterval.D()
-		t := time.NewTimer(time.Duration(float64(d) * (0.75 + rand.Float64()/2)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if backoff.Sleep(ctx, nil, b.Steady()) != nil {
 			return
-		case <-t.C:
 		}
 	}
 }

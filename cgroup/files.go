@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"cellvisor/internal/backoff"
 )
 
 // readUint reads a single-number cgroup file; "max" reads as 0.
@@ -71,7 +73,7 @@ func writeFile(path, value string) error {
 // bounded by ctx. A kill takes effect within microseconds to milliseconds, so
 // the first polls are fast.
 func waitEmpty(ctx context.Context, list func() ([]int, error)) error {
-	delay := 200 * time.Microsecond
+	b := pollBackoff()
 	for {
 		pids, err := list()
 		if err != nil {
@@ -80,15 +82,15 @@ func waitEmpty(ctx context.Context, list func() ([]int, error)) error {
 		if len(pids) == 0 {
 			return nil
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w: %v after %v", ErrNotEmpty, pids, ctx.Err())
-		case <-t.C:
+		if err := b.Wait(ctx); err != nil {
+			return fmt.Errorf("%w: %v after %v", ErrNotEmpty, pids, err)
 		}
-		delay = min(delay*2, 20*time.Millisecond)
 	}
+}
+
+// pollBackoff paces the waits on the kernel: from 200µs up to 20ms.
+func pollBackoff() *backoff.Backoff {
+	return &backoff.Backoff{Initial: 200 * time.Microsecond, Max: 20 * time.Millisecond}
 }
 
 // killPIDs SIGKILLs each pid; a pid that is already gone is not an error.
@@ -112,7 +114,7 @@ func reapOrphans(pids []int) {
 // removeDir removes an empty cgroup directory, retrying briefly on EBUSY,
 // which the kernel returns while the last exited task is still being released.
 func removeDir(ctx context.Context, dir string) error {
-	delay := 200 * time.Microsecond
+	b := pollBackoff()
 	for {
 		err := syscall.Rmdir(dir)
 		if err == nil || os.IsNotExist(err) {
@@ -121,14 +123,9 @@ func removeDir(ctx context.Context, dir string) error {
 		if err != syscall.EBUSY && err != syscall.EAGAIN {
 			return fmt.Errorf("remove %s: %w", dir, err)
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("remove %s: %w (%v)", dir, err, ctx.Err())
-		case <-t.C:
+		if cerr := b.Wait(ctx); cerr != nil {
+			return fmt.Errorf("remove %s: %w (%v)", dir, err, cerr)
 		}
-		delay = min(delay*2, 20*time.Millisecond)
 	}
 }
 

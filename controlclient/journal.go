@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"sync"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/backoff"
 	"cellvisor/manifest"
 )
 
@@ -133,9 +133,9 @@ func (j *Journal) rewriteLocked() error {
 }
 
 // Run sends pending acks in order until ctx ends, retrying each with
-// exponential backoff (capped at maxDelay, ±50% jitter, reset on success).
+// backoff (from 100ms, capped at maxDelay, ±50% jitter, reset on success).
 func (j *Journal) Run(ctx context.Context, send func(context.Context, manifest.Ack) error, maxDelay time.Duration) {
-	delay := 100 * time.Millisecond
+	b := &backoff.Backoff{Initial: 100 * time.Millisecond, Max: maxDelay}
 	for {
 		pending := j.Pending()
 		if len(pending) == 0 {
@@ -159,18 +159,14 @@ func (j *Journal) Run(ctx context.Context, send func(context.Context, manifest.A
 			continue
 		}
 		if err != nil {
+			delay := b.Next()
 			j.log.Warn("ack not delivered; will retry", zap.Int64("sequence", a.Sequence), zap.Duration("in", delay), zap.Error(err))
-			t := time.NewTimer(time.Duration(float64(delay) * (0.5 + rand.Float64())))
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if backoff.Sleep(ctx, nil, delay) != nil {
 				return
-			case <-t.C:
 			}
-			delay = min(delay*2, maxDelay)
 			continue
 		}
-		delay = 100 * time.Millisecond
+		b.Reset()
 		if err := j.delivered(a); err != nil {
 			j.log.Error("ack journal", zap.Error(err))
 		}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"cellvisor/internal/testutil"
@@ -136,4 +137,54 @@ func TestJournalDropsPermanentlyRefusedAcks(t *testing.T) {
 	if len(got) != 2 || got[0] != 1 || got[1] != 2 || unauthorized != 0 {
 		t.Errorf("delivered %v (401s left %d), want 1 (after its 401) and 2", got, unauthorized)
 	}
+}
+
+// TestJournalRetriesWithBackoff runs Run in a synctest bubble, whose clock
+// moves only when every goroutine waits: the gaps between tries are exactly
+// what the backoff chose, growing up to the cap, and reset after a delivery.
+func TestJournalRetriesWithBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j, err := OpenJournal(filepath.Join(t.TempDir(), "acks.journal"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := j.Append(manifest.Ack{Sequence: 1, Status: manifest.AckApplied}); err != nil {
+			t.Fatal(err)
+		}
+		const maxDelay = time.Second
+		var tries []time.Time
+		delivered := make(chan struct{})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			j.Run(ctx, func(_ context.Context, a manifest.Ack) error {
+				tries = append(tries, time.Now())
+				if len(tries) < 10 {
+					return errors.New("control plane unreachable")
+				}
+				close(delivered)
+				return nil
+			}, maxDelay)
+		}()
+		<-delivered // the bubble's clock jumps to each timer while all wait
+		synctest.Wait()
+		if p := j.Pending(); len(p) != 0 {
+			t.Fatalf("still pending after delivery: %+v", p)
+		}
+		cancel()
+		<-done
+		if len(tries) != 10 {
+			t.Fatalf("%d tries, want 10", len(tries))
+		}
+		nominal := 100 * time.Millisecond
+		for i := 1; i < len(tries); i++ {
+			gap := tries[i].Sub(tries[i-1])
+			lo, hi := nominal/2, min(nominal*3/2, maxDelay)
+			if gap < lo || gap > hi {
+				t.Errorf("gap before try %d: %s, want within [%s, %s]", i+1, gap, lo, hi)
+			}
+			nominal = min(nominal*2, maxDelay)
+		}
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/cellapi"
+	"cellvisor/internal/backoff"
 	"cellvisor/runtime"
 )
 
@@ -54,8 +55,8 @@ func (c *slot) running() (pid int, st State) {
 // in flight up to the drain timeout, then stop (SIGQUIT, SIGKILL past what is
 // left of the timeout).
 func (c *slot) gracefulStop(ctx context.Context, p *proc) {
-	deadline := time.Now().Add(c.s.o.DrainTimeout)
-	dctx, cancel := context.WithDeadline(ctx, deadline)
+	deadline := c.s.clk.Now().Add(c.s.o.DrainTimeout)
+	dctx, cancel := context.WithTimeout(ctx, c.s.o.DrainTimeout)
 	defer cancel()
 	if api, err := c.client(); err == nil {
 		if _, err := api.Drain(dctx); err != nil {
@@ -67,16 +68,11 @@ func (c *slot) gracefulStop(ctx context.Context, p *proc) {
 			if err != nil || st.Connections.InFlight() == 0 {
 				break
 			}
-			t := time.NewTimer(10 * time.Millisecond)
-			select {
-			case <-dctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
+			_ = backoff.Sleep(dctx, c.s.clk, 10*time.Millisecond)
 		}
 	}
 	c.set(StateDegraded, "restarting: stopping")
-	c.stop(p, max(time.Until(deadline), 100*time.Millisecond))
+	c.stop(p, max(deadline.Sub(c.s.clk.Now()), 100*time.Millisecond))
 }
 
 func (s *Supervisor) slotNamed(name string) (*slot, error) {
@@ -134,16 +130,12 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 			return SlotStatus{}, fmt.Errorf("%s %s: %w", verb, name, err)
 		}
 	}
+	ev := map[bool]event{true: evDrain, false: evUndrain}[drained]
 	c.mu.Lock()
-	c.drained = drained
-	switch {
-	case drained && c.state == StateReady:
-		c.state = StateDrained
-	case !drained && c.state == StateDrained:
-		c.state = StateReady
-	}
+	st, act := next(facts{state: c.state, drained: c.drained, running: pid != 0}, ev)
+	c.drained, c.state = drained, st
 	c.mu.Unlock()
-	if pid != 0 {
+	if act == actReload {
 		// Reload picks up the keepalive include: old workers finish their
 		// requests and close keep-alive connections; new ones follow it.
 		if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
@@ -182,10 +174,10 @@ func (s *Supervisor) Restart(ctx context.Context, name string) (SlotStatus, erro
 	}
 	c.ctl.Lock()
 	defer c.ctl.Unlock()
-	if pid, st := c.running(); pid == 0 {
+	if st, act := c.decide(evRestart); act == actRefuse {
 		return SlotStatus{}, fmt.Errorf("%w: %s is %s", ErrNotRunning, name, st)
 	}
-	if err := c.admitRestart(time.Now()); err != nil {
+	if err := c.admitRestart(c.s.clk.Now()); err != nil {
 		return SlotStatus{}, err
 	}
 	req := &restartReq{done: make(chan error, 1)}
@@ -211,20 +203,13 @@ func (s *Supervisor) Restart(ctx context.Context, name string) (SlotStatus, erro
 func (c *slot) admitRestart(now time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	limit, window := c.s.o.RestartLimit, c.s.o.RestartWindow
-	kept := c.opRestarts[:0]
-	for _, t := range c.opRestarts {
-		if now.Sub(t) < window {
-			kept = append(kept, t)
-		}
-	}
+	window := c.s.o.RestartWindow
+	kept, retryIn, ok := admit(c.opRestarts, now, c.s.o.RestartLimit, window)
 	c.opRestarts = kept
-	if len(kept) >= limit {
-		next := kept[0].Add(window).Sub(now).Round(time.Second)
+	if !ok {
 		return fmt.Errorf("%w: %s had %d restarts in the last %s; the next is allowed in %s",
-			ErrRateLimited, c.spec.Name, len(kept), window, next)
+			ErrRateLimited, c.spec.Name, len(kept), window, retryIn.Round(time.Second))
 	}
-	c.opRestarts = append(c.opRestarts, now)
 	c.opRestartsTotal++
 	return nil
 }
@@ -312,13 +297,13 @@ func (s *Supervisor) liveStatus(ctx context.Context, st *Status) {
 // monitor reads every running cell's status on an interval and reports new
 // refused private calls as security events.
 func (s *Supervisor) monitor(ctx context.Context) {
-	t := time.NewTicker(s.o.MonitorInterval)
+	t := s.clk.NewTicker(s.o.MonitorInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		}
 		for _, c := range s.slots {
 			cctx, cancel := context.WithTimeout(ctx, time.Second)

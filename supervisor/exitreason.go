@@ -13,6 +13,9 @@ import (
 // comes after was written during that master's lifetime.
 type logMark struct {
 	errorLog, stderr int64
+	// at is the wall-clock time of the mark: nginx dates its lines by the
+	// wall clock, whatever clock the supervisor runs on.
+	at time.Time
 }
 
 // markLogs records the current sizes of a cell's error.log and stderr.log.
@@ -23,7 +26,7 @@ func markLogs(dir string) logMark {
 		}
 		return 0
 	}
-	return logMark{errorLog: size("error.log"), stderr: size("stderr.log")}
+	return logMark{errorLog: size("error.log"), stderr: size("stderr.log"), at: time.Now()}
 }
 
 // maxDetail bounds how much of a log the exit reason reads and quotes.
@@ -33,14 +36,14 @@ const (
 )
 
 // exitDetail is the last emerg, alert or crit line that the master pid
-// started at started wrote to the cell's logs, or "": from error.log only
+// started at the mark wrote to the cell's logs, or "": from error.log only
 // lines past the mark dated from its start and written by that pid; from
 // stderr.log only what was appended past the mark (nginx's stderr lines
 // carry neither). A line of an earlier master is never quoted as this
 // exit's reason, even after the logs were rotated.
-func exitDetail(dir string, m logMark, pid int, started time.Time) string {
+func exitDetail(dir string, m logMark, pid int) string {
 	if data, err := readSince(filepath.Join(dir, "error.log"), m.errorLog); err == nil {
-		if l := lastAlert(data, func(l string) bool { return ownLine(l, pid, started) }); l != "" {
+		if l := lastAlert(data, func(l string) bool { return ownLine(l, pid, m.at) }); l != "" {
 			return l
 		}
 	}

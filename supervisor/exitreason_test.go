@@ -46,6 +46,7 @@ func TestExitDetailQuotesOnlyThisMaster(t *testing.T) {
 			} else {
 				m = logMark{errorLog: 1 << 20, stderr: 1 << 20}
 			}
+			m.at = started
 			appendTo := func(name, s string) {
 				f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 				if err != nil {
@@ -56,7 +57,7 @@ func TestExitDetailQuotesOnlyThisMaster(t *testing.T) {
 			}
 			appendTo("error.log", tc.errorLog)
 			appendTo("stderr.log", tc.stderr)
-			got := exitDetail(dir, m, 4242, started)
+			got := exitDetail(dir, m, 4242)
 			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 				t.Errorf("detail %q, want one with %q", got, tc.want)
 			}
@@ -68,7 +69,7 @@ func TestExitDetailIsBounded(t *testing.T) {
 	dir := t.TempDir()
 	long := time.Now().Format("2006/01/02 15:04:05") + " [alert] 7#7: " + strings.Repeat("x", 3000)
 	os.WriteFile(filepath.Join(dir, "error.log"), []byte(long+"\n"), 0o644)
-	got := exitDetail(dir, logMark{}, 7, time.Now().Add(-time.Second))
+	got := exitDetail(dir, logMark{at: time.Now().Add(-time.Second)}, 7)
 	if got == "" || len(got) > maxDetailLine+len("…") {
 		t.Errorf("detail of %d bytes, want 1–%d", len(got), maxDetailLine+len("…"))
 	}

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/cgroup"
+	"cellvisor/internal/clock"
 	"cellvisor/logbound"
 	"cellvisor/runtime"
 )
@@ -50,6 +51,9 @@ type Options struct {
 	Version string
 	// Jitter returns values in [0,1) for restart jitter, or nil for math/rand.
 	Jitter func() float64
+	// Clock times restarts, readiness and rate limits, or nil for the real
+	// clock.
+	Clock clock.Clock
 	// RestartLimit operator restarts per cell in any RestartWindow; zero
 	// means 3 in 10 minutes.
 	RestartLimit  int
@@ -69,6 +73,7 @@ type Options struct {
 type Supervisor struct {
 	o       Options
 	log     *zap.Logger
+	clk     clock.Clock
 	started time.Time
 	slots   []*slot
 
@@ -100,9 +105,6 @@ func New(o Options) (*Supervisor, error) {
 	if o.Policy == (Policy{}) {
 		o.Policy = Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Minute, HealthyAfter: 30 * time.Second}
 	}
-	if o.Jitter == nil {
-		o.Jitter = defaultJitter
-	}
 	if o.RestartLimit == 0 {
 		o.RestartLimit = 3
 	}
@@ -121,7 +123,7 @@ func New(o Options) (*Supervisor, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), ready: make(chan struct{})}
+	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), clk: clock.Or(o.Clock), ready: make(chan struct{})}
 	for _, spec := range o.Topology.Slots {
 		s.slots = append(s.slots, newSlot(s, spec, o.Assignments[spec.Name]))
 	}
@@ -153,7 +155,7 @@ func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
 // cancelled, then stops every cell gracefully and removes their cgroups. It
 // returns once no cell process is left.
 func (s *Supervisor) Run(ctx context.Context) error {
-	s.started = time.Now()
+	s.started = s.clk.Now()
 	s.cleanupStale(ctx)
 	s.pending.Add(len(s.slots))
 	go func() {

@@ -1,0 +1,85 @@
+package activation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	goruntime "runtime"
+	"sync"
+	"sync/atomic"
+
+	"cellvisor/domain"
+	"cellvisor/manifest"
+	"cellvisor/runtime"
+)
+
+// verify fetches every artifact and checks it against its signed entry,
+// decodes it, and compiles the pools. It writes nothing.
+func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(context.Context, string) ([]byte, error)) (map[string]*runtime.PoolRuntime, error) {
+	assigned := map[string]bool{}
+	for _, pool := range a.o.Assignments {
+		assigned[pool] = true
+	}
+	for _, e := range m.Entries {
+		if !assigned[e.Pool] {
+			return nil, fmt.Errorf("%w: %s is for pool %s", errUnknownPool, e.Domain, e.Pool)
+		}
+	}
+	// Verification and decoding are CPU-bound and independent per entry: they
+	// run on as many workers as the runtime has processors (Go sizes
+	// GOMAXPROCS from the agent's cgroup CPU limit). The first error in
+	// entry order is the one reported.
+	domains := make([]domain.Domain, len(m.Entries))
+	errs := make([]error, len(m.Entries))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var next atomic.Int64 // the next entry to claim
+	var wg sync.WaitGroup
+	for range max(goruntime.GOMAXPROCS(0), 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(m.Entries) {
+					return
+				}
+				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i], fetch)
+				if errs[i] != nil {
+					cancel()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return nil, err
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return runtime.CompilePools(domains)
+}
+
+// verifyEntry fetches one artifact, verifies it against its entry and
+// decodes it.
+func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch func(context.Context, string) ([]byte, error)) (domain.Domain, error) {
+	data, err := fetch(ctx, e.SHA256)
+	if err != nil {
+		return domain.Domain{}, fmt.Errorf("fetch artifact of %s: %w", e.Domain, err)
+	}
+	if err := e.Verify(a.PinnedKey(), a.o.EdgeID, data); err != nil {
+		return domain.Domain{}, err
+	}
+	d, err := domain.Decode(data)
+	if err != nil {
+		return domain.Domain{}, fmt.Errorf("artifact of %s revision %d: %w", e.Domain, e.Revision, err)
+	}
+	if d.Domain != e.Domain || d.Pool != e.Pool || d.Revision != e.Revision {
+		return domain.Domain{}, fmt.Errorf("%w: artifact says %s/%s revision %d, its entry %s/%s revision %d",
+			manifest.ErrInvalid, d.Domain, d.Pool, d.Revision, e.Domain, e.Pool, e.Revision)
+	}
+	return d, nil
+}

@@ -1,0 +1,106 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"cellvisor/config"
+	"cellvisor/runtime"
+)
+
+// verifyReleases re-checks every assigned slot's active release before any
+// cell starts: a damaged one is replaced by the newest intact older one, and
+// a slot with none stays degraded. This is what lets an agent restarted with
+// its control plane unreachable serve from disk, and only what is whole. It
+// returns the lowest sequence a slot was rolled back to (0 if none), which
+// the active sequence must go back to so that the newer one is fetched again.
+func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) (rewind int64) {
+	for _, s := range topo.Slots {
+		if assign[s.Name] == "" {
+			continue
+		}
+		m, rolledBack, err := runtime.VerifyCurrent(s)
+		switch {
+		case errors.Is(err, runtime.ErrNoRelease):
+		case err != nil:
+			log.Error("no intact release; the cell stays degraded", zap.String("cell", s.Name), zap.Error(err))
+		case rolledBack:
+			log.Warn("active release was damaged; rolled back", zap.String("cell", s.Name), zap.Int64("sequence", m.Sequence))
+			if rewind == 0 || m.Sequence < rewind {
+				rewind = m.Sequence
+			}
+		}
+	}
+	return rewind
+}
+
+// buildStandalone compiles the local domains directory into a release for
+// every assigned slot and switches to it if its content changed. A bad
+// domains directory refuses to start, naming the file.
+func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) error {
+	domains, err := runtime.LoadDomainsDir(cfg.DomainsDir)
+	if err != nil {
+		return fmt.Errorf("domains_dir %s: %w", cfg.DomainsDir, err)
+	}
+	pools, err := runtime.CompilePools(domains)
+	if err != nil {
+		return err
+	}
+	for _, s := range topo.Slots {
+		pool := assign[s.Name]
+		if pool == "" {
+			continue
+		}
+		var seq int64 = 1
+		if cur, err := runtime.Current(s); err == nil {
+			seq = cur.Sequence + 1
+		}
+		r, err := runtime.BuildRelease(RenderParams(cfg, s, pool, seq), pools[pool])
+		if err != nil {
+			return err
+		}
+		meta, changed, err := runtime.Activate(s, r)
+		if err != nil {
+			return err
+		}
+		if changed {
+			log.Info("release activated", zap.String("cell", s.Name), zap.String("pool", pool), zap.Int64("sequence", meta.Sequence))
+		}
+	}
+	return nil
+}
+
+// RenderParams are the render inputs for a slot from the configuration.
+func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runtime.RenderParams {
+	p := runtime.RenderParams{
+		Slot:                  s,
+		Pool:                  pool,
+		Sequence:              seq,
+		Address:               cfg.Ports.Address,
+		Modules:               cfg.OpenResty.Modules,
+		WorkerConnections:     cfg.OpenResty.WorkerConnections,
+		WorkerShutdownTimeout: int(cfg.OpenResty.WorkerShutdownTimeout.D().Seconds()),
+		CacheMaxBytes:         int64(cfg.Limits.Cache),
+		RequestMaxBytes:       int64(cfg.Limits.RequestTmp),
+	}
+	if os.Geteuid() == 0 {
+		// Cells run as the agent's user; as root that needs saying, or
+		// nginx would switch its workers to nobody.
+		if u, err := user.Current(); err == nil {
+			p.User = u.Username + " " + groupName(u)
+		}
+	}
+	return p
+}
+
+func groupName(u *user.User) string {
+	if g, err := user.LookupGroupId(u.Gid); err == nil {
+		return g.Name
+	}
+	return strings.TrimSpace(u.Gid)
+}

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/supervisor"
+	"cellvisor/systemd"
+)
+
+// Run runs until ctx is cancelled, then stops every cell and returns.
+func (a *Agent) Run(ctx context.Context) error {
+	n := systemd.New(a.log)
+	adminCtx, stopAdmin := context.WithCancel(context.Background())
+	adminDone := make(chan error, 1)
+	go func() { adminDone <- a.admin.Serve(adminCtx) }()
+	supDone := make(chan error, 1)
+	go func() { supDone <- a.sup.Run(ctx) }()
+	go n.Watchdog(ctx, func() bool { return true })
+	var side sync.WaitGroup
+	if a.act != nil {
+		side.Add(2)
+		go func() {
+			defer side.Done()
+			a.act.Run(ctx, a.cfg.Source.PollInterval.D(), a.cfg.Source.MaxBackoff.D())
+		}()
+		go func() {
+			defer side.Done()
+			a.acks.Run(ctx, a.source.Ack, a.cfg.Source.MaxBackoff.D())
+		}()
+	}
+	if a.client != nil {
+		side.Add(2)
+		go func() { defer side.Done(); a.taskLoop(ctx) }()
+		go func() { defer side.Done(); a.reportLoop(ctx) }()
+	}
+	defer side.Wait()
+	select {
+	case <-a.sup.Ready():
+		n.Ready()
+		a.log.Info("agent ready", zap.String("summary", a.summary()))
+		a.reportStatus(ctx, n)
+	case <-ctx.Done():
+	}
+	n.Stopping()
+	a.log.Info("stopping cells")
+	err := <-supDone
+	stopAdmin()
+	if aerr := <-adminDone; aerr != nil && !errors.Is(aerr, context.Canceled) {
+		err = errors.Join(err, aerr)
+	}
+	if a.cfg.Cgroup.Subtree != "" {
+		if rerr := a.cg.Remove(); rerr != nil {
+			a.log.Debug("remove cgroup subtree", zap.Error(rerr))
+		}
+	}
+	a.unlock()
+	return err
+}
+
+// unlock releases the state directory and the cgroup subtree, last taken
+// first.
+func (a *Agent) unlock() {
+	for i := len(a.locks) - 1; i >= 0; i-- {
+		a.locks[i].Close()
+	}
+	a.locks = nil
+}
+
+// reportStatus keeps systemd's one-line STATUS= current until ctx ends.
+func (a *Agent) reportStatus(ctx context.Context, n *systemd.Notifier) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	last := ""
+	for {
+		if s := a.summary(); s != last {
+			n.Status(s)
+			last = s
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *Agent) summary() string {
+	st := a.sup.Status()
+	counts := map[supervisor.State]int{}
+	for _, s := range st.Slots {
+		counts[s.State]++
+	}
+	return fmt.Sprintf("%d slots: %d ready, %d drained, %d degraded, %d stopped; cgroups %s",
+		len(st.Slots), counts[supervisor.StateReady], counts[supervisor.StateDrained], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], st.CgroupMode)
+}

@@ -1,0 +1,121 @@
+package controlapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"go.uber.org/zap"
+
+	"cellvisor/controlapi/store"
+	"cellvisor/domain"
+	"cellvisor/manifest"
+)
+
+func domainView(d store.Domain) DomainView {
+	return DomainView{Name: d.Name, Pool: d.Pool, Revision: d.Revision, SHA256: d.SHA256, Size: d.Size, UpdatedAt: d.UpdatedAt}
+}
+
+func (s *Server) listDomains(w http.ResponseWriter, r *http.Request) error {
+	ds, err := s.st.Domains(r.Context())
+	if err != nil {
+		return err
+	}
+	out := []DomainView{}
+	for _, d := range ds {
+		out = append(out, domainView(d))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
+	d, err := s.st.Domain(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	if d.Deleted {
+		return errorf(http.StatusNotFound, "domain %s was deleted", d.Name)
+	}
+	writeJSON(w, http.StatusOK, domainView(d))
+	return nil
+}
+
+// domainArtifact makes a domain revision's artifact from the admin's
+// configuration: strictly decoded, its domain, pool and revision set by the
+// control plane, validated exactly as an edge will, canonically encoded.
+func domainArtifact(name, pool string, config []byte, revision int64) (domain.Domain, []byte, error) {
+	var d domain.Domain
+	dec := json.NewDecoder(bytes.NewReader(config))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&d); err != nil {
+		return d, nil, errorf(http.StatusBadRequest, "config: %v", err)
+	}
+	switch {
+	case d.Domain != "" && d.Domain != name:
+		return d, nil, errorf(http.StatusBadRequest, "config: domain %q, the path says %q", d.Domain, name)
+	case d.Pool != "" && d.Pool != pool:
+		return d, nil, errorf(http.StatusBadRequest, "config: pool %q, the request says %q", d.Pool, pool)
+	}
+	d.Domain, d.Pool, d.Revision = name, pool, revision
+	data, err := json.Marshal(d)
+	if err != nil {
+		return d, nil, err
+	}
+	if d, err = domain.Decode(data); err != nil {
+		return d, nil, errorf(http.StatusBadRequest, "config: %v", err)
+	}
+	if len(data) > manifest.MaxArtifactBytes {
+		return d, nil, errorf(http.StatusRequestEntityTooLarge, "config: %d bytes, at most %d", len(data), manifest.MaxArtifactBytes)
+	}
+	return d, data, nil
+}
+
+func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
+	var req DomainRequest
+	if err := decode(r, 2*manifest.MaxArtifactBytes, &req); err != nil {
+		return err
+	}
+	name := r.PathValue("name")
+	if _, ok := domain.PoolClass(req.Pool); !ok {
+		return errorf(http.StatusBadRequest, "pool: %q is not a shared-, reserved-, dedicated- or quarantine- pool", req.Pool)
+	}
+	d, _, err := domainArtifact(name, req.Pool, req.Config, 1)
+	if err != nil {
+		return err // refused before anything is written
+	}
+	p, err := s.st.PublishDomain(r.Context(), name, req.Pool, d.Hostnames, func(rev int64) ([]byte, error) {
+		_, data, err := domainArtifact(name, req.Pool, req.Config, rev)
+		return data, err
+	}, s.sign)
+	if errors.Is(err, store.ErrNotFound) {
+		return errorf(http.StatusBadRequest, "pool: %q does not exist", req.Pool)
+	}
+	if err != nil {
+		return err
+	}
+	s.refresh(r.Context())
+	s.log.Info("domain published", zap.String("domain", name), zap.String("pool", req.Pool), zap.Int64("revision", p.Domain.Revision), zap.Int("edges", len(p.Edges)))
+	writeJSON(w, http.StatusOK, publishedView(p))
+	return nil
+}
+
+func publishedView(p store.Published) PublishedView {
+	v := PublishedView{Domain: domainView(p.Domain), Edges: map[string]int64{}}
+	for _, e := range p.Edges {
+		v.Edges[e.EdgeID] = e.Sequence
+	}
+	return v
+}
+
+func (s *Server) deleteDomain(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.st.DeleteDomain(r.Context(), r.PathValue("name"), s.sign)
+	if err != nil {
+		return err
+	}
+	s.refresh(r.Context())
+	s.log.Info("domain deleted", zap.String("domain", p.Domain.Name), zap.Int("edges", len(p.Edges)))
+	writeJSON(w, http.StatusOK, publishedView(p))
+	return nil
+}

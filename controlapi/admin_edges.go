@@ -1,0 +1,163 @@
+package controlapi
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+
+	"cellvisor/controlapi/store"
+	"cellvisor/edgeapi"
+)
+
+// newToken makes a one-time bootstrap token: 256 random bits.
+func newToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	return "cvt_" + base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+func (s *Server) createEdge(w http.ResponseWriter, r *http.Request) error {
+	var req EdgeRequest
+	if err := decode(r, 64<<10, &req); err != nil {
+		return err
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	token, err := newToken()
+	if err != nil {
+		return err
+	}
+	e, err := s.st.CreateEdge(r.Context(), store.NewEdge{
+		ID: uuid.NewString(), Name: req.Name, Org: req.Org, Country: req.Country, Continent: req.Continent,
+		MgmtIPv4: req.MgmtIPv4, MgmtIPv6: req.MgmtIPv6, Slots: req.Slots, TokenHash: hashToken(token),
+		Assignments: InitialAssignments(req.Slots),
+	}, s.sign)
+	if err != nil {
+		return err
+	}
+	s.refresh(r.Context())
+	s.log.Info("edge created", zap.String("edge", e.ID), zap.String("name", e.Name), zap.Int("slots", e.Slots))
+	v := s.view(e, InitialAssignments(req.Slots))
+	writeJSON(w, http.StatusCreated, CreatedEdge{Edge: v, Token: token, CA: s.ca.PEM})
+	return nil
+}
+
+func (s *Server) listEdges(w http.ResponseWriter, r *http.Request) error {
+	edges, err := s.st.Edges(r.Context())
+	if err != nil {
+		return err
+	}
+	out := []EdgeView{}
+	for _, e := range edges {
+		out = append(out, s.view(e, nil))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) showEdge(w http.ResponseWriter, r *http.Request) error {
+	e, err := s.st.Edge(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	assign, err := s.st.Assignments(r.Context(), e.ID)
+	if err != nil {
+		return err
+	}
+	v := s.view(e, assign)
+	v.Status = e.Status
+	if v.Acks, err = s.st.Acks(r.Context(), e.ID, 20); err != nil {
+		return err
+	}
+	ts, err := s.st.Tasks(r.Context(), e.ID, false, 20)
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		v.Tasks = append(v.Tasks, taskView(t))
+	}
+	writeJSON(w, http.StatusOK, v)
+	return nil
+}
+
+func ptime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// view shows an edge, its cells and security events as it last reported.
+func (s *Server) view(e store.Edge, assign map[string]string) EdgeView {
+	v := EdgeView{
+		ID: e.ID, Name: e.Name, Org: e.Org, Country: e.Country, Continent: e.Continent, MgmtIPv4: e.MgmtIPv4, MgmtIPv6: e.MgmtIPv6,
+		Slots: e.Slots, Enrollment: EnrollmentPending, EnrolledAt: ptime(e.EnrolledAt), Rotations: e.Rotations,
+		LastSeen: ptime(e.LastSeen), Sequence: e.Sequence, ActiveSequence: e.ActiveSequence, Assignments: assign, StatusAt: ptime(e.StatusAt),
+	}
+	if e.Enrolled() {
+		v.Enrollment = EnrollmentEnrolled
+	}
+	if at := s.cache.lastSeen(e.ID); at.After(e.LastSeen) {
+		v.LastSeen = &at // seen here, not yet written
+	}
+	var sum edgeapi.Summary
+	if len(e.Status) > 0 && json.Unmarshal(e.Status, &sum) == nil {
+		for _, c := range sum.Slots {
+			v.Cells = append(v.Cells, CellView{Name: c.Name, Pool: c.Pool, State: c.State, Reason: c.Reason, Drained: c.Drained, Sequence: c.Sequence})
+			if c.Cell != nil && c.Cell.Security.AuthFailures > 0 {
+				sec := SecurityEvent{Cell: c.Name, AuthFailures: c.Cell.Security.AuthFailures, LastReason: c.Cell.Security.LastReason}
+				if c.Cell.Security.LastAt > 0 {
+					at := time.UnixMilli(int64(c.Cell.Security.LastAt * 1000)).UTC()
+					sec.LastAt = &at
+				}
+				v.SecurityEvents = append(v.SecurityEvents, sec)
+			}
+		}
+	}
+	return v
+}
+
+func (s *Server) rotateEdge(w http.ResponseWriter, r *http.Request) error {
+	token, err := newToken()
+	if err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if err := s.st.Rotate(r.Context(), id, hashToken(token)); err != nil {
+		return err
+	}
+	s.refresh(r.Context())
+	e, err := s.st.Edge(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	s.log.Info("edge identity rotated: its certificate is refused from now on", zap.String("edge", id))
+	writeJSON(w, http.StatusOK, CreatedEdge{Edge: s.view(e, nil), Token: token, CA: s.ca.PEM})
+	return nil
+}
+
+// deleteEdge removes an edge (a host retired): its certificate is refused
+// from then on, by every replica once its cache catches up, and its
+// manifests, acks and tasks go with it.
+func (s *Server) deleteEdge(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	e, err := s.st.Edge(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	if err := s.st.DeleteEdge(r.Context(), id); err != nil {
+		return err
+	}
+	s.refresh(r.Context())
+	s.log.Info("edge deleted: its certificate is refused from now on", zap.String("edge", id), zap.String("name", e.Name))
+	writeJSON(w, http.StatusOK, s.view(e, nil))
+	return nil
+}

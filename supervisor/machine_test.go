@@ -1,0 +1,79 @@
+package supervisor
+
+import "testing"
+
+// TestNext is the slot's state machine, pure: it runs in microseconds,
+// without root, cells or time.
+func TestNext(t *testing.T) {
+	ready := facts{state: StateReady, running: true}
+	drainedReady := facts{state: StateDrained, drained: true, running: true}
+	starting := facts{state: StateStopped, running: true}     // first start, not ready yet
+	restarting := facts{state: StateDegraded, running: true}  // started again after a crash
+	crashed := facts{state: StateDegraded}                    // waiting for its restart
+	stopped := facts{state: StateStopped}                     // never started
+	drainedDown := facts{state: StateDegraded, drained: true} // a drained slot's cell crashed
+	tests := []struct {
+		name  string
+		f     facts
+		ev    event
+		state State
+		act   action
+	}{
+		{"an unassigned slot stays stopped and its routine ends", stopped, evUnassigned, StateStopped, actEnd},
+		{"refused limits keep the cell stopped", stopped, evRefused, StateStopped, actEnd},
+		{"an assigned slot with no release is degraded and waits", stopped, evNoRelease, StateDegraded, actAwaitRelease},
+		{"a release arriving starts the cell", facts{state: StateDegraded}, evReleased, StateDegraded, actStart},
+		{"ready makes a starting cell ready", starting, evReady, StateReady, actNone},
+		{"ready after a crash makes it ready", restarting, evReady, StateReady, actNone},
+		{"a drained slot's cell becomes drained, not ready", facts{state: StateDegraded, drained: true, running: true}, evReady, StateDrained, actNone},
+		{"a timeout is not proof of death: a running cell is killed, not restarted", starting, evProbeTimeout, StateStopped, actKill},
+		{"a timeout after a crash keeps the state and kills", restarting, evProbeTimeout, StateDegraded, actKill},
+		{"a timeout of a cell already gone waits for its exit", facts{state: StateDegraded}, evProbeTimeout, StateDegraded, actNone},
+		{"a crash of a ready cell degrades it and backs off", ready, evExit, StateDegraded, actBackoff},
+		{"a crash of a drained cell degrades it and backs off", drainedReady, evExit, StateDegraded, actBackoff},
+		{"a crash before ready backs off", starting, evExit, StateDegraded, actBackoff},
+		{"a failed start backs off", stopped, evStartFailed, StateDegraded, actBackoff},
+		{"an operator restart of a ready cell stops it gracefully", ready, evRestart, StateReady, actGracefulStop},
+		{"an operator restart of a drained cell stops it gracefully", drainedReady, evRestart, StateDrained, actGracefulStop},
+		{"an operator restart of a starting cell stops it gracefully", starting, evRestart, StateStopped, actGracefulStop},
+		{"an operator restart of a crashed cell is refused", crashed, evRestart, StateDegraded, actRefuse},
+		{"an operator restart of a stopped cell is refused", stopped, evRestart, StateStopped, actRefuse},
+		{"after a graceful stop the cell starts at once", restarting, evRestarted, StateDegraded, actStart},
+		{"drain of a ready cell: drained, reloaded", ready, evDrain, StateDrained, actReload},
+		{"drain of a drained cell: unchanged, reloaded", drainedReady, evDrain, StateDrained, actReload},
+		{"drain of a crashed cell: the state stays, nothing to reload", crashed, evDrain, StateDegraded, actNone},
+		{"drain of a starting cell: not ready yet, reloaded", starting, evDrain, StateStopped, actReload},
+		{"undrain of a drained cell: ready, reloaded", drainedReady, evUndrain, StateReady, actReload},
+		{"undrain of a ready cell: unchanged", ready, evUndrain, StateReady, actReload},
+		{"undrain of a crashed drained slot: still degraded", drainedDown, evUndrain, StateDegraded, actNone},
+		{"stop of a running cell shuts it down", ready, evStop, StateStopped, actShutdown},
+		{"stop of a drained running cell shuts it down", drainedReady, evStop, StateStopped, actShutdown},
+		{"stop while backing off ends", crashed, evStop, StateStopped, actEnd},
+		{"stop while waiting for a release ends", facts{state: StateDegraded}, evStop, StateStopped, actEnd},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st, act := next(tc.f, tc.ev)
+			if st != tc.state || act != tc.act {
+				t.Errorf("next(%+v, %s) = %s, %s; want %s, %s", tc.f, tc.ev, st, act, tc.state, tc.act)
+			}
+		})
+	}
+}
+
+// TestNextHandlesEveryEvent guards the machine: every event has a name and
+// a decision that is not the fallthrough's silent no-op, unless chosen.
+func TestNextHandlesEveryEvent(t *testing.T) {
+	for ev := evUnassigned; ev <= evStop; ev++ {
+		if ev.String() == "" {
+			t.Errorf("event %d has no name", ev)
+		}
+		_, act := next(facts{state: StateReady, running: true}, ev)
+		if int(act) >= len(actionNames) {
+			t.Errorf("%s: unknown action %d", ev, act)
+		}
+	}
+	if len(eventNames) != int(evStop)+1 {
+		t.Errorf("%d event names for %d events", len(eventNames), evStop+1)
+	}
+}

@@ -1,0 +1,191 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/cgroup"
+)
+
+// ensureGroup creates (or updates) the slot's cgroup with its limits.
+func (c *slot) ensureGroup() (cgroup.Group, error) {
+	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, c.s.o.Limits)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.group = g
+	c.mu.Unlock()
+	return g, nil
+}
+
+// start launches the cell master inside its cgroup.
+func (c *slot) start() (*proc, error) {
+	g, err := c.ensureGroup()
+	if err != nil {
+		return nil, err
+	}
+	if pids, _ := g.Procs(); len(pids) > 0 {
+		// Never start beside leftovers: an orphaned worker would hold the port.
+		kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := g.Kill(kctx)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+	}
+	// A killed master leaves its private socket behind, and nginx would fail
+	// to bind it; nothing of the cell runs now, so it is stale.
+	if err := os.Remove(c.spec.PrivateSocket()); err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("remove stale private socket: %w", err)
+	}
+	stderr, err := os.OpenFile(filepath.Join(c.spec.LogsDir(), "stderr.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
+	logs := markLogs(c.spec.LogsDir())
+	cmd := exec.Command(c.s.o.Binary,
+		"-p", c.spec.Dir+"/",
+		"-c", c.spec.ConfPath(),
+		"-e", filepath.Join(c.spec.LogsDir(), "error.log"))
+	cmd.Dir = c.spec.Dir
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cgroup.Start(g, cmd); err != nil {
+		return nil, fmt.Errorf("start %s: %w", c.s.o.Binary, err)
+	}
+	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: c.s.clk.Now(), logs: logs}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	c.mu.Lock()
+	c.pid = p.pid
+	c.mu.Unlock()
+	c.log.Debug("cell started", zap.Int("pid", p.pid))
+	return p, nil
+}
+
+// stop stops a cell in stages: SIGQUIT (graceful: in-flight requests finish),
+// wait up to grace, SIGKILL the process group, then kill whatever is left in
+// the cgroup and wait for the master to be reaped.
+func (c *slot) stop(p *proc, grace time.Duration) {
+	_ = syscall.Kill(p.pid, syscall.SIGQUIT)
+	t := c.s.clk.NewTimer(grace)
+	select {
+	case <-p.done:
+		t.Stop()
+	case <-t.C():
+		c.log.Warn("cell did not stop in time; killing it", zap.Duration("grace", grace))
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	}
+	c.killLeftovers()
+	<-p.done // the master is dead or was SIGKILLed: Wait returns
+	c.mu.Lock()
+	c.pid = 0
+	c.mu.Unlock()
+}
+
+// afterExit records an exit (unexpected, or forced with the reason why) and
+// kills whatever the master left behind (an orphaned worker keeps the port
+// otherwise).
+func (c *slot) afterExit(p *proc, forced string) {
+	c.killLeftovers()
+	why := describeExit(p.err)
+	if forced != "" {
+		why = forced
+	} else if detail := exitDetail(c.spec.LogsDir(), p.logs, p.pid); detail != "" {
+		why += ": " + detail
+	}
+	c.mu.Lock()
+	c.pid = 0
+	c.lastExit = "exited: " + why
+	c.mu.Unlock()
+	c.log.Warn("cell exited", zap.String("why", why), zap.Int("pid", p.pid))
+}
+
+func (c *slot) killLeftovers() {
+	c.mu.Lock()
+	g := c.group
+	c.mu.Unlock()
+	if g == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.Kill(ctx); err != nil {
+		c.log.Error("kill cell leftovers", zap.Error(err))
+	}
+}
+
+// reopenLogs asks the running cell to reopen its log files (SIGUSR1).
+func (c *slot) reopenLogs() error {
+	pid, _ := c.running()
+	if pid == 0 {
+		return nil
+	}
+	return syscall.Kill(pid, syscall.SIGUSR1)
+}
+
+// removeGroup deletes the slot's cgroup after its cell stopped.
+func (c *slot) removeGroup() error {
+	c.mu.Lock()
+	g := c.group
+	c.group = nil
+	c.mu.Unlock()
+	if g == nil || g.Path() == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.Delete(ctx); err != nil {
+		return fmt.Errorf("remove cgroup of %s: %w", c.spec.Name, err)
+	}
+	return nil
+}
+
+// killStalePidfile stops a master named by the slot's pid file that runs this
+// slot's configuration (so a recycled pid is never touched).
+func (c *slot) killStalePidfile() {
+	data, err := os.ReadFile(c.spec.PidFile())
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 1 {
+		return
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !bytes.Contains(cmdline, []byte(c.spec.ConfPath())) {
+		return
+	}
+	c.log.Warn("stopping a cell master left by a previous agent", zap.Int("pid", pid))
+	_ = syscall.Kill(-pid, syscall.SIGKILL)
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+func describeExit(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "killed by signal " + ws.Signal().String()
+		}
+		return fmt.Sprintf("exit status %d", ee.ExitCode())
+	}
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}

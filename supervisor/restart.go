@@ -1,0 +1,73 @@
+package supervisor
+
+import (
+	"time"
+
+	"cellvisor/internal/backoff"
+)
+
+// Policy is the crash-restart policy.
+type Policy struct {
+	// Initial is the delay before the second consecutive restart; the first
+	// restart after a healthy run is immediate.
+	Initial time.Duration
+	// Max caps the delay. A crash-looping cell is retried at Max forever
+	// (jittered within [Max/2, Max], so cells crashing together spread out).
+	Max time.Duration
+	// HealthyAfter is how long a cell must have been ready for its next crash
+	// to count as a first one again.
+	HealthyAfter time.Duration
+}
+
+// tracker decides restarts from a cell's exits. It is pure: it is fed the
+// ready duration of each run, holds no clock, and its jitter source is
+// injected.
+type tracker struct {
+	p           Policy
+	b           backoff.Backoff
+	consecutive int
+}
+
+// newTracker returns a tracker for p; rnd returns values in [0,1) for the
+// jitter, or nil for math/rand.
+func newTracker(p Policy, rnd func() float64) *tracker {
+	return &tracker{p: p, b: backoff.Backoff{Initial: p.Initial, Max: p.Max, Rand: rnd}}
+}
+
+// exit records an exit after a run that was ready for readyFor (0 if it
+// never became ready, or never started).
+func (t *tracker) exit(readyFor time.Duration) {
+	if readyFor >= t.p.HealthyAfter {
+		t.consecutive = 0
+		t.b.Reset()
+	}
+	t.consecutive++
+}
+
+// Next says what follows the exits recorded: the first exit after a healthy
+// run starts the cell again at once; each further one backs off, growing to
+// the cap.
+func (t *tracker) Next() (action, time.Duration) {
+	if t.consecutive <= 1 {
+		return actStart, 0
+	}
+	return actBackoff, t.b.Next()
+}
+
+// admit is the operator-restart rate limit, pure: at most limit restarts in
+// any window. past are the restarts accepted before; it returns those still
+// inside the window (with now added when admitted), and when refused how long
+// until the next is allowed.
+func admit(past []time.Time, now time.Time, limit int, window time.Duration) (kept []time.Time, retryIn time.Duration, ok bool) {
+	for _, t := range past {
+		if now.Sub(t) < window {
+			kept = append(kept, t)
+		}
+	}
+	if len(kept) >= limit {
+		// Bounded by the window: an entry from a clock that was ahead does
+		// not block restarts for longer.
+		return kept, min(kept[0].Add(window).Sub(now), window), false
+	}
+	return append(kept, now), 0, true
+}

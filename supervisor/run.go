@@ -1,0 +1,201 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/internal/backoff"
+	"cellvisor/runtime"
+)
+
+// decide applies the state machine (next) to ev with what the slot is now.
+func (c *slot) decide(ev event) (State, action) {
+	c.mu.Lock()
+	f := facts{state: c.state, drained: c.drained, running: c.pid != 0}
+	c.mu.Unlock()
+	return next(f, ev)
+}
+
+// on applies ev: the slot takes the state the machine chose, with reason,
+// and the action is returned for the caller to execute.
+func (c *slot) on(ev event, reason string) action {
+	st, act := c.decide(ev)
+	c.set(st, reason)
+	return act
+}
+
+// run is the slot's routine: start, wait for ready or exit, restart with
+// backoff, until ctx is cancelled.
+func (c *slot) run(ctx context.Context) {
+	defer c.firstOutcome()
+	switch {
+	case c.pool == "":
+		c.on(evUnassigned, "unassigned")
+		return
+	case c.s.o.Refusal != nil:
+		c.on(evRefused, "not started: "+c.s.o.Refusal.Error())
+		return
+	}
+	if !c.awaitRelease(ctx) {
+		return
+	}
+	tr := newTracker(c.s.o.Policy, c.s.o.Jitter)
+	var pending *restartReq // an operator restart waiting for the new cell
+	defer func() { answer(&pending, errors.New("agent stopping")) }()
+	for {
+		switch c.runOnce(ctx, tr, &pending) {
+		case actEnd, actShutdown:
+			return
+		case actStart:
+			continue
+		}
+		c.firstOutcome()
+		act, delay := tr.Next()
+		c.mu.Lock()
+		c.restarts++
+		reason := c.lastExit
+		c.mu.Unlock()
+		c.on(evExit, fmt.Sprintf("%s; restart in %s", reason, delay.Round(time.Millisecond)))
+		if act == actBackoff && backoff.Sleep(ctx, c.s.clk, delay) != nil || ctx.Err() != nil {
+			c.on(evStop, "agent stopping")
+			return
+		}
+	}
+}
+
+// awaitRelease waits until the slot has an active release; it returns false
+// when ctx ended first.
+func (c *slot) awaitRelease(ctx context.Context) bool {
+	for {
+		meta, err := runtime.Current(c.spec)
+		if err == nil {
+			c.mu.Lock()
+			c.seq = meta.Sequence
+			c.mu.Unlock()
+			return true
+		}
+		c.on(evNoRelease, "runtime missing: "+err.Error())
+		c.firstOutcome()
+		select {
+		case <-ctx.Done():
+			c.on(evStop, "agent stopping")
+			return false
+		case <-c.released:
+		}
+	}
+}
+
+// runOnce starts the cell and supervises it until it exits, is stopped for
+// an operator restart, or ctx ends. It returns the machine's action: start
+// again at once (an operator restart), back off (an exit or a failed start;
+// the tracker has recorded it), or shut down.
+func (c *slot) runOnce(ctx context.Context, tr *tracker, pending **restartReq) action {
+	p, err := c.start()
+	if err != nil {
+		c.mu.Lock()
+		c.lastExit = "start failed: " + err.Error()
+		c.mu.Unlock()
+		c.log.Error("start cell", zap.Error(err))
+		answer(pending, err)
+		tr.exit(0)
+		_, act := c.decide(evStartFailed)
+		return act
+	}
+	out := c.supervise(ctx, p, pending)
+	switch {
+	case out.stopped:
+		c.set(StateStopped, "agent stopping")
+		return actShutdown
+	case out.restart != nil:
+		*pending = out.restart
+		return c.on(evRestarted, "restarting")
+	}
+	c.afterExit(p, out.why)
+	answer(pending, fmt.Errorf("cell exited before it was ready: %s", c.status().LastExit))
+	tr.exit(out.readyFor)
+	_, act := c.decide(evExit)
+	return act
+}
+
+// answer completes a pending operator restart, if there is one.
+func answer(pending **restartReq, err error) {
+	if *pending != nil {
+		(*pending).done <- err
+		*pending = nil
+	}
+}
+
+// outcome is how one run of a cell ended.
+type outcome struct {
+	readyFor time.Duration // how long it was ready
+	stopped  bool          // stopped because ctx ended
+	why      string        // why the agent stopped it itself, if it did
+	restart  *restartReq   // stopped for an operator restart
+}
+
+// supervise waits for readiness, exit, an operator restart or cancellation,
+// and executes what the state machine decides for each. Once the cell is
+// ready it answers a pending restart request.
+func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) outcome {
+	rctx, cancel := context.WithTimeout(ctx, c.s.o.ReadyTimeout)
+	defer cancel()
+	probe := make(chan error, 1)
+	go func() { probe <- c.probe(rctx, p.done) }()
+	var out outcome
+	var readyAt time.Time
+	finish := func() outcome {
+		cancel()
+		if probe != nil {
+			<-probe
+		}
+		if !readyAt.IsZero() {
+			out.readyFor = c.s.clk.Since(readyAt)
+		}
+		return out
+	}
+	for {
+		select {
+		case err := <-probe:
+			probe = nil
+			var ready bool
+			if ready, out.why = c.probed(ctx, p, err, pending); ready {
+				readyAt = c.s.clk.Now()
+			}
+		case req := <-c.restartCh:
+			if _, act := c.decide(evRestart); act == actGracefulStop {
+				c.gracefulStop(ctx, p)
+			}
+			out.restart = req
+			return finish()
+		case <-p.done:
+			return finish()
+		case <-ctx.Done():
+			c.stop(p, c.s.o.StopTimeout)
+			out.stopped = true
+			return finish()
+		}
+	}
+}
+
+// probed executes the machine's decision on the readiness probe's result:
+// it reports whether the cell is ready, or why the agent stopped it.
+func (c *slot) probed(ctx context.Context, p *proc, err error, pending **restartReq) (ready bool, why string) {
+	if err == nil {
+		c.onReady()
+		answer(pending, nil)
+		return true, ""
+	}
+	if ctx.Err() != nil || closed(p.done) {
+		return false, "" // stopping, or exited: its exit is the event
+	}
+	if _, act := c.decide(evProbeTimeout); act == actKill {
+		c.log.Warn("cell not ready in time; stopping it", zap.Error(err))
+		c.stop(p, time.Second)
+		return false, fmt.Sprintf("not ready within %s (%v)", c.s.o.ReadyTimeout, err)
+	}
+	return false, ""
+}
