@@ -217,8 +217,19 @@ func newSupervisor(cfg config.Agent, topo runtime.Topology, assign runtime.Assig
 		RestartLimit:  cfg.Restart.RateLimit,
 		RestartWindow: cfg.Restart.RateWindow.D(),
 		DrainTimeout:  cfg.Restart.DrainTimeout.D(),
+		Liveness:      livenessPolicy(cfg.Liveness),
 		LogBudget:     int64(cfg.Limits.Logs),
 		Logger:        log,
 		Version:       Version,
 	})
+}
+
+// livenessPolicy converts the configured liveness checks (interval 0: off).
+func livenessPolicy(l config.Liveness) supervisor.LivenessPolicy {
+	p := supervisor.LivenessPolicy{Interval: l.Interval.D(), Timeout: l.Timeout.D(),
+		FailureThreshold: l.FailureThreshold, RestartThreshold: l.RestartThreshold}
+	if p.Interval == 0 {
+		p.Interval = -1
+	}
+	return p
 }

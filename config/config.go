@@ -44,6 +44,8 @@ type Agent struct {
 	Cgroup Cgroup `yaml:"cgroup"`
 	// Restart is the crash-restart policy.
 	Restart Restart `yaml:"restart"`
+	// Liveness is how ready cells are checked for hanging.
+	Liveness Liveness `yaml:"liveness"`
 	// Log chooses the log format and level.
 	Log Log `yaml:"log"`
 	// DomainsDir, when set, is a local directory of domain JSON files that the
@@ -162,6 +164,20 @@ type Restart struct {
 	DrainTimeout Duration `yaml:"drain_timeout"`
 }
 
+// Liveness is how a ready cell is checked for hanging: its readiness path
+// on its public port every Interval, each check bounded by Timeout. After
+// FailureThreshold failed checks in a row the cell is degraded; after
+// RestartThreshold it is restarted like a crash. A drained cell's 503 is an
+// answer.
+type Liveness struct {
+	// Interval between checks; 0 turns liveness checks off.
+	Interval Duration `yaml:"interval"`
+	// Timeout of one check.
+	Timeout          Duration `yaml:"timeout"`
+	FailureThreshold int      `yaml:"failure_threshold"`
+	RestartThreshold int      `yaml:"restart_threshold"`
+}
+
 // Log configures the agent's logger.
 type Log struct {
 	// Format is "json" (journald) or "console" (the demo).
@@ -203,6 +219,12 @@ func Default() Agent {
 			RateLimit:    3,
 			RateWindow:   Duration(10 * time.Minute),
 			DrainTimeout: Duration(30 * time.Second),
+		},
+		Liveness: Liveness{
+			Interval:         Duration(time.Second),
+			Timeout:          Duration(time.Second),
+			FailureThreshold: 3,
+			RestartThreshold: 6,
 		},
 		Log:    Log{Format: "json", Level: "info"},
 		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second), StatusInterval: Duration(15 * time.Second)},
@@ -346,6 +368,19 @@ func (c Agent) Validate() error {
 	}
 	if d := r.DrainTimeout.D(); d < 100*time.Millisecond || d > 10*time.Minute {
 		bad("restart.drain_timeout", "must be 100ms–10m, got %s", d)
+	}
+	l := c.Liveness
+	if d := l.Interval.D(); d != 0 && (d < 100*time.Millisecond || d > time.Minute) {
+		bad("liveness.interval", "must be 0 (off) or 100ms–1m, got %s", d)
+	}
+	if d := l.Timeout.D(); d < 10*time.Millisecond || d > 30*time.Second {
+		bad("liveness.timeout", "must be 10ms–30s, got %s", d)
+	}
+	if n := l.FailureThreshold; n < 1 || n > 100 {
+		bad("liveness.failure_threshold", "must be 1–100, got %d", n)
+	}
+	if n := l.RestartThreshold; n < l.FailureThreshold || n > 1000 {
+		bad("liveness.restart_threshold", "must be failure_threshold–1000, got %d", n)
 	}
 	switch c.Log.Format {
 	case "json", "console":

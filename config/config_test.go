@@ -49,6 +49,9 @@ func TestRefusals(t *testing.T) {
 		{"bad log format", "log:\n  format: xml", "log.format"},
 		{"subtree with slash", "cgroup:\n  subtree: a/b", "cgroup.subtree"},
 		{"relative module", "openresty:\n  modules: [lua.so]", "openresty.modules[0]"},
+		{"liveness interval too short", "liveness:\n  interval: 10ms", "liveness.interval"},
+		{"liveness timeout zero", "liveness:\n  timeout: 0s", "liveness.timeout"},
+		{"restart threshold below failure threshold", "liveness:\n  failure_threshold: 5\n  restart_threshold: 4", "liveness.restart_threshold"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -49,6 +49,8 @@ type harnessOpts struct {
 	drain    time.Duration   // drain timeout of operator restarts; 0 means 30s
 	monitor  time.Duration   // monitor interval; 0 means 10s
 	limit    int             // operator restarts per window; 0 means 3
+	// liveness is the liveness policy; zero values take the defaults.
+	liveness supervisor.LivenessPolicy
 	// authWindow is the private endpoint's timestamp window in seconds;
 	// 0 means the shipped one.
 	authWindow int
@@ -149,7 +151,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
 		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
 		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
-		RestartLimit: o.limit,
+		RestartLimit: o.limit, Liveness: o.liveness,
 	}
 	sup, err := supervisor.New(opts)
 	if err != nil {

@@ -22,10 +22,15 @@ const (
 	evDrain                     // an operator drained the cell
 	evUndrain                   // an operator undrained the cell
 	evStop                      // the agent is stopping
+	evUnresponsive              // a ready cell failed its liveness checks FailureThreshold times in a row
+	evResponsive                // an unresponsive cell answered again
+	evHung                      // a cell failed its liveness checks RestartThreshold times in a row
+
+	numEvents // not an event: how many there are
 )
 
 var eventNames = [...]string{"unassigned", "refused", "no release", "released", "start failed", "ready",
-	"probe timeout", "exit", "restart", "restarted", "drain", "undrain", "stop"}
+	"probe timeout", "exit", "restart", "restarted", "drain", "undrain", "stop", "unresponsive", "responsive", "hung"}
 
 func (e event) String() string { return eventNames[e] }
 
@@ -71,6 +76,20 @@ func next(f facts, ev event) (State, action) {
 			return StateDrained, actNone
 		}
 		return StateReady, actNone
+	case evUnresponsive:
+		return StateDegraded, actNone
+	case evResponsive:
+		if f.drained {
+			return StateDrained, actNone
+		}
+		return StateReady, actNone
+	case evHung:
+		// Like a probe timeout: stop it; its exit restarts it, counted
+		// and backed off like a crash.
+		if f.running {
+			return StateDegraded, actKill
+		}
+		return f.state, actNone
 	case evProbeTimeout:
 		// A timeout is not proof of death: a cell that is still running is
 		// stopped, and only its exit (which follows) leads to a restart, so

@@ -38,6 +38,12 @@ func TestNext(t *testing.T) {
 		{"an operator restart of a starting cell stops it gracefully", starting, evRestart, StateStopped, actGracefulStop},
 		{"an operator restart of a crashed cell is refused", crashed, evRestart, StateDegraded, actRefuse},
 		{"an operator restart of a stopped cell is refused", stopped, evRestart, StateStopped, actRefuse},
+		{"a ready cell that stops answering is degraded, not yet restarted", ready, evUnresponsive, StateDegraded, actNone},
+		{"a drained cell that stops answering is degraded", drainedReady, evUnresponsive, StateDegraded, actNone},
+		{"an unresponsive cell that answers again is ready, without a restart", facts{state: StateDegraded, running: true}, evResponsive, StateReady, actNone},
+		{"an unresponsive drained cell that answers again is drained", facts{state: StateDegraded, drained: true, running: true}, evResponsive, StateDrained, actNone},
+		{"a hung cell is killed; its exit restarts it like a crash", facts{state: StateDegraded, running: true}, evHung, StateDegraded, actKill},
+		{"a hung cell already gone waits for its exit", crashed, evHung, StateDegraded, actNone},
 		{"after a graceful stop the cell starts at once", restarting, evRestarted, StateDegraded, actStart},
 		{"drain of a ready cell: drained, reloaded", ready, evDrain, StateDrained, actReload},
 		{"drain of a drained cell: unchanged, reloaded", drainedReady, evDrain, StateDrained, actReload},
@@ -64,7 +70,7 @@ func TestNext(t *testing.T) {
 // TestNextHandlesEveryEvent guards the machine: every event has a name and
 // a decision that is not the fallthrough's silent no-op, unless chosen.
 func TestNextHandlesEveryEvent(t *testing.T) {
-	for ev := evUnassigned; ev <= evStop; ev++ {
+	for ev := evUnassigned; ev < numEvents; ev++ {
 		if ev.String() == "" {
 			t.Errorf("event %d has no name", ev)
 		}
@@ -73,7 +79,40 @@ func TestNextHandlesEveryEvent(t *testing.T) {
 			t.Errorf("%s: unknown action %d", ev, act)
 		}
 	}
-	if len(eventNames) != int(evStop)+1 {
-		t.Errorf("%d event names for %d events", len(eventNames), evStop+1)
+	if len(eventNames) != int(numEvents) {
+		t.Errorf("%d event names for %d events", len(eventNames), numEvents)
+	}
+}
+
+// TestLivenessEvent: which check results move the machine, for the default
+// thresholds (3 to degrade, 6 to restart).
+func TestLivenessEvent(t *testing.T) {
+	p := LivenessPolicy{}.withDefaults()
+	tests := []struct {
+		before, after int
+		ev            event
+		ok            bool
+	}{
+		{0, 0, 0, false}, // answered, as before
+		{0, 1, 0, false}, // one miss is noise
+		{1, 2, 0, false},
+		{2, 3, evUnresponsive, true}, // the threshold: degraded
+		{3, 4, 0, false},             // still degraded, said once
+		{4, 5, 0, false},
+		{5, 6, evHung, true}, // restart
+		{6, 7, evHung, true}, // still hung (its kill is under way)
+		{2, 0, 0, false},     // a brief stall under the threshold: nothing to undo
+		{3, 0, evResponsive, true},
+		{5, 0, evResponsive, true},
+	}
+	for _, tc := range tests {
+		ev, ok := livenessEvent(tc.before, tc.after, p)
+		if ok != tc.ok || ok && ev != tc.ev {
+			t.Errorf("%d → %d failures: %v %v, want %v %v", tc.before, tc.after, ev, ok, tc.ev, tc.ok)
+		}
+	}
+	// A restart threshold below the failure threshold is raised to it.
+	if q := (LivenessPolicy{FailureThreshold: 5, RestartThreshold: 2}).withDefaults(); q.RestartThreshold != 5 {
+		t.Errorf("restart threshold %d, want 5", q.RestartThreshold)
 	}
 }

@@ -147,8 +147,11 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 	go func() { probe <- c.probe(rctx, p.done) }()
 	var out outcome
 	var readyAt time.Time
+	var live <-chan error // liveness results, once the cell is ready
+	stopLive := func() {}
 	finish := func() outcome {
 		cancel()
+		stopLive()
 		if probe != nil {
 			<-probe
 		}
@@ -164,6 +167,14 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 			var ready bool
 			if ready, out.why = c.probed(ctx, p, err, pending); ready {
 				readyAt = c.s.clk.Now()
+				live, stopLive = c.startLiveness(ctx)
+			}
+		case err := <-live:
+			if why := c.onLiveness(err); why != "" {
+				stopLive()
+				live = nil
+				c.stop(p, time.Second) // it is not serving: no grace to wait out
+				out.why = why
 			}
 		case req := <-c.restartCh:
 			if _, act := c.decide(evRestart); act == actGracefulStop {

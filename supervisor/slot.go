@@ -44,6 +44,7 @@ type slot struct {
 	// started; restarts counts the crash restarts.
 	opRestartsTotal int
 	secSeen         int64 // refused private calls already reported
+	live            LivenessStatus
 }
 
 // restartReq is an operator restart; done receives nil once the new cell is
@@ -113,6 +114,10 @@ func (c *slot) status() SlotStatus {
 		LastExit:         c.lastExit,
 		Sequence:         c.seq,
 		Drained:          c.drained,
+	}
+	if c.pid != 0 && c.live.Checks > 0 {
+		l := c.live
+		st.Liveness = &l
 	}
 	if !c.readySince.IsZero() {
 		t := c.readySince

@@ -42,12 +42,14 @@ type SlotStatus struct {
 	Usage       *cgroup.Usage     `json:"usage,omitempty"`
 	// Restarts counts restarts after crashes; OperatorRestarts the operator
 	// restarts (cellvisor restart, control tasks) the rate limit admitted.
-	Restarts         int        `json:"restarts"`
-	OperatorRestarts int        `json:"operator_restarts"`
-	LastExit         string     `json:"last_exit,omitempty"`
-	ReadySince       *time.Time `json:"ready_since,omitempty"`
-	Sequence         int64      `json:"sequence"`
-	Drained          bool       `json:"drained"`
+	Restarts         int `json:"restarts"`
+	OperatorRestarts int `json:"operator_restarts"`
+	// Liveness is the running cell's liveness checks, once there were any.
+	Liveness   *LivenessStatus `json:"liveness,omitempty"`
+	LastExit   string          `json:"last_exit,omitempty"`
+	ReadySince *time.Time      `json:"ready_since,omitempty"`
+	Sequence   int64           `json:"sequence"`
+	Drained    bool            `json:"drained"`
 	// Cell is the running cell's own report from its private endpoint
 	// (connections, requests, passive-origin failures, security events).
 	Cell      *cellapi.Status `json:"cell,omitempty"`

@@ -67,6 +67,9 @@ type Options struct {
 	// MonitorInterval is how often cells' own status is read to report
 	// security events; zero means 10s.
 	MonitorInterval time.Duration
+	// Liveness is how ready cells are checked for hanging; zero values
+	// take its defaults.
+	Liveness LivenessPolicy
 }
 
 // Supervisor runs the cells.
@@ -120,6 +123,7 @@ func New(o Options) (*Supervisor, error) {
 	if o.MonitorInterval == 0 {
 		o.MonitorInterval = 10 * time.Second
 	}
+	o.Liveness = o.Liveness.withDefaults()
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
