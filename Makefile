@@ -82,18 +82,20 @@ deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, Po
 	  echo "deps: and PostgreSQL or set CELLVISOR_TEST_POSTGRES to a server the tests may create databases on;"; \
 	  echo "deps: tests that need them skip themselves and say so"; \
 	else \
+	  echo "deps: checking the Debian packages: $(DEB_PACKAGES)"; \
 	  missing=""; \
 	  for p in $(DEB_PACKAGES); do \
 	    [ "$$(dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null)" = "install ok installed" ] || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \
-	    echo "deps: installing$$missing"; \
+	    echo "deps: installing$$missing (apt-get update, then install: a few minutes the first time)"; \
 	    $(SUDO) apt-get update; \
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
 	  else \
 	    echo "deps: Debian packages present: $(DEB_PACKAGES)"; \
 	  fi; \
 	fi
+	@echo "deps: downloading the Go modules (go mod download: a minute or two the first time, nothing after)"
 	$(GO) mod download
 
 tools: ## install staticcheck and benchstat into $(go env GOPATH)/bin if missing
@@ -148,9 +150,11 @@ bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the r
 	fi
 
 demo: deps build ## run the demo: a control API on SQLite, an enrolled agent with 8 slots, cell-01 serving a published domain (Ctrl-C stops)
+	@echo "demo: starting ./bin/cellvisor-demo (Ctrl-C stops it and cleans up)"
 	./bin/cellvisor-demo
 
 demo-check: deps build ## run the demo scenario non-interactively (drain, undrain, publish, restart, rate limit); fails unless every step worked
+	@echo "demo-check: running ./bin/cellvisor-demo --check"
 	./bin/cellvisor-demo --check
 
 clean: ## remove bin/ and the demo's files (.demo/)

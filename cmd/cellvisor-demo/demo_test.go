@@ -82,6 +82,10 @@ func TestDemoCheck(t *testing.T) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
 	}
+	// Logs not written to a terminal carry no colour codes.
+	if !strings.Contains(string(out), "\tINFO\t") || strings.Contains(string(out), "\x1b[") {
+		t.Errorf("demo logs: want console logs without colour codes (not a terminal):\n%s", out)
+	}
 	if _, err := os.Stat(filepath.Join(dir, agentPidFile)); !os.IsNotExist(err) {
 		t.Errorf("agent pid file after a clean stop: %v, want it removed", err)
 	}
