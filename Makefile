@@ -16,7 +16,11 @@ GOFMT := $(shell $(GO) env GOROOT)/bin/gofmt
 STATICCHECK_VERSION := v0.8.2
 
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X cellvisor/agent.Version=$(VERSION)
+# -s -w drop the symbol table and DWARF (panics still print full stack
+# traces), -trimpath the build machine's paths: the agent ships to every edge
+# host, and this halves it.
+LDFLAGS := -s -w -X cellvisor/agent.Version=$(VERSION)
+BUILDFLAGS := -trimpath
 
 # What the tests and the demo need from Debian: nginx with its dynamic Lua
 # module (the OpenResty stand-in) and cjson for the cells' Lua; PostgreSQL's
@@ -78,18 +82,20 @@ deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, Po
 	  echo "deps: and PostgreSQL or set CELLVISOR_TEST_POSTGRES to a server the tests may create databases on;"; \
 	  echo "deps: tests that need them skip themselves and say so"; \
 	else \
+	  echo "deps: checking the Debian packages: $(DEB_PACKAGES)"; \
 	  missing=""; \
 	  for p in $(DEB_PACKAGES); do \
 	    [ "$$(dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null)" = "install ok installed" ] || missing="$$missing $$p"; \
 	  done; \
 	  if [ -n "$$missing" ]; then \
-	    echo "deps: installing$$missing"; \
+	    echo "deps: installing$$missing (apt-get update, then install: a few minutes the first time)"; \
 	    $(SUDO) apt-get update; \
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
 	  else \
 	    echo "deps: Debian packages present: $(DEB_PACKAGES)"; \
 	  fi; \
 	fi
+	@echo "deps: downloading the Go modules (go mod download: a minute or two the first time, nothing after)"
 	$(GO) mod download
 
 tools: ## install staticcheck and benchstat into $(go env GOPATH)/bin if missing
@@ -102,9 +108,11 @@ tools: ## install staticcheck and benchstat into $(go env GOPATH)/bin if missing
 	  GOBIN="$(TOOLBIN)" $(GO) install golang.org/x/perf/cmd/benchstat@latest; \
 	fi
 
-build: ## build bin/cellvisor and bin/cellvisor-control (version from git describe, else "dev")
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
-	$(GO) build -ldflags "$(LDFLAGS)" -o bin/cellvisor-control ./cmd/cellvisor-control
+build: ## build bin/cellvisor, bin/cellvisor-control and bin/cellvisor-demo (version from git describe, else "dev")
+	@echo "build: compiling the agent, the control API and the demo into bin/ (the first build compiles every dependency: a minute or two)"
+	$(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
+	$(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-control ./cmd/cellvisor-control
+	$(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-demo ./cmd/cellvisor-demo
 
 test: deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
 	@$(WITH_PG) $(GO) test -race -count=1 -timeout 30m ./...
@@ -142,10 +150,12 @@ bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the r
 	fi
 
 demo: deps build ## run the demo: a control API on SQLite, an enrolled agent with 8 slots, cell-01 serving a published domain (Ctrl-C stops)
-	./bin/cellvisor demo
+	@echo "demo: starting ./bin/cellvisor-demo (Ctrl-C stops it and cleans up)"
+	./bin/cellvisor-demo
 
-demo-check: deps build ## run the demo scenario non-interactively; fails unless every step worked
-	./bin/cellvisor demo --check
+demo-check: deps build ## run the demo scenario non-interactively (drain, undrain, publish, restart, rate limit); fails unless every step worked
+	@echo "demo-check: running ./bin/cellvisor-demo --check"
+	./bin/cellvisor-demo --check
 
 clean: ## remove bin/ and the demo's files (.demo/)
 	rm -rf bin .demo

@@ -5,7 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,7 +16,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"cellvisor/controlapi"
+	"cellvisor/internal/cli"
 )
 
 // adminTimeout bounds one admin API call. Publishing re-signs the manifest
@@ -39,113 +42,97 @@ func defaultGlobals() globals {
 	return globals{admin: admin, tokenFile: filepath.Join(defaultData, "admin.token")}
 }
 
-// register adds the global flags to fs, their defaults the values so far.
-func (g *globals) register(fs *flag.FlagSet) {
-	fs.StringVar(&g.admin, "admin", g.admin, "the admin API's URL (default $CELLVISOR_CONTROL_ADMIN, else http://127.0.0.1:8442)")
-	fs.StringVar(&g.tokenFile, "token-file", g.tokenFile, "the admin token file; $CELLVISOR_ADMIN_TOKEN, when set, is used instead")
-	fs.StringVar(&g.caFile, "admin-ca-file", g.caFile, "the CA certificate (PEM) to trust when the admin API is https")
+// register adds the global flags to root, for every command below it.
+func (g *globals) register(root *cobra.Command) {
+	f := root.PersistentFlags()
+	f.StringVar(&g.admin, "admin", g.admin, "the admin API's URL ($CELLVISOR_CONTROL_ADMIN)")
+	f.StringVar(&g.tokenFile, "token-file", g.tokenFile, "the admin token file; $CELLVISOR_ADMIN_TOKEN, when set, is used instead")
+	f.StringVar(&g.caFile, "admin-ca-file", g.caFile, "the CA certificate (PEM) to trust when the admin API is https")
 }
 
-// token is $CELLVISOR_ADMIN_TOKEN, or else the token file's content.
-func (g *globals) token() (string, error) {
+// token is $CELLVISOR_ADMIN_TOKEN, or else the token file's content; from
+// says which.
+func (g *globals) token() (token, from string, err error) {
 	if t := os.Getenv("CELLVISOR_ADMIN_TOKEN"); t != "" {
-		return t, nil
+		return t, "$CELLVISOR_ADMIN_TOKEN", nil
 	}
 	data, err := os.ReadFile(g.tokenFile)
 	if err != nil {
-		return "", fmt.Errorf("admin token: %w (set CELLVISOR_ADMIN_TOKEN or pass --token-file)", err)
+		return "", "", fmt.Errorf("admin token: %w (set CELLVISOR_ADMIN_TOKEN or pass --token-file)", err)
 	}
 	t := strings.TrimSpace(string(data))
 	if t == "" {
-		return "", fmt.Errorf("admin token: %s is empty", g.tokenFile)
+		return "", "", fmt.Errorf("admin token: %s is empty", g.tokenFile)
 	}
-	return t, nil
+	return t, g.tokenFile, nil
 }
 
-func (g *globals) client() (*controlapi.AdminClient, error) {
+// client opens the admin API's client; from says where its token came from.
+func (g *globals) client() (ac *controlapi.AdminClient, from string, err error) {
 	u, err := url.Parse(g.admin)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--admin %q: want http://HOST:PORT or https://HOST:PORT", g.admin)
+		return nil, "", fmt.Errorf("--admin %q: want http://HOST:PORT or https://HOST:PORT", g.admin)
 	}
-	token, err := g.token()
+	token, from, err := g.token()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if g.caFile != "" {
 		pem, err := os.ReadFile(g.caFile)
 		if err != nil {
-			return nil, fmt.Errorf("admin CA: %w", err)
+			return nil, "", fmt.Errorf("admin CA: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("admin CA: no certificate in %s", g.caFile)
+			return nil, "", fmt.Errorf("admin CA: no certificate in %s", g.caFile)
 		}
 		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
 	}
-	return &controlapi.AdminClient{URL: g.admin, Token: token, HTTP: &http.Client{Transport: tr}}, nil
+	return &controlapi.AdminClient{URL: g.admin, Token: token, HTTP: &http.Client{Transport: tr}}, from, nil
 }
 
-// cli runs the admin commands.
-type cli struct {
+// TokenRejectedError is the admin API's 401 to a request that carried a
+// token (the CLI never sends none): the token is wrong, not missing.
+type TokenRejectedError struct {
+	From string // $CELLVISOR_ADMIN_TOKEN or the token file
+	Err  *controlapi.AdminError
+}
+
+func (e *TokenRejectedError) Error() string {
+	return fmt.Sprintf("the admin API rejected the admin token from %s (HTTP 401): use the token the control API wrote "+
+		"(its admin.token) with --token-file FILE or $CELLVISOR_ADMIN_TOKEN", e.From)
+}
+
+func (e *TokenRejectedError) Unwrap() error { return e.Err }
+
+// app runs the admin commands.
+type app struct {
 	g   globals
 	out io.Writer
 	in  io.Reader
 }
 
-// commands maps each admin command's words to its handler.
-func (c *cli) commands() map[string]func(context.Context, []string) error {
-	return map[string]func(context.Context, []string) error{
-		"edge create":     c.edgeCreate,
-		"edge list":       c.edgeList,
-		"edge show":       c.edgeShow,
-		"edge rotate":     c.edgeRotate,
-		"edge delete":     c.edgeDelete,
-		"task create":     c.taskCreate,
-		"task list":       c.taskList,
-		"pool list":       c.poolList,
-		"pool create":     c.poolCreate,
-		"domain publish":  c.domainPublish,
-		"domain list":     c.domainList,
-		"domain delete":   c.domainDelete,
-		"domain rollback": c.domainRollback,
-		"key rotate":      c.keyRotate,
-		"ca":              c.ca,
-	}
-}
-
-// flags returns a FlagSet for a command that also carries the global flags.
-func (c *cli) flags(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	c.g.register(fs)
-	return fs
-}
-
-// parse parses a command's flags, checks it got exactly the positional
-// arguments named in want, and opens the admin client.
-func (c *cli) parse(fs *flag.FlagSet, args []string, want ...string) ([]string, *controlapi.AdminClient, error) {
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return nil, nil, err
-	}
-	if len(pos) != len(want) {
-		return nil, nil, fmt.Errorf("usage: cellvisor-control %s", strings.Join(append([]string{fs.Name()}, want...), " "))
-	}
-	ac, err := c.g.client()
-	return pos, ac, err
-}
-
-// outputFlag adds -o with the formats allowed, the first the default.
-func outputFlag(fs *flag.FlagSet, formats ...string) func() (string, error) {
-	o := fs.String("o", formats[0], "output format: "+strings.Join(formats, " or "))
-	return func() (string, error) {
-		for _, f := range formats {
-			if *o == f {
-				return f, nil
-			}
+// adminCmd is an admin command: it opens the admin client and runs call
+// with a bounded context; errors name the command and its arguments.
+func (c *app) adminCmd(cmd *cobra.Command, call func(ctx context.Context, ac *controlapi.AdminClient, args []string) error) *cobra.Command {
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		ac, from, err := c.g.client()
+		if err != nil {
+			return err
 		}
-		return "", fmt.Errorf("%s: unknown output format %q (%s)", fs.Name(), *o, strings.Join(formats, " or "))
+		ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
+		defer cancel()
+		if err := call(ctx, ac, args); err != nil {
+			var ae *controlapi.AdminError
+			if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
+				err = &TokenRejectedError{From: from, Err: ae}
+			}
+			return fmt.Errorf("%s: %w", strings.Join(append([]string{strings.TrimPrefix(cmd.CommandPath(), "cellvisor-control ")}, args...), " "), err)
+		}
+		return nil
 	}
+	return cmd
 }
 
 func printJSON(w io.Writer, v any) error {
@@ -173,67 +160,69 @@ func age(t *time.Time, now time.Time) string {
 	return fmt.Sprintf("%dd ago", int(d/(24*time.Hour)))
 }
 
-func (c *cli) ca(ctx context.Context, args []string) error {
-	fs := c.flags("ca")
-	_, ac, err := c.parse(fs, args)
-	if err != nil {
+func (c *app) ca() *cobra.Command {
+	return c.adminCmd(&cobra.Command{
+		Use:     "ca",
+		Short:   "print the CA certificate (PEM): agents pass it as --ca-file",
+		Example: "  cellvisor-control ca > ca.pem",
+		Args:    cli.ExactArgs(0),
+	}, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) error {
+		pem, err := ac.CA(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = io.WriteString(c.out, pem)
 		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	pem, err := ac.CA(ctx)
-	if err != nil {
-		return fmt.Errorf("ca: %w", err)
-	}
-	_, err = io.WriteString(c.out, pem)
-	return err
+	})
 }
 
-// list is the shape of every list command: fetch the rows, then print them
-// as JSON or as a table with header, one row a line.
-func list[T any](ctx context.Context, c *cli, name string, args []string, positional []string,
-	fetch func(context.Context, *controlapi.AdminClient, []string) ([]T, error), header string, row func(T, time.Time) string) error {
-	fs := c.flags(name)
-	format := outputFlag(fs, "table", "json")
-	pos, ac, err := c.parse(fs, args, positional...)
-	if err != nil {
-		return err
-	}
-	f, err := format()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	rows, err := fetch(ctx, ac, pos)
-	if err != nil {
-		return fmt.Errorf("%s: %w", strings.Join(append([]string{name}, pos...), " "), err)
-	}
-	if f == "json" {
-		return printJSON(c.out, rows)
-	}
-	now := time.Now()
-	tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, header)
-	for _, r := range rows {
-		fmt.Fprintln(tw, row(r, now))
-	}
-	return tw.Flush()
+// listCmd is the shape of every list command: fetch the rows, then print
+// them as JSON or as a table with header, one row a line.
+func listCmd[T any](c *app, cmd *cobra.Command, fetch func(context.Context, *controlapi.AdminClient, []string) ([]T, error),
+	header string, row func(T, time.Time) string) *cobra.Command {
+	format := cli.Output(cmd, "table", "json")
+	return c.adminCmd(cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) error {
+		f, err := format()
+		if err != nil {
+			return err
+		}
+		rows, err := fetch(ctx, ac, args)
+		if err != nil {
+			return err
+		}
+		if f == "json" {
+			return printJSON(c.out, rows)
+		}
+		now := time.Now()
+		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, header)
+		for _, r := range rows {
+			fmt.Fprintln(tw, row(r, now))
+		}
+		return tw.Flush()
+	})
 }
 
-// one is the shape of a command that makes one call and prints its answer
-// as JSON.
-func one[T any](ctx context.Context, c *cli, name string, args []string, positional []string,
-	call func(context.Context, *controlapi.AdminClient, []string) (T, error)) error {
-	pos, ac, err := c.parse(c.flags(name), args, positional...)
-	if err != nil {
-		return err
+// oneCmd is the shape of a command that makes one call and prints its
+// answer, by text (nil: JSON only) or as JSON with -o json.
+func oneCmd[T any](c *app, cmd *cobra.Command, call func(context.Context, *controlapi.AdminClient, []string) (T, error),
+	text func(io.Writer, T, time.Time) error) *cobra.Command {
+	format := func() (string, error) { return "json", nil }
+	if text != nil {
+		format = cli.Output(cmd, "text", "json")
 	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	v, err := call(ctx, ac, pos)
-	if err != nil {
-		return fmt.Errorf("%s: %w", strings.Join(append([]string{name}, pos...), " "), err)
-	}
-	return printJSON(c.out, v)
+	return c.adminCmd(cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) error {
+		f, err := format()
+		if err != nil {
+			return err
+		}
+		v, err := call(ctx, ac, args)
+		if err != nil {
+			return err
+		}
+		if f == "json" {
+			return printJSON(c.out, v)
+		}
+		return text(c.out, v, time.Now())
+	})
 }

@@ -2,52 +2,52 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"cellvisor/controlapi"
+	"cellvisor/internal/cli"
 )
 
 // controlURLFlag adds --control-url: the edge-control API as the edge hosts
 // reach it, for the enroll command line printed with a token.
-func controlURLFlag(fs *flag.FlagSet) *string {
-	return fs.String("control-url", "https://127.0.0.1:8443", "the edge-control API's URL as the edge hosts reach it")
+func controlURLFlag(cmd *cobra.Command) *string {
+	return cmd.Flags().String("control-url", "https://127.0.0.1:8443", "the edge-control API's URL as the edge hosts reach it")
 }
 
-func (c *cli) edgeCreate(ctx context.Context, args []string) error {
-	fs := c.flags("edge create")
+func (c *app) edgeCreate() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "create --name N --org O --country CC --continent XX",
+		Short: "create an edge; prints its one-time bootstrap token",
+		Long: `Create an edge and print its id and one-time bootstrap token, with the enroll command
+line to run on the edge host. The token is shown once.`,
+		Example: "  cellvisor-control edge create --name fra-1 --org acme --country DE --continent EU \\\n" +
+			"    --control-url https://control.example.net:8443",
+		Args: cli.ExactArgs(0),
+	}
 	var r controlapi.EdgeRequest
-	fs.StringVar(&r.Name, "name", "", "the edge's name")
-	fs.StringVar(&r.Org, "org", "", "the organization that runs it")
-	fs.StringVar(&r.Country, "country", "", "ISO 3166-1 alpha-2 country code")
-	fs.StringVar(&r.Continent, "continent", "", "continent code: AF, AN, AS, EU, NA, OC or SA")
-	fs.StringVar(&r.MgmtIPv4, "mgmt-ipv4", "", "management IPv4 address (inventory only)")
-	fs.StringVar(&r.MgmtIPv6, "mgmt-ipv6", "", "management IPv6 address (inventory only)")
-	fs.IntVar(&r.Slots, "slots", 0, "slots, 1–32; 0 for the default (8)")
-	controlURL := controlURLFlag(fs)
-	format := outputFlag(fs, "text", "json")
-	_, ac, err := c.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	f, err := format()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	ce, err := ac.CreateEdge(ctx, r)
-	if err != nil {
-		return fmt.Errorf("edge create: %w", err)
-	}
-	if f == "json" {
-		return printJSON(c.out, ce)
-	}
-	fmt.Fprintf(c.out, "edge %s created (%d slots)\n", ce.Edge.Name, ce.Edge.Slots)
-	printToken(c.out, ce, *controlURL)
-	return nil
+	f := cmd.Flags()
+	f.StringVar(&r.Name, "name", "", "the edge's name")
+	f.StringVar(&r.Org, "org", "", "the organization that runs it")
+	f.StringVar(&r.Country, "country", "", "ISO 3166-1 alpha-2 country code")
+	f.StringVar(&r.Continent, "continent", "", "continent code: AF, AN, AS, EU, NA, OC or SA")
+	f.StringVar(&r.MgmtIPv4, "mgmt-ipv4", "", "management IPv4 address (inventory only)")
+	f.StringVar(&r.MgmtIPv6, "mgmt-ipv6", "", "management IPv6 address (inventory only)")
+	f.IntVar(&r.Slots, "slots", 0, "slots, 1–32; 0 for the default (8)")
+	controlURL := controlURLFlag(cmd)
+	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) (controlapi.CreatedEdge, error) {
+		return ac.CreateEdge(ctx, r)
+	}, func(w io.Writer, ce controlapi.CreatedEdge, _ time.Time) error {
+		fmt.Fprintf(w, "edge %s created (%d slots)\n", ce.Edge.Name, ce.Edge.Slots)
+		printToken(w, ce, *controlURL)
+		return nil
+	})
 }
 
 // printToken shows an edge's one-time token and how to enroll with it.
@@ -59,68 +59,140 @@ func printToken(w io.Writer, ce controlapi.CreatedEdge, controlURL string) {
 	fmt.Fprintf(w, "  cellvisor enroll --control %s --token %s --ca-file ca.pem\n", controlURL, ce.Token)
 }
 
-func (c *cli) edgeList(ctx context.Context, args []string) error {
-	return list(ctx, c, "edge list", args, nil, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.EdgeView, error) {
-		return ac.Edges(ctx)
-	}, "NAME\tID\tORG\tCOUNTRY\tCONTINENT\tSLOTS\tENROLLMENT\tLAST SEEN\tSEQUENCE/ACTIVE", func(e controlapi.EdgeView, now time.Time) string {
-		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d", e.Name, e.ID, e.Org, e.Country, e.Continent,
-			e.Slots, e.Enrollment, age(e.LastSeen, now), e.Sequence, e.ActiveSequence)
-	})
-}
-
-func (c *cli) edgeShow(ctx context.Context, args []string) error {
-	return one(ctx, c, "edge show", args, []string{"ID"}, func(ctx context.Context, ac *controlapi.AdminClient, pos []string) (controlapi.EdgeView, error) {
-		return ac.Edge(ctx, pos[0])
-	})
-}
-
-func (c *cli) edgeDelete(ctx context.Context, args []string) error {
-	return one(ctx, c, "edge delete", args, []string{"ID"}, func(ctx context.Context, ac *controlapi.AdminClient, pos []string) (controlapi.EdgeView, error) {
-		return ac.DeleteEdge(ctx, pos[0])
-	})
-}
-
-func (c *cli) edgeRotate(ctx context.Context, args []string) error {
-	fs := c.flags("edge rotate")
-	controlURL := controlURLFlag(fs)
-	format := outputFlag(fs, "text", "json")
-	pos, ac, err := c.parse(fs, args, "ID")
-	if err != nil {
-		return err
-	}
-	f, err := format()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
-	defer cancel()
-	ce, err := ac.Rotate(ctx, pos[0])
-	if err != nil {
-		return fmt.Errorf("edge rotate %s: %w", pos[0], err)
-	}
-	if f == "json" {
-		return printJSON(c.out, ce)
-	}
-	fmt.Fprintf(c.out, "edge %s rotated: its certificate is refused from now on\n", ce.Edge.Name)
-	printToken(c.out, ce, *controlURL)
-	return nil
-}
-
-func (c *cli) taskCreate(ctx context.Context, args []string) error {
-	return one(ctx, c, "task create", args, []string{"EDGE-ID", "CELL", "drain|undrain|restart"},
-		func(ctx context.Context, ac *controlapi.AdminClient, pos []string) (controlapi.TaskView, error) {
-			return ac.CreateTask(ctx, pos[0], controlapi.TaskRequest{Cell: pos[1], Action: pos[2]})
+func (c *app) edgeList() *cobra.Command {
+	return listCmd(c, &cobra.Command{Use: "list", Short: "list the edges", Args: cli.ExactArgs(0)},
+		func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.EdgeView, error) {
+			return ac.Edges(ctx)
+		}, "NAME\tID\tORG\tCOUNTRY\tCONTINENT\tSLOTS\tENROLLMENT\tLAST SEEN\tSEQUENCE/ACTIVE", func(e controlapi.EdgeView, now time.Time) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d", e.Name, e.ID, e.Org, e.Country, e.Continent,
+				e.Slots, e.Enrollment, age(e.LastSeen, now), e.Sequence, e.ActiveSequence)
 		})
 }
 
-func (c *cli) taskList(ctx context.Context, args []string) error {
-	return list(ctx, c, "task list", args, []string{"EDGE-ID"}, func(ctx context.Context, ac *controlapi.AdminClient, pos []string) ([]controlapi.TaskView, error) {
-		return ac.Tasks(ctx, pos[0])
-	}, "ID\tCELL\tACTION\tSTATE\tRESULT\tCREATED", func(t controlapi.TaskView, now time.Time) string {
-		result := t.Result
-		if result == "" {
-			result = "-"
+func (c *app) edgeShow() *cobra.Command {
+	return oneCmd(c, &cobra.Command{
+		Use:   "show ID",
+		Short: "show one edge: its status, its cells as last reported, acks and tasks",
+		Args:  cli.ExactArgs(1),
+	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.EdgeView, error) {
+		return ac.Edge(ctx, args[0])
+	}, printEdge)
+}
+
+// printEdge is edge show's human-readable form.
+func printEdge(w io.Writer, e controlapi.EdgeView, now time.Time) error {
+	fmt.Fprintf(w, "edge %s (%s)\n", e.Name, e.ID)
+	mgmt := strings.Join(slices.DeleteFunc([]string{e.MgmtIPv4, e.MgmtIPv6}, func(s string) bool { return s == "" }), ", ")
+	if mgmt == "" {
+		mgmt = "-"
+	}
+	fmt.Fprintf(w, "  org %s, %s/%s, %d slots, management %s\n", e.Org, e.Country, e.Continent, e.Slots, mgmt)
+	enrolled := e.Enrollment
+	if e.EnrolledAt != nil {
+		enrolled += " " + age(e.EnrolledAt, now)
+	}
+	fmt.Fprintf(w, "  enrollment: %s, %d rotation(s), last seen %s\n", enrolled, e.Rotations, age(e.LastSeen, now))
+	fmt.Fprintf(w, "  manifests: sequence %d, active (acked) %d\n", e.Sequence, e.ActiveSequence)
+	if len(e.Assignments) > 0 {
+		cells := make([]string, 0, len(e.Assignments))
+		for cell := range e.Assignments {
+			cells = append(cells, cell)
 		}
-		return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%s", t.ID, t.Cell, t.Action, t.State, result, age(&t.CreatedAt, now))
+		slices.Sort(cells)
+		for i, cell := range cells {
+			cells[i] = cell + " " + e.Assignments[cell]
+		}
+		fmt.Fprintf(w, "  assignments: %s\n", strings.Join(cells, ", "))
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(e.Cells) > 0 {
+		fmt.Fprintf(tw, "\ncells, as reported %s:\n", age(e.StatusAt, now))
+		fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tDRAINED\tSEQUENCE\tREASON")
+		for _, cl := range e.Cells {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%d\t%s\n", cl.Name, dash(cl.Pool), cl.State, cl.Drained, cl.Sequence, cl.Reason)
+		}
+	}
+	if len(e.SecurityEvents) > 0 {
+		fmt.Fprintln(tw, "\nsecurity events:")
+		fmt.Fprintln(tw, "CELL\tREFUSED CALLS\tLAST\tREASON")
+		for _, s := range e.SecurityEvents {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Cell, s.AuthFailures, age(s.LastAt, now), s.LastReason)
+		}
+	}
+	if len(e.Acks) > 0 {
+		fmt.Fprintln(tw, "\nacks:")
+		fmt.Fprintln(tw, "SEQUENCE\tSTATUS\tAT\tCELLS\tREASON")
+		for _, a := range e.Acks {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", a.Sequence, a.Status, age(&a.At, now), dash(strings.Join(a.Cells, ",")), a.Reason)
+		}
+	}
+	if len(e.Tasks) > 0 {
+		fmt.Fprintln(tw, "\ntasks:")
+		fmt.Fprintln(tw, "ID\tCELL\tACTION\tSTATE\tRESULT\tCREATED")
+		for _, t := range e.Tasks {
+			fmt.Fprintln(tw, taskRow(t, now))
+		}
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (c *app) edgeDelete() *cobra.Command {
+	return oneCmd(c, &cobra.Command{
+		Use:   "delete ID",
+		Short: "remove a retired edge: its certificate is refused, its manifests, acks and tasks go",
+		Args:  cli.ExactArgs(1),
+	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.EdgeView, error) {
+		return ac.DeleteEdge(ctx, args[0])
+	}, nil)
+}
+
+func (c *app) edgeRotate() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "rotate ID",
+		Short: "refuse the edge's certificate from now on; prints a new token",
+		Long: `Rotate an edge's identity: its current certificate is refused from now on, and a new
+one-time token is printed for enrolling it again (cellvisor enroll --replace).`,
+		Args: cli.ExactArgs(1),
+	}
+	controlURL := controlURLFlag(cmd)
+	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.CreatedEdge, error) {
+		return ac.Rotate(ctx, args[0])
+	}, func(w io.Writer, ce controlapi.CreatedEdge, _ time.Time) error {
+		fmt.Fprintf(w, "edge %s rotated: its certificate is refused from now on\n", ce.Edge.Name)
+		printToken(w, ce, *controlURL)
+		return nil
 	})
+}
+
+func (c *app) taskCreate() *cobra.Command {
+	return oneCmd(c, &cobra.Command{
+		Use:     "create EDGE-ID CELL drain|undrain|restart",
+		Short:   "drain, undrain or restart one cell of an edge; the edge's next poll delivers it",
+		Example: "  cellvisor-control task create 6f1c… cell-01 drain",
+		Args:    cli.ExactArgs(3),
+	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.TaskView, error) {
+		return ac.CreateTask(ctx, args[0], controlapi.TaskRequest{Cell: args[1], Action: args[2]})
+	}, func(w io.Writer, t controlapi.TaskView, _ time.Time) error {
+		_, err := fmt.Fprintf(w, "task %d created: %s %s of edge %s, %s; delivered by the edge's next poll (cellvisor-control task list %s)\n",
+			t.ID, t.Action, t.Cell, t.EdgeID, t.State, t.EdgeID)
+		return err
+	})
+}
+
+func (c *app) taskList() *cobra.Command {
+	return listCmd(c, &cobra.Command{Use: "list EDGE-ID", Short: "list an edge's tasks", Args: cli.ExactArgs(1)},
+		func(ctx context.Context, ac *controlapi.AdminClient, args []string) ([]controlapi.TaskView, error) {
+			return ac.Tasks(ctx, args[0])
+		}, "ID\tCELL\tACTION\tSTATE\tRESULT\tCREATED", taskRow)
+}
+
+func taskRow(t controlapi.TaskView, now time.Time) string {
+	return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%s", t.ID, t.Cell, t.Action, t.State, dash(t.Result), age(&t.CreatedAt, now))
 }

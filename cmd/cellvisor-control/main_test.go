@@ -7,7 +7,8 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
-	"flag"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -66,7 +67,7 @@ func ctl(t *testing.T, ep controlapi.Endpoints, args ...string) (string, error) 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out bytes.Buffer
-	err := run(ctx, append(args, "--admin", ep.AdminURL), &out)
+	err := run(ctx, append(args, "--admin", ep.AdminURL), strings.NewReader(""), &out, io.Discard)
 	return out.String(), err
 }
 
@@ -143,9 +144,17 @@ func TestEdgeCreateListShow(t *testing.T) {
 		t.Errorf("edge list table:\n%s\nwant a header and fra-1 pending, never seen", table)
 	}
 
-	shown := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "show", e.ID))
+	shown := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "show", e.ID, "-o", "json"))
 	if shown.ID != e.ID || shown.Assignments["cell-01"] != "shared-default" {
 		t.Errorf("edge show: %+v, want %s with cell-01 in shared-default", shown, e.ID)
+	}
+	text := mustCtl(t, ep, "edge", "show", e.ID)
+	for _, want := range []string{"edge fra-1 (" + e.ID + ")\n", "org acme, DE/EU, 8 slots, management 192.0.2.10\n",
+		"enrollment: pending, 0 rotation(s), last seen never\n", "manifests: sequence 0, active (acked) 0\n",
+		"assignments: cell-01 shared-default, cell-02 quarantine-default\n"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("edge show printed:\n%s\nwant it to contain %q", text, want)
+		}
 	}
 
 	rotated := mustCtl(t, ep, "edge", "rotate", e.ID)
@@ -180,7 +189,7 @@ func TestToken(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "admin.token")
 
 	t.Setenv("CELLVISOR_ADMIN_TOKEN", "")
-	err := run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, &bytes.Buffer{})
+	err := run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, nil, io.Discard, io.Discard)
 	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "admin token") {
 		t.Errorf("edge list without a token: %v, want a missing admin token", err)
 	}
@@ -188,15 +197,26 @@ func TestToken(t *testing.T) {
 	if err := os.WriteFile(missing, []byte(ep.AdminToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, &bytes.Buffer{}); err != nil {
+	if err := run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, nil, io.Discard, io.Discard); err != nil {
 		t.Errorf("edge list with the token file: %v", err)
 	}
 
 	t.Setenv("CELLVISOR_ADMIN_TOKEN", "cva_not-the-admin-token")
-	err = run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, &bytes.Buffer{})
+	err = run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, nil, io.Discard, io.Discard)
 	var ae *controlapi.AdminError
 	if !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized {
 		t.Errorf("edge list with a wrong CELLVISOR_ADMIN_TOKEN: %v, want HTTP 401 (the variable wins over the file)", err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "rejected the admin token from $CELLVISOR_ADMIN_TOKEN") || strings.Contains(err.Error(), "required") {
+		t.Errorf("edge list with a wrong token: %v, want it called rejected, not required", err)
+	}
+	t.Setenv("CELLVISOR_ADMIN_TOKEN", "")
+	if err := os.WriteFile(missing, []byte("cva_wrong\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = run(ctx, []string{"edge", "list", "--token-file", missing, "--admin", ep.AdminURL}, nil, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "rejected the admin token from "+missing) {
+		t.Errorf("edge list with a wrong token file: %v, want it rejected, naming the file", err)
 	}
 }
 
@@ -210,12 +230,12 @@ func TestDomainPublish(t *testing.T) {
 	}
 	for rev := int64(1); rev <= 2; rev++ {
 		p := decodeJSON[controlapi.PublishedView](t, mustCtl(t, ep, "domain", "publish", "shop.example.test",
-			"--pool", "shared-default", "--file", file))
+			"--pool", "shared-default", "--file", file, "-o", "json"))
 		if p.Domain.Revision != rev || p.Domain.Pool != "shared-default" || p.Edges[edge.Edge.ID] != rev {
 			t.Errorf("publish %d: %+v, want revision %d advancing %s to sequence %d", rev, p, rev, edge.Edge.ID, rev)
 		}
 	}
-	shown := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "show", edge.Edge.ID))
+	shown := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "show", edge.Edge.ID, "-o", "json"))
 	if shown.Sequence != 2 {
 		t.Errorf("edge show after two publishes: sequence %d, want 2", shown.Sequence)
 	}
@@ -227,12 +247,19 @@ func TestDomainPublish(t *testing.T) {
 		t.Errorf("domain list table:\n%s\nwant shop.example.test", table)
 	}
 
+	text := mustCtl(t, ep, "domain", "publish", "shop.example.test", "--pool", "shared-default", "--file", file)
+	want := "published shop.example.test revision 3 to shared-default ("
+	if !strings.HasPrefix(text, want) || !strings.Contains(text, " bytes, sha256 ") || !strings.Contains(text, "1 edge manifest(s) advanced") ||
+		!strings.Contains(text, "  "+edge.Edge.ID+"  sequence 3\n") {
+		t.Errorf("domain publish printed:\n%s\nwant %q… and %s at sequence 3", text, want, edge.Edge.ID)
+	}
+
 	_, err := ctl(t, ep, "domain", "publish", "shop.example.test", "--pool", "bogus", "--file", file)
 	wantAdminError(t, err, http.StatusBadRequest, "pool")
 
 	deleted := decodeJSON[controlapi.PublishedView](t, mustCtl(t, ep, "domain", "delete", "shop.example.test"))
-	if deleted.Edges[edge.Edge.ID] != 3 {
-		t.Errorf("domain delete: %+v, want %s advanced to sequence 3", deleted, edge.Edge.ID)
+	if deleted.Edges[edge.Edge.ID] != 4 {
+		t.Errorf("domain delete: %+v, want %s advanced to sequence 4", deleted, edge.Edge.ID)
 	}
 }
 
@@ -242,14 +269,18 @@ func TestTask(t *testing.T) {
 	_, err := ctl(t, ep, "task", "create", edge.Edge.ID, "cell-01", "explode")
 	wantAdminError(t, err, http.StatusBadRequest, "action")
 
-	task := decodeJSON[controlapi.TaskView](t, mustCtl(t, ep, "task", "create", edge.Edge.ID, "cell-02", "drain"))
+	task := decodeJSON[controlapi.TaskView](t, mustCtl(t, ep, "task", "create", edge.Edge.ID, "cell-02", "drain", "-o", "json"))
 	if task.EdgeID != edge.Edge.ID || task.Cell != "cell-02" || task.Action != "drain" || task.ID == 0 {
 		t.Errorf("task create: %+v, want drain cell-02 of %s", task, edge.Edge.ID)
 	}
+	text := mustCtl(t, ep, "task", "create", edge.Edge.ID, "cell-02", "undrain")
+	if want := fmt.Sprintf("task %d created: undrain cell-02 of edge %s, ", task.ID+1, edge.Edge.ID); !strings.HasPrefix(text, want) {
+		t.Errorf("task create printed %q, want %q…", text, want)
+	}
 	table := mustCtl(t, ep, "task", "list", edge.Edge.ID)
-	if lines := strings.Split(strings.TrimSpace(table), "\n"); len(lines) != 2 ||
+	if lines := strings.Split(strings.TrimSpace(table), "\n"); len(lines) != 3 ||
 		!strings.Contains(lines[1], "cell-02") || !strings.Contains(lines[1], "drain") {
-		t.Errorf("task list:\n%s\nwant a header and the drain of cell-02", table)
+		t.Errorf("task list:\n%s\nwant a header, the drain and the undrain of cell-02", table)
 	}
 }
 
@@ -301,9 +332,13 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no command", nil, "no command"},
-		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
-		{"unknown subcommand", []string{"edge", "explode"}, `unknown command "edge explode"`},
+		{"no command", nil, "no command given"},
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate" for "cellvisor-control"`},
+		{"unknown subcommand", []string{"edge", "explode"}, `unknown command "explode" for "cellvisor-control edge"`},
+		{"group without subcommand", []string{"task"}, "cellvisor-control task needs one"},
+		{"flag of another command", []string{"edge", "list", "--pool", "p"}, `unknown flag --pool for "cellvisor-control edge list": it belongs to "cellvisor-control domain publish"`},
+		{"unknown flag", []string{"ca", "--bogus"}, `unknown flag --bogus for "cellvisor-control ca": see cellvisor-control ca --help`},
+		{"publish without file", []string{"domain", "publish", "x.test", "--pool", "p"}, "--file is required"},
 		{"missing argument", []string{"edge", "show"}, "usage: cellvisor-control edge show ID"},
 		{"extra argument", []string{"ca", "now"}, "usage: cellvisor-control ca"},
 		{"bad output format", []string{"edge", "list", "-o", "yaml"}, `unknown output format "yaml"`},
@@ -312,36 +347,9 @@ func TestUsageErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Unknown commands print the usage on stderr: not captured here.
-			err := run(ctx, tc.args, &bytes.Buffer{})
+			err := run(ctx, tc.args, nil, io.Discard, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("run %q: %v, want an error containing %q", tc.args, err, tc.want)
-			}
-		})
-	}
-}
-
-func TestParseArgs(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		args     []string
-		wantPos  []string
-		wantPool string
-	}{
-		{"flags first", []string{"--pool", "p", "a", "b"}, []string{"a", "b"}, "p"},
-		{"flags between", []string{"a", "--pool", "p", "b"}, []string{"a", "b"}, "p"},
-		{"flags last", []string{"a", "b", "--pool=p"}, []string{"a", "b"}, "p"},
-		{"stdin is positional", []string{"-", "--pool", "p"}, []string{"-"}, "p"},
-		{"after --", []string{"a", "--", "--pool", "p"}, []string{"a", "--pool", "p"}, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			fs := flag.NewFlagSet("test", flag.ContinueOnError)
-			pool := fs.String("pool", "", "")
-			pos, err := parseArgs(fs, tc.args)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if strings.Join(pos, " ") != strings.Join(tc.wantPos, " ") || *pool != tc.wantPool {
-				t.Errorf("parseArgs(%q) = %q, pool %q; want %q, pool %q", tc.args, pos, *pool, tc.wantPos, tc.wantPool)
 			}
 		})
 	}
@@ -368,5 +376,51 @@ func TestAge(t *testing.T) {
 				t.Errorf("age = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// --help, -h and help [COMMAND] print the usage on stdout and succeed.
+func TestHelp(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--help"}, "Available Commands:"},
+		{[]string{"-h"}, "--token-file string"},
+		{[]string{"help"}, "Available Commands:"},
+		{[]string{"help", "edge", "show"}, "cellvisor-control edge show ID"},
+		{[]string{"edge", "--help"}, "create      create an edge"},
+		{[]string{"domain", "publish", "-h"}, "--file string"},
+		{[]string{"serve", "--help"}, "--admin-listen string"},
+		{[]string{"task", "create", "x", "--help"}, "drain, undrain or restart one cell"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), tc.args, nil, &stdout, &stderr)
+			if err != nil || stderr.Len() != 0 || !strings.Contains(stdout.String(), "Usage:") || !strings.Contains(stdout.String(), tc.want) {
+				t.Errorf("cellvisor-control %q: %v, stderr %q, stdout:\n%s\nwant the usage with %q on stdout", tc.args, err, stderr.String(), stdout.String(), tc.want)
+			}
+		})
+	}
+}
+
+// The admin flags work before, between and after the command's words.
+func TestGlobalFlagsAnywhere(t *testing.T) {
+	ep := startControl(t)
+	edge := createEdge(t, ep, "fra-1")
+	for _, args := range [][]string{
+		{"--admin", ep.AdminURL, "edge", "show", edge.Edge.ID, "-o", "json"},
+		{"edge", "--admin", ep.AdminURL, "show", edge.Edge.ID, "-o", "json"},
+		{"edge", "show", "--admin=" + ep.AdminURL, edge.Edge.ID, "-o", "json"},
+		{"edge", "show", edge.Edge.ID, "-o", "json", "--admin", ep.AdminURL},
+	} {
+		var out bytes.Buffer
+		if err := run(context.Background(), args, nil, &out, io.Discard); err != nil {
+			t.Errorf("cellvisor-control %q: %v", args, err)
+			continue
+		}
+		if v := decodeJSON[controlapi.EdgeView](t, out.String()); v.ID != edge.Edge.ID {
+			t.Errorf("cellvisor-control %q: edge %s, want %s", args, v.ID, edge.Edge.ID)
+		}
 	}
 }

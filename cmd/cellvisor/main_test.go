@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -243,21 +245,6 @@ func TestChangedSlotCountRefused(t *testing.T) {
 	}
 }
 
-func TestDemoCheck(t *testing.T) {
-	testutil.RequireOpenResty(t)
-	bin := buildAgent(t)
-	cmd := exec.Command(bin, "demo", "--check", "--dir", t.TempDir())
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("demo --check: %v\n%s", err, out)
-	}
-	for _, want := range []string{"hello from cellvisor", "demo check: every step worked", "status -o json"} {
-		if !strings.Contains(string(out), want) {
-			t.Errorf("demo output lacks %q:\n%s", want, out)
-		}
-	}
-}
-
 // notifySocket is a fake systemd notification socket.
 type notifySocket struct {
 	path string
@@ -331,6 +318,23 @@ func TestCLIControls(t *testing.T) {
 		out, err := run(tc.args...)
 		if (err == nil) != tc.ok || !strings.Contains(out, tc.message) {
 			t.Errorf("cellvisor %v: %v\n%s\nwant ok=%v and %q", tc.args, err, out, tc.ok, tc.message)
+		}
+	}
+	// -o json prints the cell's status, the admin socket's shape.
+	for _, tc := range []struct {
+		verb  string
+		state supervisor.State
+	}{{"drain", supervisor.StateDrained}, {"undrain", supervisor.StateReady}, {"restart", supervisor.StateReady}} {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(bin, tc.verb, "cell-01", "-o", "json", "--config", cfgPath)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var st supervisor.SlotStatus
+		dec := json.NewDecoder(&stdout)
+		dec.DisallowUnknownFields()
+		if err != nil || dec.Decode(&st) != nil || st.Name != "cell-01" || st.State != tc.state || st.Drained != (tc.state == supervisor.StateDrained) ||
+			st.PID == 0 || st.HTTPPort != cfg.Ports.HTTPBase || st.Pool != "shared-default" {
+			t.Errorf("cellvisor %s cell-01 -o json: %v %s\n%+v\nwant cell-01 %s in shared-default", tc.verb, err, stderr.String(), st, tc.state)
 		}
 	}
 }

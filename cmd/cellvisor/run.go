@@ -1,57 +1,49 @@
 package main
 
 import (
-	"context"
 	"fmt"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"cellvisor/agent"
-	"cellvisor/config"
+	"cellvisor/internal/cli"
 )
 
 func versionString() string { return "cellvisor " + agent.Version }
 
-func newLogger(c config.Log) (*zap.Logger, error) {
-	var zc zap.Config
-	if c.Format == "console" {
-		zc = zap.NewDevelopmentConfig()
-		zc.EncoderConfig.EncodeLevel = zapcore.CapitalColorLevelEncoder
-		zc.DisableStacktrace = true
-	} else {
-		zc = zap.NewProductionConfig()
-		zc.EncoderConfig.TimeKey = "ts"
-		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+func runCmd(cfgPath *string) *cobra.Command {
+	return &cobra.Command{
+		Use:   "run",
+		Short: "run the agent (under systemd: Type=notify)",
+		Long: `Run the agent in the foreground until SIGINT or SIGTERM: it lays out the slots, starts the
+assigned cells in their cgroups, activates their configuration (a local directory, a spool
+directory, or the control API it enrolled with) and serves its admin socket. On SIGTERM it
+stops every cell gracefully and removes their cgroups.`,
+		Example: "  cellvisor run --config /etc/cellvisor/agent.yaml",
+		Args:    cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			cfg, err := loadConfig(*cfgPath)
+			if err != nil {
+				return err
+			}
+			log, err := cli.NewLogger(cfg.Log.Format, cfg.Log.Level)
+			if err != nil {
+				return err
+			}
+			defer log.Sync() //nolint:errcheck // stderr sync fails on terminals
+			log.Info("starting", zap.String("version", agent.Version), zap.String("config", *cfgPath))
+			a, err := agent.New(cfg, log)
+			if err != nil {
+				log.Error("refusing to start", zap.Error(err))
+				return fmt.Errorf("start agent: %w", err)
+			}
+			if err := a.Run(c.Context()); err != nil {
+				log.Error("agent stopped with errors", zap.Error(err))
+				return err
+			}
+			log.Info("agent stopped")
+			return nil
+		},
 	}
-	lvl, err := zapcore.ParseLevel(c.Level)
-	if err != nil {
-		return nil, err
-	}
-	zc.Level = zap.NewAtomicLevelAt(lvl)
-	return zc.Build()
-}
-
-func cmdRun(ctx context.Context, path string) error {
-	cfg, err := config.Load(path)
-	if err != nil {
-		return err
-	}
-	log, err := newLogger(cfg.Log)
-	if err != nil {
-		return err
-	}
-	defer log.Sync() //nolint:errcheck // stderr sync fails on terminals
-	log.Info("starting", zap.String("version", agent.Version), zap.String("config", path))
-	a, err := agent.New(cfg, log)
-	if err != nil {
-		log.Error("refusing to start", zap.Error(err))
-		return fmt.Errorf("start agent: %w", err)
-	}
-	if err := a.Run(ctx); err != nil {
-		log.Error("agent stopped with errors", zap.Error(err))
-		return err
-	}
-	log.Info("agent stopped")
-	return nil
 }

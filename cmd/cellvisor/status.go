@@ -3,45 +3,57 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"cellvisor/agent"
 	"cellvisor/config"
+	"cellvisor/internal/cli"
 	"cellvisor/supervisor"
 )
 
-func cmdStatus(ctx context.Context, cfgPath string, args []string) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	out := fs.String("o", "table", "output format: table or json")
-	if err := fs.Parse(args); err != nil {
-		return err
+func statusCmd(load func() (config.Agent, error), stdout io.Writer) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "show the running agent's slots",
+		Long: `Ask the running agent, through its admin socket, for its status: its cgroups and limits, its
+control-plane contact, and each slot's pool, state, pid, ports, resource use and restarts.`,
+		Args: cobra.NoArgs,
 	}
-	cfg, err := config.Load(cfgPath)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	st, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Status(ctx)
-	if err != nil {
-		return err
-	}
-	switch *out {
-	case "json":
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(st)
-	case "table":
-		printStatus(os.Stdout, st)
+	format := cli.Output(c, "table", "json")
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		f, err := format()
+		if err != nil {
+			return err
+		}
+		cfg, err := load()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
+		defer cancel()
+		st, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Status(ctx)
+		if err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
+		if f == "json" {
+			return printJSON(stdout, st)
+		}
+		printStatus(stdout, st)
 		return nil
 	}
-	return fmt.Errorf("status: unknown output format %q (table or json)", *out)
+	return c
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 func printStatus(w io.Writer, st supervisor.Status) {
@@ -113,21 +125,38 @@ func printStatus(w io.Writer, st supervisor.Status) {
 
 func mib(b uint64) string { return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20)) }
 
-func cmdControl(ctx context.Context, cfgPath, verb string, args []string) error {
-	if len(args) != 1 {
-		return fmt.Errorf("usage: cellvisor %s CELL", verb)
+// controlCmd is drain, undrain or restart (verb) of one cell: it prints the
+// cell's state afterwards as a line or, with -o json, as the slot's status.
+func controlCmd(verb, short, long string, load func() (config.Agent, error), stdout io.Writer) *cobra.Command {
+	c := &cobra.Command{
+		Use:     verb + " CELL",
+		Short:   short,
+		Long:    strings.TrimSpace(short + ".\n\n" + long),
+		Example: fmt.Sprintf("  cellvisor %s cell-01\n  cellvisor %s cell-01 -o json", verb, verb),
+		Args:    cli.ExactArgs(1),
 	}
-	cfg, err := config.Load(cfgPath)
-	if err != nil {
+	format := cli.Output(c, "text", "json")
+	c.RunE = func(c *cobra.Command, args []string) error {
+		f, err := format()
+		if err != nil {
+			return err
+		}
+		cfg, err := load()
+		if err != nil {
+			return err
+		}
+		// A restart waits for requests in flight and the new cell's readiness.
+		ctx, cancel := context.WithTimeout(c.Context(), cfg.Restart.DrainTimeout.D()+cfg.OpenResty.ReadyTimeout.D()+30*time.Second)
+		defer cancel()
+		st, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Control(ctx, verb, args[0])
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", verb, args[0], err)
+		}
+		if f == "json" {
+			return printJSON(stdout, st)
+		}
+		_, err = fmt.Fprintf(stdout, "%s: %s (pid %d)\n", st.Name, st.State, st.PID)
 		return err
 	}
-	// A restart waits for requests in flight and the new cell's readiness.
-	ctx, cancel := context.WithTimeout(ctx, cfg.Restart.DrainTimeout.D()+cfg.OpenResty.ReadyTimeout.D()+30*time.Second)
-	defer cancel()
-	st, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Control(ctx, verb, args[0])
-	if err != nil {
-		return fmt.Errorf("%s %s: %w", verb, args[0], err)
-	}
-	fmt.Printf("%s: %s (pid %d)\n", st.Name, st.State, st.PID)
-	return nil
+	return c
 }

@@ -1,0 +1,434 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/cgroup"
+	"cellvisor/config"
+	"cellvisor/controlapi"
+	"cellvisor/internal/cli"
+	"cellvisor/runtime"
+)
+
+const (
+	demoHost = "demo.cellvisor.test"
+	demoBody = "hello from cellvisor: demo.cellvisor.test served by cell-01 (shared-default)\n"
+	// readyWait bounds the start: cells ready, the manifest served and acked.
+	readyWait = 90 * time.Second
+)
+
+// options are the demo's flags.
+type options struct {
+	dir      string
+	check    bool
+	agent    string
+	httpBase int
+	out      io.Writer
+}
+
+// env is a running demo: its files, the control API and the agent.
+type env struct {
+	o        options
+	root     string
+	cfgPath  string
+	cfg      config.Agent
+	ep       controlapi.Endpoints
+	admin    *controlapi.AdminClient
+	edgeID   string
+	cli      agentCLI
+	agent    *agentProc
+	cellURL  string
+	tokenRel string
+}
+
+func demo(ctx context.Context, o options) error {
+	if o.httpBase < 1024 || o.httpBase+363+8 > 65535 {
+		return fmt.Errorf("--http-base %d: want 1024..%d", o.httpBase, 65535-363-8)
+	}
+	agentBin, err := findAgent(o.agent)
+	if err != nil {
+		return err
+	}
+	nginx, modules, err := runtime.FindOpenResty()
+	if err != nil {
+		return fmt.Errorf("%w (run: make deps)", err)
+	}
+	root, err := filepath.Abs(o.dir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	// The lock comes before anything in the directory is touched.
+	lock, err := lockDir(root)
+	if err != nil {
+		return err
+	}
+	defer lock.release()
+	subtree := demoSubtree(root)
+	lo := leftovers{root: root, agentBin: agentBin, nginx: nginx, subtree: subtree, out: o.out}
+	if err := lo.stop(ctx); err != nil {
+		return fmt.Errorf("stop what an earlier demo left running: %w", err)
+	}
+	// Every run is a new edge of a new control plane: no identity, topology
+	// or release of an earlier run is kept.
+	for _, d := range []string{"state", "run", agentPidFile} {
+		if err := os.RemoveAll(filepath.Join(root, d)); err != nil {
+			return err
+		}
+	}
+	e := &env{o: o, root: root}
+	if e.cfgPath, e.cfg, err = writeConfig(root, nginx, modules, subtree, o.httpBase, o.out); err != nil {
+		return err
+	}
+	e.cli = agentCLI{bin: agentBin, cfg: e.cfgPath}
+	e.cellURL = fmt.Sprintf("http://127.0.0.1:%d/", o.httpBase)
+
+	log, err := cli.NewLogger("console", "info")
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck // stderr sync fails on terminals
+	data, err := os.MkdirTemp("", "cellvisor-control-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(data)
+
+	// 1. The control API, on SQLite in a temporary directory, in this process.
+	ctlCtx, stopCtl := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopCtl()
+	ready := make(chan controlapi.Endpoints, 1)
+	ctlDone := make(chan error, 1)
+	go func() {
+		ctlDone <- controlapi.Serve(ctlCtx, controlapi.Config{Data: data, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+			Logger: log.Named("cellvisor-control")}, func(ep controlapi.Endpoints) { ready <- ep })
+	}()
+	select {
+	case e.ep = <-ready:
+	case err := <-ctlDone:
+		return fmt.Errorf("control API: %w", err)
+	case <-ctx.Done():
+		stopCtl()
+		return errors.Join(ctx.Err(), <-ctlDone)
+	}
+	e.admin = &controlapi.AdminClient{URL: e.ep.AdminURL, Token: e.ep.AdminToken}
+	e.tokenRel = filepath.Join(data, "admin.token")
+
+	err = e.runAgent(ctx, log)
+	stopCtl()
+	if cerr := <-ctlDone; cerr != nil {
+		err = errors.Join(err, fmt.Errorf("control API: %w", cerr))
+	}
+	if err != nil {
+		return err
+	}
+	if o.check {
+		fmt.Fprintln(o.out, "demo check: every step worked")
+	}
+	return nil
+}
+
+// runAgent enrolls the agent, starts it, runs the scenario and stops it.
+func (e *env) runAgent(ctx context.Context, log *zap.Logger) error {
+	if err := e.enroll(ctx); err != nil {
+		return err
+	}
+	a, err := startAgent(e.cli.bin, e.cfgPath, os.Stderr)
+	if err != nil {
+		return err
+	}
+	e.agent = a
+	if err := writeAgentPid(e.root, a.pid()); err != nil {
+		log.Warn("cannot record the agent's pid", zap.Error(err))
+	}
+	err = e.steps(ctx)
+	// Ctrl-C reached the agent too (same process group): it is stopping.
+	if serr := a.stop(agentStopWait); serr != nil {
+		err = errors.Join(err, fmt.Errorf("agent: %w", serr))
+	}
+	_ = os.Remove(filepath.Join(e.root, agentPidFile))
+	if err == nil && e.o.check {
+		err = e.checkCleanedUp()
+	}
+	return err
+}
+
+// steps waits until cell-01 serves the published domain, shows the demo's
+// state, then runs the check scenario or waits for Ctrl-C.
+func (e *env) steps(ctx context.Context) error {
+	wait, cancel := context.WithTimeout(ctx, readyWait)
+	defer cancel()
+	if err := e.awaitServing(wait, demoBody); err != nil {
+		return err
+	}
+	var view controlapi.EdgeView
+	err := poll(wait, func() error {
+		var err error
+		view, err = e.admin.Edge(wait, e.edgeID)
+		if err == nil && view.ActiveSequence < 1 {
+			err = fmt.Errorf("active sequence %d", view.ActiveSequence)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("the control API never got the edge's ack: %w", err)
+	}
+	table, err := e.cli.run(ctx, "status")
+	if err != nil {
+		return err
+	}
+	out := e.o.out
+	fmt.Fprintf(out, "\n$ ./bin/cellvisor status --config %s\n%s", relPath(e.cfgPath), table)
+	fmt.Fprintf(out, "\n$ curl -H 'Host: %s' %s\n%s", demoHost, e.cellURL, demoBody)
+	fmt.Fprintf(out, "\ncontrol API says: edge %s %s, sequence %d, active (acked) %d\n", view.Name, view.Enrollment, view.Sequence, view.ActiveSequence)
+	fmt.Fprintf(out, "\nTry it:   curl -H 'Host: %s' %s\n", demoHost, e.cellURL)
+	fmt.Fprintf(out, "Status:   ./bin/cellvisor --config %s status -o json\n", relPath(e.cfgPath))
+	fmt.Fprintf(out, "Control:  ./bin/cellvisor-control --admin %s --token-file %s edge list\n", e.ep.AdminURL, e.tokenRel)
+	fmt.Fprintf(out, "Edge id:  %s\n", e.edgeID)
+	if e.o.check {
+		return e.check(ctx)
+	}
+	fmt.Fprintln(out, "Running; press Ctrl-C to stop and clean up.")
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(out, "\nstopping: every cell is stopped and its cgroup removed; the control API's temporary directory is removed")
+		return nil
+	case <-e.agent.exited:
+		return fmt.Errorf("the agent exited on its own: %v", e.agent.err)
+	}
+}
+
+// enroll creates the edge in the control API, enrolls the agent with its
+// one-time token through `cellvisor enroll`, and publishes the sample
+// domain to shared-default.
+func (e *env) enroll(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	created, err := e.admin.CreateEdge(ctx, controlapi.EdgeRequest{Name: "demo-edge", Org: "demo", Country: "DE", Continent: "EU",
+		MgmtIPv4: "192.0.2.10", Slots: e.cfg.Slots})
+	if err != nil {
+		return fmt.Errorf("create edge: %w", err)
+	}
+	e.edgeID = created.Edge.ID
+	out := e.o.out
+	fmt.Fprintf(out, "\ncontrol API: edge-control %s, admin %s\n", e.ep.EdgeURL, e.ep.AdminURL)
+	fmt.Fprintf(out, "created edge %s (%s, %d slots); one-time token issued\n", created.Edge.ID, created.Edge.Name, created.Edge.Slots)
+	caFile := filepath.Join(e.root, "ca.pem")
+	if err := os.WriteFile(caFile, []byte(e.ep.CA), 0o644); err != nil {
+		return err
+	}
+	enrolled, err := e.cli.run(ctx, "enroll", "--control", e.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "$ ./bin/cellvisor enroll --control %s --token cvt_… --ca-file %s\n%s", e.ep.EdgeURL, relPath(caFile), enrolled)
+	rev, err := e.publish(ctx, demoBody)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "published %s revision %d to shared-default\n\n", demoHost, rev)
+	return nil
+}
+
+// publish publishes the sample domain answering body; it returns the
+// revision.
+func (e *env) publish(ctx context.Context, body string) (int64, error) {
+	p, err := e.admin.Publish(ctx, demoHost, controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(fmt.Sprintf(
+		`{"hostnames":[%q],"routes":[{"prefix":"/","respond":{"status":200,"body":%q,"content_type":"text/plain"}}]}`, demoHost, body))})
+	if err != nil {
+		return 0, fmt.Errorf("publish %s: %w", demoHost, err)
+	}
+	return p.Domain.Revision, nil
+}
+
+// awaitServing waits until cell-01 answers body for the sample domain.
+func (e *env) awaitServing(ctx context.Context, body string) error {
+	var got string
+	err := poll(ctx, func() error {
+		select {
+		case <-e.agent.exited:
+			return errAgentExited{e.agent.err}
+		default:
+		}
+		var err error
+		if got, err = get(ctx, e.cellURL, demoHost); err == nil && got != body {
+			err = fmt.Errorf("got %q", got)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("cell-01 never served %q for %s: %w", strings.TrimSpace(body), demoHost, err)
+	}
+	return nil
+}
+
+type errAgentExited struct{ err error }
+
+func (e errAgentExited) Error() string { return fmt.Sprintf("the agent exited: %v", e.err) }
+
+// poll calls f until it succeeds, ctx ends or the agent exits. It is for
+// remote state (a cell's answer, the control API's view): there is nothing
+// to wait on but the answer itself.
+func poll(ctx context.Context, f func() error) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		var exited errAgentExited
+		if errors.As(err, &exited) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// get fetches url with the Host header host and returns the body of a 200.
+func get(ctx context.Context, url, host string) (string, error) {
+	code, body, err := fetch(ctx, url, host)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("GET %s: HTTP %d: %s", url, code, strings.TrimSpace(body))
+	}
+	return body, err
+}
+
+func fetch(ctx context.Context, url, host string) (int, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", err
+	}
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", fmt.Errorf("GET %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, string(b), err
+}
+
+// findAgent is --agent, else cellvisor beside this executable.
+func findAgent(flag string) (string, error) {
+	if flag != "" {
+		if _, err := os.Stat(flag); err != nil {
+			return "", fmt.Errorf("--agent: %w", err)
+		}
+		return filepath.Abs(flag)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find this executable: %w", err)
+	}
+	bin := filepath.Join(filepath.Dir(self), "cellvisor")
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("no agent binary beside the demo (%s): run make build, or pass --agent PATH", bin)
+	}
+	return bin, nil
+}
+
+// demoSubtree is the demo's cgroup subtree: one per demo directory, so that
+// demos in other directories (and their tests) never share cell groups.
+func demoSubtree(root string) string {
+	sum := sha256.Sum256([]byte(root))
+	return "cellvisor-demo-" + hex.EncodeToString(sum[:4])
+}
+
+func relPath(p string) string {
+	if wd, err := os.Getwd(); err == nil {
+		if r, err := filepath.Rel(wd, p); err == nil && !strings.HasPrefix(r, "..") {
+			return r
+		}
+	}
+	return p
+}
+
+// checkCleanedUp verifies, after the agent stopped, that no cell process and
+// no cell cgroup of the demo is left.
+func (e *env) checkCleanedUp() error {
+	var errs []error
+	for i := 1; i <= e.cfg.Slots; i++ {
+		pidFile := filepath.Join(e.root, "run", fmt.Sprintf("cell-%02d", i), "nginx.pid")
+		if v := readPidFile(pidFile); len(v) == 1 {
+			if p, ok := readProc(int(v[0])); ok && strings.Contains(p.cmdline, e.root) {
+				errs = append(errs, fmt.Errorf("after stop, cell-%02d's master (pid %d) still runs", i, v[0]))
+			}
+		}
+	}
+	if m, err := cgroup.New(cgroup.Options{Subtree: demoSubtree(e.root)}); err == nil && m.Mode() != cgroup.ModeUnenforced {
+		if names, _ := m.List(); len(names) > 0 {
+			errs = append(errs, fmt.Errorf("after stop, cell cgroups are left: %v", names))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writeConfig writes the demo's agent configuration: 8 slots on loopback
+// ports from httpBase, in the demo's own cgroup subtree.
+func writeConfig(root, nginx string, modules []string, subtree string, httpBase int, out io.Writer) (string, config.Agent, error) {
+	enforce := true
+	cg, err := cgroup.New(cgroup.Options{Subtree: subtree})
+	if err == nil && cg.Mode() == cgroup.ModeUnenforced {
+		fmt.Fprintf(out, "note: cell limits cannot be enforced here (%v); the demo runs cells without them\n", cg.Reason())
+		enforce = false
+	}
+	var mods strings.Builder
+	for _, m := range modules {
+		fmt.Fprintf(&mods, "\n    - %s", m)
+	}
+	yaml := fmt.Sprintf(`# cellvisor demo agent configuration (written by cellvisor-demo)
+state_dir: %[1]s/state
+run_dir: %[1]s/run
+slots: 8
+openresty:
+  binary: %[2]s
+  modules:%[3]s
+  stop_timeout: 5s
+ports:
+  address: 127.0.0.1
+  http_base: %[4]d
+  https_base: %[5]d
+limits:
+  enforce: %[6]t
+cgroup:
+  subtree: %[7]s
+  # The demo agent shares the terminal's cgroup; under systemd it moves
+  # itself into its own limited leaf.
+  place_agent: false
+source:
+  poll_interval: 500ms
+  max_backoff: 5s
+  status_interval: 2s
+log:
+  format: console
+  level: info
+`, root, nginx, mods.String(), httpBase, httpBase+363, enforce, subtree)
+	path := filepath.Join(root, "agent.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		return "", config.Agent{}, err
+	}
+	cfg, err := config.Load(path)
+	return path, cfg, err
+}

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"cellvisor/internal/testutil"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// TestMain removes the binaries the tests built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// buildDemo builds cellvisor-demo and, beside it, the agent it runs, once
+// per test binary, and returns the demo's path.
+func buildDemo(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if binDir, buildErr = os.MkdirTemp("", "cellvisor-demo-test-"); buildErr != nil {
+			return
+		}
+		for _, b := range []struct{ out, pkg string }{{"cellvisor", "../cellvisor"}, {"cellvisor-demo", "."}} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg).CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, "cellvisor-demo")
+}
+
+// demoArgs are the flags of a demo in dir on free loopback ports (both the
+// HTTP and the HTTPS range, 363 above).
+func demoArgs(t *testing.T, dir string) []string {
+	return []string{"--dir", dir, "--http-base", strconv.Itoa(testutil.PortBase(t, 371))}
+}
+
+// TestDemoCheck runs the README's scenario: start, drain, undrain, publish,
+// restart and the rate limit; then nothing of the demo is left running.
+func TestDemoCheck(t *testing.T) {
+	testutil.RequireOpenResty(t)
+	bin := buildDemo(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, append(demoArgs(t, dir), "--check")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo --check: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"hello from cellvisor", "status -o json", "enrolled as edge",
+		"check 1/5: drain cell-01", "check 3/5: publish revision 2", "master pid",
+		"restart refused by the rate limit: cell-01 had 3 restarts",
+		"demo check: every step worked",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	// Logs not written to a terminal carry no colour codes.
+	if !strings.Contains(string(out), "\tINFO\t") || strings.Contains(string(out), "\x1b[") {
+		t.Errorf("demo logs: want console logs without colour codes (not a terminal):\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, agentPidFile)); !os.IsNotExist(err) {
+		t.Errorf("agent pid file after a clean stop: %v, want it removed", err)
+	}
+	wantNoCells(t, dir)
+}
+
+// runningDemo is an interactive demo (no --check) started by a test.
+type runningDemo struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	log    string // its stdout and stderr
+}
+
+func (d *runningDemo) output() string {
+	b, _ := os.ReadFile(d.log)
+	return string(b)
+}
+
+// startDemo starts an interactive demo and waits until it runs. Its output
+// goes to a file, not a pipe: the agent it starts, and a killed demo's
+// orphans, would hold a pipe open and keep Wait from returning.
+func startDemo(t *testing.T, bin string, args []string) *runningDemo {
+	t.Helper()
+	logf, err := os.Create(filepath.Join(t.TempDir(), "demo.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	d := &runningDemo{cmd: cmd, exited: make(chan struct{}), log: logf.Name()}
+	go func() {
+		_ = cmd.Wait()
+		close(d.exited)
+	}()
+	t.Cleanup(func() {
+		d.stop(t, syscall.SIGINT)
+		if t.Failed() {
+			t.Logf("demo output:\n%s", d.output())
+		}
+	})
+	// The demo's output is all there is to wait on.
+	testutil.Eventually(t, 3*time.Minute, func() error {
+		select {
+		case <-d.exited:
+			t.Fatalf("demo exited before it ran:\n%s", d.output())
+		default:
+		}
+		if !strings.Contains(d.output(), "Running; press Ctrl-C") {
+			return errors.New("demo not running yet")
+		}
+		return nil
+	})
+	return d
+}
+
+// stop signals the demo and waits, bounded, until it is reaped.
+func (d *runningDemo) stop(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	select {
+	case <-d.exited:
+		return
+	default:
+	}
+	_ = d.cmd.Process.Signal(sig)
+	select {
+	case <-d.exited:
+	case <-time.After(90 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		t.Errorf("demo did not exit within 90s of %v", sig)
+	}
+}
+
+// A second demo on the same directory is refused before it touches
+// anything: the first one keeps running and stays manageable.
+func TestSecondDemoRefused(t *testing.T) {
+	testutil.RequireOpenResty(t)
+	bin := buildDemo(t)
+	dir := t.TempDir()
+	args := demoArgs(t, dir)
+	first := startDemo(t, bin, args)
+	agentPid := readAgentPid(t, dir)
+	cellPid := cellMaster(t, dir, "cell-01")
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, append(args, "--check")...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another demo is running in this directory") ||
+		!strings.Contains(string(out), fmt.Sprintf("pid %d", first.cmd.Process.Pid)) || !strings.Contains(string(out), "nothing was changed") {
+		t.Fatalf("second demo: %v\n%s\nwant a refusal naming the first demo's pid %d", err, out, first.cmd.Process.Pid)
+	}
+	if got := readAgentPid(t, dir); got != agentPid || !testutil.Alive(agentPid) {
+		t.Errorf("after the refusal: agent pid file says %d (was %d), alive %t", got, agentPid, testutil.Alive(agentPid))
+	}
+	if got := cellMaster(t, dir, "cell-01"); got != cellPid || !testutil.Alive(cellPid) {
+		t.Errorf("after the refusal: cell-01's master is %d (was %d)", got, cellPid)
+	}
+	status, err := exec.CommandContext(ctx, filepath.Join(filepath.Dir(bin), "cellvisor"), "status", "--config", filepath.Join(dir, "agent.yaml")).CombinedOutput()
+	if err != nil || !strings.Contains(string(status), "cell-01  shared-default      ready") {
+		t.Errorf("the first demo's agent after the refusal: %v\n%s", err, status)
+	}
+	first.stop(t, syscall.SIGINT)
+	if code := first.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("first demo exit code %d after Ctrl-C, want 0", code)
+	}
+	if testutil.Alive(agentPid) || testutil.Alive(cellPid) {
+		t.Errorf("after Ctrl-C: agent %d alive %t, cell-01 %d alive %t", agentPid, testutil.Alive(agentPid), cellPid, testutil.Alive(cellPid))
+	}
+	wantNoCells(t, dir)
+}
+
+// A demo killed with SIGKILL takes its agent down with it (Pdeathsig): the
+// agent stops its cells.
+func TestKilledDemoStopsItsAgent(t *testing.T) {
+	testutil.RequireOpenResty(t)
+	bin := buildDemo(t)
+	dir := t.TempDir()
+	d := startDemo(t, bin, demoArgs(t, dir))
+	agentPid := readAgentPid(t, dir)
+	cellPid := cellMaster(t, dir, "cell-01")
+	d.stop(t, syscall.SIGKILL)
+	testutil.Eventually(t, 60*time.Second, func() error {
+		if testutil.Alive(agentPid) || testutil.Alive(cellPid) {
+			return fmt.Errorf("agent %d alive %t, cell-01 %d alive %t", agentPid, testutil.Alive(agentPid), cellPid, testutil.Alive(cellPid))
+		}
+		return nil
+	})
+}
+
+// After a demo and its agent were both killed with SIGKILL, their cells run
+// on unmanaged; the next demo finds and stops them instead of failing on
+// their ports.
+func TestDemoAfterSIGKILL(t *testing.T) {
+	testutil.RequireOpenResty(t)
+	bin := buildDemo(t)
+	dir := t.TempDir()
+	args := demoArgs(t, dir)
+	d := startDemo(t, bin, args)
+	agentPid := readAgentPid(t, dir)
+	cellPid := cellMaster(t, dir, "cell-01")
+	// Stopped first, the agent cannot act on the SIGTERM its parent's death
+	// sends it; SIGKILL then ends it without stopping its cells.
+	if err := syscall.Kill(agentPid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	d.stop(t, syscall.SIGKILL)
+	if err := syscall.Kill(agentPid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if testutil.Alive(agentPid) {
+			return fmt.Errorf("agent %d still alive", agentPid)
+		}
+		return nil
+	})
+	if !testutil.Alive(cellPid) {
+		t.Fatalf("cell-01 (pid %d) died with its agent: nothing left over to test", cellPid)
+	}
+	t.Cleanup(func() { // should the demo below fail to
+		if testutil.Alive(cellPid) {
+			_ = syscall.Kill(-cellPid, syscall.SIGKILL)
+		}
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, append(args, "--check")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo after a killed one: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("cell-01 of an earlier demo is still running (nginx master pid %d): stopping it", cellPid),
+		"demo check: every step worked",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+	if testutil.Alive(cellPid) {
+		t.Errorf("the earlier demo's cell-01 (pid %d) still runs", cellPid)
+	}
+	wantNoCells(t, dir)
+}
+
+func readAgentPid(t *testing.T, dir string) int {
+	t.Helper()
+	v := readPidFile(filepath.Join(dir, agentPidFile))
+	if len(v) != 2 {
+		t.Fatalf("agent pid file: %v", v)
+	}
+	return int(v[0])
+}
+
+// cellMaster is the pid in a cell's pid file.
+func cellMaster(t *testing.T, dir, cell string) int {
+	t.Helper()
+	v := readPidFile(filepath.Join(dir, "run", cell, "nginx.pid"))
+	if len(v) != 1 {
+		t.Fatalf("%s pid file: %v", cell, v)
+	}
+	return int(v[0])
+}
+
+// wantNoCells checks no process of the demo in dir is left.
+func wantNoCells(t *testing.T, dir string) {
+	t.Helper()
+	root, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if strings.Contains(string(b), root+"/") && testutil.Alive(pid) {
+			t.Errorf("process %d of the demo is left: %q", pid, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+}

@@ -1,0 +1,63 @@
+// Command cellvisor-demo is the developer demo of cellvisor (make demo): it
+// runs a control API on SQLite in its own process, starts the agent binary
+// (bin/cellvisor) as a child process, enrolls it, publishes a sample domain
+// and drives both through their real interfaces: the agent's CLI and the
+// control API's admin API. It is not shipped in packages; the agent binary
+// links none of it.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"cellvisor/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "cellvisor-demo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o := options{out: stdout}
+	root := &cobra.Command{
+		Use:   "cellvisor-demo",
+		Short: "run the cellvisor demo: a control API, an enrolled agent, 8 cell slots",
+		Long: `cellvisor-demo starts a control API on SQLite in a temporary directory, creates an edge,
+runs the agent (bin/cellvisor, found beside this executable, or --agent) as a child
+process, enrolls it with the edge's one-time token, and publishes the sample domain
+demo.cellvisor.test to shared-default, which cell-01 then serves on loopback port 18080.
+It prints how to reach the cell, the agent and the control API, and runs until Ctrl-C,
+which stops the agent (every cell gracefully) and the control API.
+
+With --check it runs the README's scenario instead of waiting: drain, undrain, a publish
+of revision 2, an operator restart and the restart rate limit's refusal; it exits
+non-zero unless every step worked.
+
+One demo runs per directory: a second one is refused. Cells left running by a demo that
+was killed (SIGKILL) are found through their pid files and stopped first.`,
+		Example: "  cellvisor-demo\n  cellvisor-demo --check",
+		Args:    cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return demo(c.Context(), o)
+		},
+	}
+	f := root.Flags()
+	f.StringVar(&o.dir, "dir", ".demo", "directory for the demo's files (configuration, state, CA certificate)")
+	f.BoolVar(&o.check, "check", false, "run the scenario non-interactively and exit 0 only if every step worked")
+	f.StringVar(&o.agent, "agent", "", "the cellvisor agent binary (default: cellvisor beside this executable)")
+	f.IntVar(&o.httpBase, "http-base", 18080, "the first cell's HTTP port; the 8 slots use it and the 7 after it (HTTPS: +363)")
+	return cli.Execute(ctx, root, args, stdout, stderr)
+}
