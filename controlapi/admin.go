@@ -30,16 +30,24 @@ const (
 
 // EdgeView is an edge as the admin API shows it. Secrets are never in it.
 type EdgeView struct {
-	ID             string            `json:"id"`
-	Name           string            `json:"name"`
-	Org            string            `json:"org"`
-	Country        string            `json:"country"`
-	Continent      string            `json:"continent"`
-	MgmtIPv4       string            `json:"mgmt_ipv4,omitempty"`
-	MgmtIPv6       string            `json:"mgmt_ipv6,omitempty"`
-	Slots          int               `json:"slots"`
-	Enrollment     string            `json:"enrollment"`
-	EnrolledAt     *time.Time        `json:"enrolled_at,omitempty"`
+	ID         string     `json:"id"`
+	Name       string     `json:"name"`
+	Org        string     `json:"org"`
+	Country    string     `json:"country"`
+	Continent  string     `json:"continent"`
+	MgmtIPv4   string     `json:"mgmt_ipv4,omitempty"`
+	MgmtIPv6   string     `json:"mgmt_ipv6,omitempty"`
+	Slots      int        `json:"slots"`
+	Enrollment string     `json:"enrollment"`
+	EnrolledAt *time.Time `json:"enrolled_at,omitempty"`
+	// TokenExpiresAt is when the bootstrap token stops enrolling, while
+	// the edge is pending enrollment.
+	TokenExpiresAt *time.Time `json:"token_expires_at,omitempty"`
+	// CertExpiresAt is when the edge's current client certificate expires
+	// (the edge renews it before); RenewalPending says a renewed one was
+	// issued that the edge has not used yet.
+	CertExpiresAt  *time.Time        `json:"cert_expires_at,omitempty"`
+	RenewalPending bool              `json:"renewal_pending,omitempty"`
 	Rotations      int               `json:"rotations"`
 	LastSeen       *time.Time        `json:"last_seen,omitempty"`
 	Sequence       int64             `json:"sequence"`
@@ -82,8 +90,17 @@ type SecurityEvent struct {
 type CreatedEdge struct {
 	Edge  EdgeView `json:"edge"`
 	Token string   `json:"token"`
+	// TokenExpiresAt is when the token stops enrolling.
+	TokenExpiresAt time.Time `json:"token_expires_at"`
 	// CA is what the agent passes as --ca-file.
 	CA string `json:"ca"`
+}
+
+// RotateRequest is an identity rotation's optional body.
+type RotateRequest struct {
+	// TokenTTL is how long the new bootstrap token enrolls, a Go duration
+	// from MinTokenTTL to MaxTokenTTL; empty means DefaultTokenTTL.
+	TokenTTL string `json:"token_ttl,omitempty"`
 }
 
 // TaskRequest creates a control task.
@@ -200,13 +217,18 @@ func (s *Server) createEdge(w http.ResponseWriter, r *http.Request) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
+	ttl, err := tokenTTL("token_ttl", req.TokenTTL)
+	if err != nil {
+		return err
+	}
 	token, err := newToken()
 	if err != nil {
 		return err
 	}
+	expires := s.o.Now().Add(ttl).UTC().Truncate(time.Millisecond)
 	e, err := s.st.CreateEdge(r.Context(), store.NewEdge{
 		ID: uuid.NewString(), Name: req.Name, Org: req.Org, Country: req.Country, Continent: req.Continent,
-		MgmtIPv4: req.MgmtIPv4, MgmtIPv6: req.MgmtIPv6, Slots: req.Slots, TokenHash: hashToken(token),
+		MgmtIPv4: req.MgmtIPv4, MgmtIPv6: req.MgmtIPv6, Slots: req.Slots, TokenHash: hashToken(token), TokenExpiresAt: expires,
 		Assignments: InitialAssignments(req.Slots),
 	}, s.sign)
 	if err != nil {
@@ -215,7 +237,7 @@ func (s *Server) createEdge(w http.ResponseWriter, r *http.Request) error {
 	s.refresh(r.Context())
 	s.log.Info("edge created", zap.String("edge", e.ID), zap.String("name", e.Name), zap.Int("slots", e.Slots))
 	v := s.view(e, InitialAssignments(req.Slots))
-	writeJSON(w, http.StatusCreated, CreatedEdge{Edge: v, Token: token, CA: s.ca.PEM})
+	writeJSON(w, http.StatusCreated, CreatedEdge{Edge: v, Token: token, TokenExpiresAt: expires, CA: s.ca.PEM})
 	return nil
 }
 
@@ -273,6 +295,9 @@ func (s *Server) view(e store.Edge, assign map[string]string) EdgeView {
 	}
 	if e.Enrolled() {
 		v.Enrollment = EnrollmentEnrolled
+		v.CertExpiresAt, v.RenewalPending = certExpiry(e.CertPEM), e.PendingSerial != ""
+	} else {
+		v.TokenExpiresAt = ptime(e.TokenExpiresAt)
 	}
 	if at := s.cache.lastSeen(e.ID); at.After(e.LastSeen) {
 		v.LastSeen = &at // seen here, not yet written
@@ -295,12 +320,23 @@ func (s *Server) view(e store.Edge, assign map[string]string) EdgeView {
 }
 
 func (s *Server) rotateEdge(w http.ResponseWriter, r *http.Request) error {
+	var req RotateRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, 64<<10, &req); err != nil {
+			return err
+		}
+	}
+	ttl, err := tokenTTL("token_ttl", req.TokenTTL)
+	if err != nil {
+		return err
+	}
 	token, err := newToken()
 	if err != nil {
 		return err
 	}
 	id := r.PathValue("id")
-	if err := s.st.Rotate(r.Context(), id, hashToken(token)); err != nil {
+	expires := s.o.Now().Add(ttl).UTC().Truncate(time.Millisecond)
+	if err := s.st.Rotate(r.Context(), id, hashToken(token), expires); err != nil {
 		return err
 	}
 	s.refresh(r.Context())
@@ -309,7 +345,7 @@ func (s *Server) rotateEdge(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log.Info("edge identity rotated: its certificate is refused from now on", zap.String("edge", id))
-	writeJSON(w, http.StatusOK, CreatedEdge{Edge: s.view(e, nil), Token: token, CA: s.ca.PEM})
+	writeJSON(w, http.StatusOK, CreatedEdge{Edge: s.view(e, nil), Token: token, TokenExpiresAt: expires, CA: s.ca.PEM})
 	return nil
 }
 

@@ -26,6 +26,7 @@ func (c *cli) edgeCreate(ctx context.Context, args []string) error {
 	fs.StringVar(&r.MgmtIPv4, "mgmt-ipv4", "", "management IPv4 address (inventory only)")
 	fs.StringVar(&r.MgmtIPv6, "mgmt-ipv6", "", "management IPv6 address (inventory only)")
 	fs.IntVar(&r.Slots, "slots", 0, "slots, 1–32; 0 for the default (8)")
+	ttl := tokenTTLFlag(fs)
 	controlURL := controlURLFlag(fs)
 	format := outputFlag(fs, "text", "json")
 	_, ac, err := c.parse(fs, args)
@@ -38,6 +39,7 @@ func (c *cli) edgeCreate(ctx context.Context, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
+	r.TokenTTL = ttl.String()
 	ce, err := ac.CreateEdge(ctx, r)
 	if err != nil {
 		return fmt.Errorf("edge create: %w", err)
@@ -50,11 +52,17 @@ func (c *cli) edgeCreate(ctx context.Context, args []string) error {
 	return nil
 }
 
+// tokenTTLFlag adds --token-ttl: how long the bootstrap token enrolls.
+func tokenTTLFlag(fs *flag.FlagSet) *time.Duration {
+	return fs.Duration("token-ttl", controlapi.DefaultTokenTTL, fmt.Sprintf("how long the bootstrap token enrolls, %s to %s", controlapi.MinTokenTTL, controlapi.MaxTokenTTL))
+}
+
 // printToken shows an edge's one-time token and how to enroll with it.
 func printToken(w io.Writer, ce controlapi.CreatedEdge, controlURL string) {
 	fmt.Fprintf(w, "id:    %s\n", ce.Edge.ID)
 	fmt.Fprintf(w, "token: %s\n", ce.Token)
-	fmt.Fprintln(w, "The token is shown once and never again; a lost token needs `cellvisor-control edge rotate ID`.")
+	fmt.Fprintf(w, "The token is shown once and never again, and expires at %s; a lost or expired token needs `cellvisor-control edge rotate ID`.\n",
+		ce.TokenExpiresAt.Local().Format(time.RFC3339))
 	fmt.Fprintln(w, "Enroll the edge host with the CA from `cellvisor-control ca > ca.pem`:")
 	fmt.Fprintf(w, "  cellvisor enroll --control %s --token %s --ca-file ca.pem\n", controlURL, ce.Token)
 }
@@ -82,6 +90,7 @@ func (c *cli) edgeDelete(ctx context.Context, args []string) error {
 
 func (c *cli) edgeRotate(ctx context.Context, args []string) error {
 	fs := c.flags("edge rotate")
+	ttl := tokenTTLFlag(fs)
 	controlURL := controlURLFlag(fs)
 	format := outputFlag(fs, "text", "json")
 	pos, ac, err := c.parse(fs, args, "ID")
@@ -94,7 +103,7 @@ func (c *cli) edgeRotate(ctx context.Context, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
 	defer cancel()
-	ce, err := ac.Rotate(ctx, pos[0])
+	ce, err := ac.RotateWith(ctx, pos[0], controlapi.RotateRequest{TokenTTL: ttl.String()})
 	if err != nil {
 		return fmt.Errorf("edge rotate %s: %w", pos[0], err)
 	}

@@ -25,11 +25,11 @@ serving:
 
 administration, through the admin API:
   edge create --name N --org O --country CC --continent XX [--mgmt-ipv4 A] [--mgmt-ipv6 A]
-              [--slots N] [--control-url URL] [-o json]
+              [--slots N] [--token-ttl D] [--control-url URL] [-o json]
                        create an edge; prints its one-time bootstrap token
   edge list [-o json]  list the edges
   edge show ID         show one edge with its status, acks and tasks (JSON)
-  edge rotate ID [--control-url URL] [-o json]
+  edge rotate ID [--token-ttl D] [--control-url URL] [-o json]
                        refuse the edge's certificate from now on; prints a new token
   edge delete ID       remove a retired edge: its certificate is refused, its
                        manifests, acks and tasks go
