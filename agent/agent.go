@@ -303,6 +303,7 @@ func (a *Agent) decorate(st *supervisor.Status) {
 		if ok, _ := a.client.LastSuccess(); !ok.IsZero() {
 			c.LastSuccess = &ok
 		}
+		a.decorateRenewal(c)
 	}
 	if a.act == nil {
 		return
@@ -357,9 +358,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 	}
 	if a.client != nil {
-		side.Add(2)
+		side.Add(3)
 		go func() { defer side.Done(); a.taskLoop(ctx) }()
 		go func() { defer side.Done(); a.reportLoop(ctx) }()
+		go func() { defer side.Done(); a.renewLoop(ctx) }()
 	}
 	defer side.Wait()
 	select {
