@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -259,15 +260,17 @@ func TestRenewalLoopKeepsEveryPollWorking(t *testing.T) {
 	roots.AppendCertsFromPEM([]byte(e.srv.CAPEM()))
 	old := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{first}}}}
 	t.Cleanup(old.CloseIdleConnections)
-	oldRefused := false
 	serials := map[string]bool{first.Leaf.SerialNumber.Text(16): true}
+	expiries := map[int64]bool{first.Leaf.NotAfter.UnixNano(): true}
+	var renewed time.Time // the last switch, as the client reports it
+	renewals := 0
 	polls := 0
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	for len(serials) < 4 {
+	for renewals < 3 {
 		select {
 		case <-rctx.Done():
-			t.Fatalf("after %d polls, %d certificates: %v", polls, len(serials), rctx.Err())
+			t.Fatalf("after %d polls, %d renewals: %v", polls, renewals, rctx.Err())
 		case <-tick.C:
 		}
 		polls++
@@ -279,36 +282,66 @@ func TestRenewalLoopKeepsEveryPollWorking(t *testing.T) {
 				t.Fatalf("tasks %d: %v", polls, err)
 			}
 		}
-		cur, err := tls.LoadX509KeyPair(filepath.Join(dir, "identity", controlclient.CertFile), filepath.Join(dir, "identity", controlclient.KeyFile))
+		cur, err := identityPair(filepath.Join(dir, "identity"))
 		if err != nil {
 			t.Fatalf("identity files after poll %d: %v", polls, err)
 		}
-		r := c.Renewal() // after the files: never older than they are
+		expiries[cur.Leaf.NotAfter.UnixNano()] = true
+		r := c.Renewal()
 		if r.LastError != "" {
 			t.Fatalf("renewal failed: %s", r.LastError)
 		}
-		serials[cur.Leaf.SerialNumber.Text(16)] = true
-		if len(serials) == 2 && !oldRefused {
-			// Switched, and the poll above used the new one: the enrolled
-			// certificate, still within its lifetime, is refused.
-			if code := e.status(t, old); code != http.StatusUnauthorized {
-				t.Fatalf("the enrolled certificate after its successor was used: HTTP %d, want 401", code)
-			}
-			oldRefused = true
-		}
-		if r.CertExpires.Before(cur.Leaf.NotAfter) {
-			t.Fatalf("status says the certificate expires %v, the file %v", r.CertExpires, cur.Leaf.NotAfter)
+		if !expiries[r.CertExpires.UnixNano()] {
+			// In use: the files' certificate, or the one before (a switch
+			// under way).
+			t.Fatalf("status says the certificate expires %v, no certificate in the files did", r.CertExpires)
 		}
 		if r.Next.IsZero() || r.Next.After(r.CertExpires) {
 			t.Fatalf("next renewal %v, certificate expires %v", r.Next, r.CertExpires)
 		}
+		serials[cur.Leaf.SerialNumber.Text(16)] = true
+		if r.LastRenewed.Equal(renewed) {
+			continue
+		}
+		renewed = r.LastRenewed
+		renewals++
+		if renewals == 1 {
+			// The switch is complete: the next request presents the new
+			// certificate, and that use revokes the enrolled one, refused
+			// from then on while still within its lifetime.
+			if _, err := c.Page(rctx, 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+				t.Fatalf("poll after the switch: %v", err)
+			}
+			if code := e.status(t, old); code != http.StatusUnauthorized {
+				t.Fatalf("the enrolled certificate after its successor was used: HTTP %d, want 401", code)
+			}
+		}
 	}
-	t.Logf("%d polls, all answered, across %d renewals", polls, len(serials)-1)
+	if len(serials) != 4 {
+		t.Fatalf("%d renewals, %d certificates in the files: %v", renewals, len(serials), serials)
+	}
+	t.Logf("%d polls, all answered, across %d renewals", polls, renewals)
 	stop()
 	<-done // a switch under way finishes first
 	if left, _ := filepath.Glob(filepath.Join(dir, "identity", "renew-*")); len(left) != 0 {
 		t.Fatalf("renewal files left: %v", left)
 	}
+}
+
+// identityPair is the pair a client loads from an identity directory: the
+// key and certificate files or, while a switch has written one but not the
+// other, the renewed pair it is switching to (renew-key.pem and
+// renew-cert.pem), which must then be whole.
+func identityPair(dir string) (tls.Certificate, error) {
+	cur, err := tls.LoadX509KeyPair(filepath.Join(dir, controlclient.CertFile), filepath.Join(dir, controlclient.KeyFile))
+	if err == nil {
+		return cur, nil
+	}
+	next, rerr := tls.LoadX509KeyPair(filepath.Join(dir, "renew-cert.pem"), filepath.Join(dir, "renew-key.pem"))
+	if rerr != nil {
+		return tls.Certificate{}, fmt.Errorf("%w, and no renewed pair: %w", err, rerr)
+	}
+	return next, nil
 }
 
 // clock is a settable clock.

@@ -81,14 +81,15 @@ type Client struct {
 
 	tasks chan struct{} // signalled when a poll says tasks are pending
 
-	mu       sync.Mutex // guards the following fields
-	hc       *http.Client
-	hcGen    int // bumped when a renewed certificate replaces hc
-	cert     *tls.Certificate
-	certMod  time.Time
-	lastOK   time.Time
-	lastFail error
-	renewal  renewState
+	mu        sync.Mutex // guards the following fields
+	hc        *http.Client
+	hcGen     int // bumped when a renewed certificate replaces hc
+	cert      *tls.Certificate
+	certMod   time.Time
+	switching bool // a renewal is writing the files: no reload until install
+	lastOK    time.Time
+	lastFail  error
+	renewal   renewState
 }
 
 var _ manifest.Source = (*Client)(nil)
@@ -166,7 +167,7 @@ func (c *Client) clientCert(*tls.CertificateRequestInfo) (*tls.Certificate, erro
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cert != nil && st.ModTime().Equal(c.certMod) {
+	if c.cert != nil && (st.ModTime().Equal(c.certMod) || c.switching) {
 		return c.cert, nil
 	}
 	cert, err := loadPair(c.o.Dir)

@@ -52,7 +52,8 @@ func retryDelay(n int, lo, hi time.Duration, r float64) time.Duration {
 // RenewOptions say how to renew.
 type RenewOptions struct {
 	// RetryMin and RetryMax bound the wait between failed attempts, which
-	// doubles from RetryMin; zero means 10s and 30m.
+	// doubles from RetryMin; zero means 10s and 30m (and a RetryMax under
+	// RetryMin means RetryMin).
 	RetryMin, RetryMax time.Duration
 	// Rand draws in [0, 1) for the renewal time and jitter; nil means
 	// math/rand/v2.
@@ -98,9 +99,10 @@ func (c *Client) RunRenewal(ctx context.Context, o RenewOptions) {
 	if o.RetryMin <= 0 {
 		o.RetryMin = 10 * time.Second
 	}
-	if o.RetryMax < o.RetryMin {
-		o.RetryMax = max(o.RetryMin, 30*time.Minute)
+	if o.RetryMax <= 0 {
+		o.RetryMax = 30 * time.Minute
 	}
+	o.RetryMax = max(o.RetryMax, o.RetryMin)
 	if o.Rand == nil {
 		o.Rand = rand.Float64
 	}
@@ -128,6 +130,10 @@ func (c *Client) RunRenewal(ctx context.Context, o RenewOptions) {
 				break
 			}
 			next := time.Now().Add(retryDelay(fails, o.RetryMin, o.RetryMax, o.Rand()))
+			if time.Now().After(leaf.NotAfter) {
+				err = fmt.Errorf("%w; the certificate expired at %s and the control API refuses it: rotate the edge (cellvisor-control edge rotate) and enroll again with --replace",
+					err, leaf.NotAfter.UTC().Format(time.RFC3339))
+			}
 			log.Warn("certificate renewal failed; retrying", zap.Error(err), zap.Time("retry_at", next),
 				zap.Time("expires", leaf.NotAfter), zap.Duration("left", time.Until(leaf.NotAfter).Round(time.Second)))
 			c.setRenewal(next, err.Error())
@@ -235,6 +241,10 @@ func (c *Client) finishSwitch(log *zap.Logger) error {
 		log.Warn("dropping a renewed certificate older than the one in use", zap.String("serial", next.Leaf.SerialNumber.Text(16)))
 		return removeRenewal(dir)
 	default:
+		// The files change under the running client: it keeps the pair in
+		// memory until install, which gives the new one new connections.
+		c.setSwitching(true)
+		defer c.setSwitching(false)
 		if err := atomicfile.WriteFile(filepath.Join(dir, KeyFile), keyPEM, 0o600); err != nil {
 			return fmt.Errorf("switch to the renewed key: %w", err)
 		}
@@ -244,6 +254,12 @@ func (c *Client) finishSwitch(log *zap.Logger) error {
 	}
 	c.install(&next)
 	return removeRenewal(dir)
+}
+
+func (c *Client) setSwitching(v bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.switching = v
 }
 
 // removeRenewal removes the renewal files, the certificate last: without

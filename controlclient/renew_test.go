@@ -19,6 +19,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -260,14 +261,7 @@ func TestRenewalAnswerLostThenRetried(t *testing.T) {
 	var mu sync.Mutex
 	var csrs []string
 	var presented []string // serials of the client certificates seen
-	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	srvCert, err := tls.X509KeyPair([]byte(ca.issue(t, &srvKey.PublicKey, "", time.Now().Add(-time.Hour), time.Now().Add(time.Hour))), keyPEM(t, srvKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	url := ca.control(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
 		presented = append(presented, r.TLS.PeerCertificates[0].SerialNumber.String())
@@ -291,11 +285,8 @@ func TestRenewalAnswerLostThenRetried(t *testing.T) {
 			w.WriteHeader(http.StatusNoContent)
 		}
 	}))
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{srvCert}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
 
-	c, err := New(Options{URL: srv.URL, Dir: dir})
+	c, err := New(Options{URL: url, Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,5 +328,65 @@ func TestRenewalAnswerLostThenRetried(t *testing.T) {
 	defer mu.Unlock()
 	if got := presented[len(presented)-1]; got != after.SerialNumber.String() {
 		t.Fatalf("the request after the switch presented serial %s, want %s", got, after.SerialNumber.String())
+	}
+}
+
+// control serves h as a fake control plane over TLS that requires client
+// certificates issued by ca, and returns its URL.
+func (ca *testCA) control(t *testing.T, h http.Handler) string {
+	t.Helper()
+	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	srvCert, err := tls.X509KeyPair([]byte(ca.issue(t, &srvKey.PublicKey, "", time.Now().Add(-time.Hour), time.Now().Add(time.Hour))), keyPEM(t, srvKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.cert)
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{srvCert}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// An agent whose certificate expired (switched off for most of its
+// lifetime) tries at once, keeps retrying, and says what to do.
+func TestExpiredCertificateSaysRotate(t *testing.T) {
+	ca := newTestCA(t)
+	dir, _, _ := identity(t, ca)
+	for _, f := range []string{renewKey, renewCSR, renewCert} {
+		os.Remove(filepath.Join(dir, f))
+	}
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	write(t, dir, KeyFile, keyPEM(t, k))
+	write(t, dir, CertFile, []byte(ca.issue(t, &k.PublicKey, edgeID, time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour))))
+	url := ca.control(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("a request with an expired certificate got through: %s", r.URL.Path)
+	}))
+	c, err := New(Options{URL: url, Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.CloseIdle)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.RunRenewal(ctx, RenewOptions{RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	var st RenewalStatus
+	for st = c.Renewal(); st.LastError == "" && ctx.Err() == nil; st = c.Renewal() {
+		// Await the first failed attempt: nothing to be woken by.
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if !strings.Contains(st.LastError, "expired at") || !strings.Contains(st.LastError, "edge rotate") {
+		t.Fatalf("renewal error %q, want it to say the certificate expired and to rotate", st.LastError)
+	}
+	if st.Next.IsZero() || st.CertExpires.After(time.Now()) {
+		t.Fatalf("status %+v", st)
 	}
 }
