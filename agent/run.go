@@ -35,9 +35,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 	}
 	if a.client != nil {
-		side.Add(2)
+		side.Add(3)
 		go func() { defer side.Done(); a.taskLoop(ctx) }()
 		go func() { defer side.Done(); a.reportLoop(ctx) }()
+		go func() { defer side.Done(); a.renewLoop(ctx) }()
 	}
 	defer side.Wait()
 	select {

@@ -31,6 +31,7 @@ func (a *Agent) decorate(st *supervisor.Status) {
 		if ok, _ := a.client.LastSuccess(); !ok.IsZero() {
 			c.LastSuccess = &ok
 		}
+		a.decorateRenewal(c)
 	}
 	if a.act == nil {
 		return

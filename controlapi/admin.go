@@ -22,16 +22,24 @@ const (
 
 // EdgeView is an edge as the admin API shows it. Secrets are never in it.
 type EdgeView struct {
-	ID             string            `json:"id"`
-	Name           string            `json:"name"`
-	Org            string            `json:"org"`
-	Country        string            `json:"country"`
-	Continent      string            `json:"continent"`
-	MgmtIPv4       string            `json:"mgmt_ipv4,omitempty"`
-	MgmtIPv6       string            `json:"mgmt_ipv6,omitempty"`
-	Slots          int               `json:"slots"`
-	Enrollment     string            `json:"enrollment"`
-	EnrolledAt     *time.Time        `json:"enrolled_at,omitempty"`
+	ID         string     `json:"id"`
+	Name       string     `json:"name"`
+	Org        string     `json:"org"`
+	Country    string     `json:"country"`
+	Continent  string     `json:"continent"`
+	MgmtIPv4   string     `json:"mgmt_ipv4,omitempty"`
+	MgmtIPv6   string     `json:"mgmt_ipv6,omitempty"`
+	Slots      int        `json:"slots"`
+	Enrollment string     `json:"enrollment"`
+	EnrolledAt *time.Time `json:"enrolled_at,omitempty"`
+	// TokenExpiresAt is when the bootstrap token stops enrolling, while
+	// the edge is pending enrollment.
+	TokenExpiresAt *time.Time `json:"token_expires_at,omitempty"`
+	// CertExpiresAt is when the edge's current client certificate expires
+	// (the edge renews it before); RenewalPending says a renewed one was
+	// issued that the edge has not used yet.
+	CertExpiresAt  *time.Time        `json:"cert_expires_at,omitempty"`
+	RenewalPending bool              `json:"renewal_pending,omitempty"`
 	Rotations      int               `json:"rotations"`
 	LastSeen       *time.Time        `json:"last_seen,omitempty"`
 	Sequence       int64             `json:"sequence"`
@@ -74,8 +82,17 @@ type SecurityEvent struct {
 type CreatedEdge struct {
 	Edge  EdgeView `json:"edge"`
 	Token string   `json:"token"`
+	// TokenExpiresAt is when the token stops enrolling.
+	TokenExpiresAt time.Time `json:"token_expires_at"`
 	// CA is what the agent passes as --ca-file.
 	CA string `json:"ca"`
+}
+
+// RotateRequest is an identity rotation's optional body.
+type RotateRequest struct {
+	// TokenTTL is how long the new bootstrap token enrolls, a Go duration
+	// from MinTokenTTL to MaxTokenTTL; empty means DefaultTokenTTL.
+	TokenTTL string `json:"token_ttl,omitempty"`
 }
 
 // TaskRequest creates a control task.

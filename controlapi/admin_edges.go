@@ -31,13 +31,18 @@ func (s *Server) createEdge(w http.ResponseWriter, r *http.Request) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
+	ttl, err := tokenTTL("token_ttl", req.TokenTTL)
+	if err != nil {
+		return err
+	}
 	token, err := newToken()
 	if err != nil {
 		return err
 	}
+	expires := s.o.Now().Add(ttl).UTC().Truncate(time.Millisecond)
 	e, err := s.st.CreateEdge(r.Context(), store.NewEdge{
 		ID: uuid.NewString(), Name: req.Name, Org: req.Org, Country: req.Country, Continent: req.Continent,
-		MgmtIPv4: req.MgmtIPv4, MgmtIPv6: req.MgmtIPv6, Slots: req.Slots, TokenHash: hashToken(token),
+		MgmtIPv4: req.MgmtIPv4, MgmtIPv6: req.MgmtIPv6, Slots: req.Slots, TokenHash: hashToken(token), TokenExpiresAt: expires,
 		Assignments: InitialAssignments(req.Slots),
 	}, s.sign)
 	if err != nil {
@@ -46,7 +51,7 @@ func (s *Server) createEdge(w http.ResponseWriter, r *http.Request) error {
 	s.refresh(r.Context())
 	s.log.Info("edge created", zap.String("edge", e.ID), zap.String("name", e.Name), zap.Int("slots", e.Slots))
 	v := s.view(e, InitialAssignments(req.Slots))
-	writeJSON(w, http.StatusCreated, CreatedEdge{Edge: v, Token: token, CA: s.ca.PEM})
+	writeJSON(w, http.StatusCreated, CreatedEdge{Edge: v, Token: token, TokenExpiresAt: expires, CA: s.ca.PEM})
 	return nil
 }
 
@@ -104,6 +109,9 @@ func (s *Server) view(e store.Edge, assign map[string]string) EdgeView {
 	}
 	if e.Enrolled() {
 		v.Enrollment = EnrollmentEnrolled
+		v.CertExpiresAt, v.RenewalPending = certExpiry(e.CertPEM), e.PendingSerial != ""
+	} else {
+		v.TokenExpiresAt = ptime(e.TokenExpiresAt)
 	}
 	if at := s.cache.lastSeen(e.ID); at.After(e.LastSeen) {
 		v.LastSeen = &at // seen here, not yet written
@@ -126,12 +134,23 @@ func (s *Server) view(e store.Edge, assign map[string]string) EdgeView {
 }
 
 func (s *Server) rotateEdge(w http.ResponseWriter, r *http.Request) error {
+	var req RotateRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, 64<<10, &req); err != nil {
+			return err
+		}
+	}
+	ttl, err := tokenTTL("token_ttl", req.TokenTTL)
+	if err != nil {
+		return err
+	}
 	token, err := newToken()
 	if err != nil {
 		return err
 	}
 	id := r.PathValue("id")
-	if err := s.st.Rotate(r.Context(), id, hashToken(token)); err != nil {
+	expires := s.o.Now().Add(ttl).UTC().Truncate(time.Millisecond)
+	if err := s.st.Rotate(r.Context(), id, hashToken(token), expires); err != nil {
 		return err
 	}
 	s.refresh(r.Context())
@@ -140,7 +159,7 @@ func (s *Server) rotateEdge(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log.Info("edge identity rotated: its certificate is refused from now on", zap.String("edge", id))
-	writeJSON(w, http.StatusOK, CreatedEdge{Edge: s.view(e, nil), Token: token, CA: s.ca.PEM})
+	writeJSON(w, http.StatusOK, CreatedEdge{Edge: s.view(e, nil), Token: token, TokenExpiresAt: expires, CA: s.ca.PEM})
 	return nil
 }
 

@@ -111,10 +111,15 @@ func (c *AdminClient) Edge(ctx context.Context, id string) (EdgeView, error) {
 }
 
 // Rotate rotates an edge's identity: its certificate is refused from now
-// on, and the answer carries a new one-time token.
+// on, and the answer carries a new one-time token, valid DefaultTokenTTL.
 func (c *AdminClient) Rotate(ctx context.Context, id string) (CreatedEdge, error) {
+	return c.RotateWith(ctx, id, RotateRequest{})
+}
+
+// RotateWith is Rotate with the new token's lifetime.
+func (c *AdminClient) RotateWith(ctx context.Context, id string, r RotateRequest) (CreatedEdge, error) {
 	var out CreatedEdge
-	err := c.do(ctx, http.MethodPost, AdminEdges+"/"+url.PathEscape(id)+"/rotate", nil, &out)
+	err := c.do(ctx, http.MethodPost, AdminEdges+"/"+url.PathEscape(id)+"/rotate", r, &out)
 	return out, err
 }
 

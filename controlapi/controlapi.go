@@ -46,6 +46,10 @@ type Options struct {
 	// TouchInterval is how often last-seen times are written; zero means
 	// 10s.
 	TouchInterval time.Duration
+	// ClientCertTTL is how long the edges' client certificates are valid,
+	// from enrollment or renewal; zero means pki.ClientValidity (a year).
+	// Edges renew theirs between 70 % and 90 % of it.
+	ClientCertTTL time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Now is the clock, or nil for time.Now.
@@ -89,6 +93,9 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	if o.TouchInterval <= 0 {
 		o.TouchInterval = 10 * time.Second
+	}
+	if o.ClientCertTTL <= 0 {
+		o.ClientCertTTL = pki.ClientValidity
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()

@@ -67,14 +67,18 @@ func (e *env) replica(t *testing.T) *env {
 	return serveOn(t, e.dsn, e.sealKey)
 }
 
-func serveOn(t *testing.T, dsn string, key []byte) *env {
+func serveOn(t *testing.T, dsn string, key []byte, opts ...func(*controlapi.Options)) *env {
 	t.Helper()
 	st, err := store.Open(ctx(t), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	srv, err := controlapi.New(ctx(t), controlapi.Options{Store: st, SealKey: key, AdminToken: "test-admin-token-0123456789", Refresh: 50 * time.Millisecond})
+	o := controlapi.Options{Store: st, SealKey: key, AdminToken: "test-admin-token-0123456789", Refresh: 50 * time.Millisecond}
+	for _, f := range opts {
+		f(&o)
+	}
+	srv, err := controlapi.New(ctx(t), o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package controlapi
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -23,6 +25,7 @@ import (
 func (s *Server) EdgeHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+edgeapi.PathEnroll, s.handle(s.enroll))
+	mux.HandleFunc("POST "+edgeapi.PathRenew, s.edge(s.renew))
 	mux.HandleFunc("GET "+edgeapi.PathManifest, s.edge(s.manifest))
 	mux.HandleFunc("GET "+edgeapi.PathArtifacts+"{sha}", s.edge(s.artifact))
 	mux.HandleFunc("GET "+edgeapi.PathSnapshot, s.edge(s.snapshot))
@@ -39,7 +42,8 @@ type edgeFunc func(w http.ResponseWriter, r *http.Request, edge store.EdgeState)
 
 // edge authenticates the client certificate: verified against the CA by
 // the TLS layer, and the edge's current one (a rotated identity's
-// certificate is refused here).
+// certificate is refused here), or its renewed one, pending, which this
+// first use makes current.
 func (s *Server) edge(h edgeFunc) http.HandlerFunc {
 	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
@@ -58,6 +62,12 @@ func (s *Server) edge(h edgeFunc) http.HandlerFunc {
 			}
 			ok = err == nil && e.CertSerial == serial
 			st.Sequence = e.Sequence // and on the sequence: handlers use it
+		}
+		if !ok {
+			var err error
+			if st, ok, err = s.promote(r.Context(), id, serial); err != nil {
+				return err
+			}
 		}
 		if !ok {
 			s.log.Warn("security: refused a client certificate that is not the edge's current identity",
@@ -100,25 +110,27 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	sum := sha256.Sum256(csr.Raw)
-	csrHash := hex.EncodeToString(sum[:])
+	csrHash := hashCSR(csr)
+	now := s.o.Now()
 	switch {
 	case e.CSRHash == csrHash:
-		// An exact retry: the answer the first attempt may not have received.
-		s.log.Info("enrollment retried", zap.String("edge", e.ID))
-		return s.writeEnrolled(w, e.ID, e.CertPEM, e.Slots)
+		return s.enrollRetry(w, r, e, csr, now)
 	case e.CSRHash != "":
 		s.log.Warn("security: a different CSR for a consumed bootstrap token", zap.String("edge", e.ID), zap.String("remote", r.RemoteAddr))
 		return errTokenUsed
+	case !e.TokenExpiresAt.IsZero() && !now.Before(e.TokenExpiresAt):
+		s.log.Warn("security: enrollment with an expired bootstrap token", zap.String("edge", e.ID),
+			zap.Time("expired", e.TokenExpiresAt), zap.String("remote", r.RemoteAddr))
+		return errorf(http.StatusUnauthorized, "bootstrap token expired at %s; rotate the edge for a new one", e.TokenExpiresAt.UTC().Format(time.RFC3339))
 	}
-	cert, certPEM, err := s.ca.IssueClient(csr, e.ID, s.o.Now())
+	cert, certPEM, err := s.ca.IssueClientFor(csr, e.ID, now, s.o.ClientCertTTL)
 	if err != nil {
 		return err
 	}
 	if err := s.st.Enroll(r.Context(), e.ID, tokenHash, csrHash, certPEM, pki.SerialHex(cert)); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			// Another request consumed the token first: the retry rules apply.
-			return s.enrollRaced(w, r, tokenHash, csrHash)
+			return s.enrollRaced(w, r, tokenHash, csr)
 		}
 		return err
 	}
@@ -127,13 +139,13 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
 	return s.writeEnrolled(w, e.ID, certPEM, e.Slots)
 }
 
-func (s *Server) enrollRaced(w http.ResponseWriter, r *http.Request, tokenHash, csrHash string) error {
+func (s *Server) enrollRaced(w http.ResponseWriter, r *http.Request, tokenHash string, csr *x509.CertificateRequest) error {
 	e, err := s.st.EdgeByToken(r.Context(), tokenHash)
 	if err != nil {
 		return errorf(http.StatusUnauthorized, "unknown bootstrap token")
 	}
-	if e.CSRHash == csrHash {
-		return s.writeEnrolled(w, e.ID, e.CertPEM, e.Slots)
+	if e.CSRHash == hashCSR(csr) {
+		return s.enrollRetry(w, r, e, csr, s.o.Now())
 	}
 	return errTokenUsed
 }

@@ -19,6 +19,9 @@ type EdgeRequest struct {
 	MgmtIPv6 string `json:"mgmt_ipv6,omitempty"`
 	// Slots is 1–32; zero means 8. Fixed once created.
 	Slots int `json:"slots,omitempty"`
+	// TokenTTL is how long the bootstrap token enrolls, a Go duration from
+	// MinTokenTTL to MaxTokenTTL; empty means DefaultTokenTTL.
+	TokenTTL string `json:"token_ttl,omitempty"`
 }
 
 // DefaultSlots is an edge's slot count unless chosen at creation.

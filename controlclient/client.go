@@ -71,20 +71,25 @@ type Options struct {
 
 // Client is the agent's mutual-TLS client of the edge-control API: a
 // manifest.Source, plus tasks and status reports. It reloads its
-// certificate when the files change (a re-enrollment after a rotation).
+// certificate when the files change (a re-enrollment after a rotation),
+// and renews it (RunRenewal).
 type Client struct {
-	o    Options
-	base *url.URL
-	hc   *http.Client
-	log  *zap.Logger
+	o     Options
+	base  *url.URL
+	roots *x509.CertPool
+	log   *zap.Logger
 
 	tasks chan struct{} // signalled when a poll says tasks are pending
 
-	mu       sync.Mutex // guards the following fields
-	cert     *tls.Certificate
-	certMod  time.Time
-	lastOK   time.Time
-	lastFail error
+	mu        sync.Mutex // guards the following fields
+	hc        *http.Client
+	hcGen     int // bumped when a renewed certificate replaces hc
+	cert      *tls.Certificate
+	certMod   time.Time
+	switching bool // a renewal is writing the files: no reload until install
+	lastOK    time.Time
+	lastFail  error
+	renewal   renewState
 }
 
 var _ manifest.Source = (*Client)(nil)
@@ -105,20 +110,34 @@ func New(o Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{o: o, base: base, log: o.Logger.Named("control"), tasks: make(chan struct{}, 1)}
+	c := &Client{o: o, base: base, roots: roots, log: o.Logger.Named("control"), tasks: make(chan struct{}, 1)}
 	if _, err := c.clientCert(nil); err != nil {
 		return nil, err
 	}
+	c.hc = c.newHTTPClient()
+	return c, nil
+}
+
+// newHTTPClient is a client with its own connections: a renewed
+// certificate gets new ones, as the old ones stay authenticated by the
+// certificate they were opened with.
+func (c *Client) newHTTPClient() *http.Client {
 	tr := &http.Transport{
-		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots, GetClientCertificate: c.clientCert},
+		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: c.roots, GetClientCertificate: c.clientCert},
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout: 10 * time.Second,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   true,
 	}
-	c.hc = &http.Client{Transport: tr}
-	return c, nil
+	return &http.Client{Transport: tr}
+}
+
+// httpClient is the client to send with, and its generation.
+func (c *Client) httpClient() (*http.Client, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hc, c.hcGen
 }
 
 // serverRoots is what the edge trusts for the control API: the CA file it
@@ -138,7 +157,8 @@ func serverRoots(dir string) (*x509.CertPool, error) {
 	return pool, nil
 }
 
-// clientCert loads the certificate, again when its file changed.
+// clientCert loads the certificate, again when its file changed (see
+// loadPair).
 func (c *Client) clientCert(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 	certPath := filepath.Join(c.o.Dir, CertFile)
 	st, err := os.Stat(certPath)
@@ -147,10 +167,10 @@ func (c *Client) clientCert(*tls.CertificateRequestInfo) (*tls.Certificate, erro
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.cert != nil && st.ModTime().Equal(c.certMod) {
+	if c.cert != nil && (st.ModTime().Equal(c.certMod) || c.switching) {
 		return c.cert, nil
 	}
-	cert, err := tls.LoadX509KeyPair(certPath, filepath.Join(c.o.Dir, KeyFile))
+	cert, err := loadPair(c.o.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("client certificate: %w", err)
 	}
@@ -203,47 +223,75 @@ func (c *Client) do(ctx context.Context, timeout time.Duration, method, path str
 	u := *c.base
 	u.Path = strings.TrimRight(u.Path, "/") + path
 	u.RawQuery = query.Encode()
-	var rd io.Reader
+	var data []byte
 	if body != nil {
-		data, err := json.Marshal(body)
-		if err != nil {
+		var err error
+		if data, err = json.Marshal(body); err != nil {
 			return nil, err
 		}
-		rd = bytes.NewReader(data)
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), rd)
+	resp, retry, err := c.send(ctx, timeout, method, u.String(), header, data)
+	if retry {
+		// Refused with the certificate a renewal replaced while the request
+		// was on its way: sent again on the renewed one's connections.
+		if resp, retry, err = c.send(ctx, timeout, method, u.String(), header, data); retry {
+			err = &HTTPError{Status: http.StatusUnauthorized, Message: "refused twice while the client certificate was being renewed"}
+		}
+	}
 	if err != nil {
-		cancel()
-		return nil, err
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		cancel()
 		err = fmt.Errorf("%s %s: %w", method, path, err)
 		c.record(err)
 		return nil, err
 	}
-	resp.Body = cancelBody{resp.Body, cancel}
 	if resp.StatusCode >= 300 && resp.StatusCode != http.StatusNotModified {
 		err := readError(resp)
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusUnauthorized {
 			// Refused identity (rotated): the next request handshakes again,
 			// with the certificate a re-enrollment may have written meanwhile.
-			c.hc.CloseIdleConnections()
+			c.CloseIdle()
 		}
 		c.record(err)
 		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	c.record(nil)
 	return resp, nil
+}
+
+// send sends one request; retry reports a 401 answered on the connections
+// of a certificate renewed since (the body is then closed).
+func (c *Client) send(ctx context.Context, timeout time.Duration, method, u string, header http.Header, data []byte) (_ *http.Response, retry bool, _ error) {
+	var rd io.Reader
+	if data != nil {
+		rd = bytes.NewReader(data)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		cancel()
+		return nil, false, err
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	if data != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	hc, gen := c.httpClient()
+	resp, err := hc.Do(req)
+	if err != nil {
+		cancel()
+		return nil, false, err
+	}
+	resp.Body = cancelBody{resp.Body, cancel}
+	if resp.StatusCode == http.StatusUnauthorized {
+		if _, now := c.httpClient(); now != gen {
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			return nil, true, nil
+		}
+	}
+	return resp, false, nil
 }
 
 func readError(resp *http.Response) error {
@@ -377,4 +425,7 @@ func (c *Client) Report(ctx context.Context, r edgeapi.StatusReport) error {
 }
 
 // CloseIdle closes idle connections.
-func (c *Client) CloseIdle() { c.hc.CloseIdleConnections() }
+func (c *Client) CloseIdle() {
+	hc, _ := c.httpClient()
+	hc.CloseIdleConnections()
+}

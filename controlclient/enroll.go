@@ -104,7 +104,7 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 			return Identity{}, fmt.Errorf("CA file %s: no PEM certificate", o.CAFile)
 		}
 	}
-	key, csrPEM, err := pending(o.Dir)
+	key, csrPEM, err := pending(o.Dir, pendingKey, pendingCSR)
 	if err != nil {
 		return Identity{}, err
 	}
@@ -164,14 +164,17 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 	if err := atomicfile.WriteFile(o.IdentityFile, append(data, '\n'), 0o600); err != nil {
 		return Identity{}, fmt.Errorf("persist identity: %w", err)
 	}
-	os.Remove(filepath.Join(o.Dir, pendingKey))
-	os.Remove(filepath.Join(o.Dir, pendingCSR))
+	// A renewal of the identity this one replaces has no use any more.
+	for _, f := range []string{pendingKey, pendingCSR, renewKey, renewCSR, renewCert} {
+		os.Remove(filepath.Join(o.Dir, f))
+	}
 	return id, nil
 }
 
-// pending returns the unfinished attempt's key and CSR, or makes them.
-func pending(dir string) (crypto.Signer, []byte, error) {
-	keyPath, csrPath := filepath.Join(dir, pendingKey), filepath.Join(dir, pendingCSR)
+// pending returns the unfinished attempt's key and CSR, from the files
+// named keyName and csrName in dir, or makes them.
+func pending(dir, keyName, csrName string) (crypto.Signer, []byte, error) {
+	keyPath, csrPath := filepath.Join(dir, keyName), filepath.Join(dir, csrName)
 	keyPEM, kerr := os.ReadFile(keyPath)
 	csrPEM, cerr := os.ReadFile(csrPath)
 	if kerr == nil && cerr == nil {
@@ -210,32 +213,41 @@ func pending(dir string) (crypto.Signer, []byte, error) {
 // checkIssued checks the answer: a client certificate for our key, CN =
 // the edge id, no IP SANs, issued by the CA given, and a signing key.
 func checkIssued(er edgeapi.EnrollResponse, key crypto.Signer) error {
-	b, _ := pem.Decode([]byte(er.Certificate))
-	if b == nil {
-		return errors.New("certificate: not PEM")
-	}
-	cert, err := x509.ParseCertificate(b.Bytes)
-	if err != nil {
-		return fmt.Errorf("certificate: %w", err)
-	}
-	pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool })
-	switch {
-	case !ok || !pub.Equal(cert.PublicKey):
-		return errors.New("certificate is not for this edge's key")
-	case cert.Subject.CommonName != er.EdgeID || er.EdgeID == "":
-		return fmt.Errorf("certificate CN %q, edge id %q", cert.Subject.CommonName, er.EdgeID)
-	case len(cert.IPAddresses) != 0:
-		return errors.New("certificate carries IP SANs")
-	}
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM([]byte(er.CA)) {
-		return errors.New("CA: no PEM certificate")
-	}
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return fmt.Errorf("certificate: %w", err)
+	if _, err := checkCert(er.Certificate, er.CA, er.EdgeID, key); err != nil {
+		return err
 	}
 	if k, err := base64.StdEncoding.DecodeString(er.ControlPublicKey); err != nil || len(k) != 32 {
 		return errors.New("control public key: want 32 bytes of base64")
 	}
 	return nil
+}
+
+// checkCert checks an issued client certificate: for key, CN = edgeID, no
+// IP SANs, for client authentication, issued by the CA given.
+func checkCert(certPEM, caPEM, edgeID string, key crypto.Signer) (*x509.Certificate, error) {
+	b, _ := pem.Decode([]byte(certPEM))
+	if b == nil {
+		return nil, errors.New("certificate: not PEM")
+	}
+	cert, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool })
+	switch {
+	case !ok || !pub.Equal(cert.PublicKey):
+		return nil, errors.New("certificate is not for this edge's key")
+	case cert.Subject.CommonName != edgeID || edgeID == "":
+		return nil, fmt.Errorf("certificate CN %q, edge id %q", cert.Subject.CommonName, edgeID)
+	case len(cert.IPAddresses) != 0:
+		return nil, errors.New("certificate carries IP SANs")
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM([]byte(caPEM)) {
+		return nil, errors.New("CA: no PEM certificate")
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	return cert, nil
 }

@@ -1,7 +1,9 @@
-// Package controlclient is the agent's side of the control plane: for now
-// the acknowledgement journal, which makes every ack durable before it is
-// sent and resends it until the control plane takes it; the outbound mTLS
-// client joins it.
+// Package controlclient is the agent's side of the control plane:
+// enrollment, the outbound mutual-TLS client of the edge-control API and
+// the renewal of its client certificate, the acknowledgement journal, which
+// makes every ack durable before it is sent and resends it until the
+// control plane takes it, and the spool directory source. It links no
+// control-plane code.
 package controlclient
 
 import (

@@ -19,6 +19,11 @@ const (
 	// EnrollResponse. It is the only path served without a client
 	// certificate.
 	PathEnroll = "/v1/enroll"
+	// PathRenew takes a RenewRequest (POST), authenticated by the edge's
+	// current client certificate, and answers a RenewResponse. The new
+	// certificate is pending until the edge first uses it: that request
+	// makes it current and revokes the old one.
+	PathRenew = "/v1/renew"
 	// PathManifest serves a manifest.Page (GET ?after=SEQ&cursor=C). With
 	// If-None-Match: "SEQ" and no newer manifest it answers 304 Not
 	// Modified and no body: the cheap poll.
@@ -71,6 +76,23 @@ type EnrollResponse struct {
 	ControlPublicKey string `json:"control_public_key"`
 	// Slots is the edge's slot count, fixed at creation.
 	Slots int `json:"slots"`
+}
+
+// RenewRequest asks for a new client certificate: a PEM-encoded CSR for a
+// new key. As at enrollment, the CSR's subject and extensions are ignored:
+// the certificate names the edge its current certificate names. Sending
+// the same CSR again (an answer lost) gets the same certificate.
+type RenewRequest struct {
+	CSR string `json:"csr"`
+}
+
+// RenewResponse is the renewed certificate.
+type RenewResponse struct {
+	// Certificate is the PEM client certificate: CN = the edge id, no IP
+	// SANs, valid for the control plane's client certificate lifetime.
+	Certificate string `json:"certificate"`
+	// CA is the PEM certificate of the CA that issued it.
+	CA string `json:"ca"`
 }
 
 // Task is a control task for one cell of the edge.

@@ -85,4 +85,10 @@ type ControlStatus struct {
 	LastPoll       *time.Time `json:"last_poll,omitempty"`
 	LastPollError  string     `json:"last_poll_error,omitempty"`
 	PendingAcks    int        `json:"pending_acks"`
+	// CertExpires is when the edge's client certificate expires;
+	// NextRenewal when the agent renews it next (or retries a failed
+	// renewal, RenewalError saying why).
+	CertExpires  *time.Time `json:"cert_expires,omitempty"`
+	NextRenewal  *time.Time `json:"next_renewal,omitempty"`
+	RenewalError string     `json:"renewal_error,omitempty"`
 }

@@ -40,8 +40,10 @@ line to run on the edge host. The token is shown once.`,
 	f.StringVar(&r.MgmtIPv4, "mgmt-ipv4", "", "management IPv4 address (inventory only)")
 	f.StringVar(&r.MgmtIPv6, "mgmt-ipv6", "", "management IPv6 address (inventory only)")
 	f.IntVar(&r.Slots, "slots", 0, "slots, 1–32; 0 for the default (8)")
+	ttl := tokenTTLFlag(cmd)
 	controlURL := controlURLFlag(cmd)
 	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) (controlapi.CreatedEdge, error) {
+		r.TokenTTL = ttl.String()
 		return ac.CreateEdge(ctx, r)
 	}, func(w io.Writer, ce controlapi.CreatedEdge, _ time.Time) error {
 		fmt.Fprintf(w, "edge %s created (%d slots)\n", ce.Edge.Name, ce.Edge.Slots)
@@ -50,11 +52,18 @@ line to run on the edge host. The token is shown once.`,
 	})
 }
 
+// tokenTTLFlag adds --token-ttl: how long the bootstrap token enrolls.
+func tokenTTLFlag(cmd *cobra.Command) *time.Duration {
+	return cmd.Flags().Duration("token-ttl", controlapi.DefaultTokenTTL,
+		fmt.Sprintf("how long the bootstrap token enrolls, %s to %s", controlapi.MinTokenTTL, controlapi.MaxTokenTTL))
+}
+
 // printToken shows an edge's one-time token and how to enroll with it.
 func printToken(w io.Writer, ce controlapi.CreatedEdge, controlURL string) {
 	fmt.Fprintf(w, "id:    %s\n", ce.Edge.ID)
 	fmt.Fprintf(w, "token: %s\n", ce.Token)
-	fmt.Fprintln(w, "The token is shown once and never again; a lost token needs `cellvisor-control edge rotate ID`.")
+	fmt.Fprintf(w, "The token is shown once and never again, and expires at %s; a lost or expired token needs `cellvisor-control edge rotate ID`.\n",
+		ce.TokenExpiresAt.Local().Format(time.RFC3339))
 	fmt.Fprintln(w, "Enroll the edge host with the CA from `cellvisor-control ca > ca.pem`:")
 	fmt.Fprintf(w, "  cellvisor enroll --control %s --token %s --ca-file ca.pem\n", controlURL, ce.Token)
 }
@@ -161,9 +170,10 @@ func (c *app) edgeRotate() *cobra.Command {
 one-time token is printed for enrolling it again (cellvisor enroll --replace).`,
 		Args: cli.ExactArgs(1),
 	}
+	ttl := tokenTTLFlag(cmd)
 	controlURL := controlURLFlag(cmd)
 	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.CreatedEdge, error) {
-		return ac.Rotate(ctx, args[0])
+		return ac.RotateWith(ctx, args[0], controlapi.RotateRequest{TokenTTL: ttl.String()})
 	}, func(w io.Writer, ce controlapi.CreatedEdge, _ time.Time) error {
 		fmt.Fprintf(w, "edge %s rotated: its certificate is refused from now on\n", ce.Edge.Name)
 		printToken(w, ce, *controlURL)

@@ -79,6 +79,13 @@ func printStatus(w io.Writer, st supervisor.Status) {
 		switch c.Enrollment {
 		case agent.EnrollmentEnrolled:
 			fmt.Fprintf(w, "control: enrolled as %s with %s, last successful contact %s\n", c.EdgeID, c.ControlURL, ago(c.LastSuccess))
+			if c.CertExpires != nil && c.NextRenewal != nil {
+				fmt.Fprintf(w, "certificate: expires %s, next renewal %s", c.CertExpires.Local().Format(time.RFC3339), c.NextRenewal.Local().Format(time.RFC3339))
+				if c.RenewalError != "" {
+					fmt.Fprintf(w, " (last attempt failed: %s)", c.RenewalError)
+				}
+				fmt.Fprintln(w)
+			}
 		case agent.EnrollmentSpool:
 			fmt.Fprintln(w, "control: fed from a spool directory")
 		case agent.EnrollmentUnusable:

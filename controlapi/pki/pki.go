@@ -214,13 +214,20 @@ func ParseCSR(csrPEM string) (*x509.CertificateRequest, error) {
 }
 
 // IssueClient issues an edge's client certificate: CN = edgeID, no SANs,
-// client authentication only.
+// client authentication only, valid ClientValidity.
 func (ca *CA) IssueClient(csr *x509.CertificateRequest, edgeID string, now time.Time) (*x509.Certificate, string, error) {
+	return ca.IssueClientFor(csr, edgeID, now, ClientValidity)
+}
+
+// IssueClientFor is IssueClient for a certificate valid for validity. Its
+// start is backdated by a tenth of that, at most 5 minutes, for clocks
+// behind the control plane's.
+func (ca *CA) IssueClientFor(csr *x509.CertificateRequest, edgeID string, now time.Time, validity time.Duration) (*x509.Certificate, string, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
 		Subject:      pkix.Name{CommonName: edgeID, OrganizationalUnit: []string{"cellvisor edge"}},
-		NotBefore:    now.Add(-5 * time.Minute),
-		NotAfter:     now.Add(ClientValidity),
+		NotBefore:    now.Add(-min(5*time.Minute, validity/10)),
+		NotAfter:     now.Add(validity),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}

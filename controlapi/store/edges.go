@@ -25,11 +25,20 @@ type Edge struct {
 	// CSRHash is the SHA-256 of the CSR that consumed the current token;
 	// empty while it is unconsumed.
 	CSRHash string
+	// TokenExpiresAt is when the current bootstrap token stops enrolling;
+	// zero for none.
+	TokenExpiresAt time.Time
 	// CertPEM and CertSerial are the current client certificate; empty
 	// before enrollment and after a rotation.
 	CertPEM    string
 	CertSerial string
-	Rotations  int
+	// PendingCSRHash, PendingCertPEM and PendingSerial are a renewed
+	// certificate the edge has not used yet: the current one stays valid
+	// until it does. Empty when none is pending.
+	PendingCSRHash string
+	PendingCertPEM string
+	PendingSerial  string
+	Rotations      int
 	// Sequence is the newest manifest sequence; ActiveSequence the newest
 	// one the edge acknowledged as applied.
 	Sequence       int64
@@ -50,22 +59,27 @@ type NewEdge struct {
 	Slots                                                 int
 	// TokenHash is the SHA-256 of the one-time bootstrap token.
 	TokenHash string
+	// TokenExpiresAt is when the token stops enrolling; zero for never.
+	TokenExpiresAt time.Time
 	// Assignments maps cells to pools.
 	Assignments map[string]string
 }
 
 const edgeColumns = `id, name, org, country, continent, mgmt_ipv4, mgmt_ipv6, slots, csr_hash, cert_pem, cert_serial,
-	rotations, sequence, active_sequence, enrolled_at, last_seen, status, status_at, created_at`
+	rotations, sequence, active_sequence, enrolled_at, last_seen, status, status_at, created_at,
+	token_expires_at, pending_csr_hash, pending_cert_pem, pending_serial`
 
 type scanner interface{ Scan(...any) error }
 
 func scanEdge(r scanner) (Edge, error) {
 	var e Edge
-	var enrolled, seen, statusAt, created int64
+	var enrolled, seen, statusAt, created, tokenExpires int64
 	var status string
 	err := r.Scan(&e.ID, &e.Name, &e.Org, &e.Country, &e.Continent, &e.MgmtIPv4, &e.MgmtIPv6, &e.Slots, &e.CSRHash,
-		&e.CertPEM, &e.CertSerial, &e.Rotations, &e.Sequence, &e.ActiveSequence, &enrolled, &seen, &status, &statusAt, &created)
+		&e.CertPEM, &e.CertSerial, &e.Rotations, &e.Sequence, &e.ActiveSequence, &enrolled, &seen, &status, &statusAt, &created,
+		&tokenExpires, &e.PendingCSRHash, &e.PendingCertPEM, &e.PendingSerial)
 	e.EnrolledAt, e.LastSeen, e.StatusAt, e.CreatedAt = fromMS(enrolled), fromMS(seen), fromMS(statusAt), fromMS(created)
+	e.TokenExpiresAt = fromMS(tokenExpires)
 	if status != "" {
 		e.Status = []byte(status)
 	}
@@ -81,9 +95,9 @@ func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, e
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO edges (id, name, org, country, continent, mgmt_ipv4, mgmt_ipv6, slots, token_hash, created_at, gen)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-			n.ID, n.Name, n.Org, n.Country, n.Continent, n.MgmtIPv4, n.MgmtIPv6, n.Slots, n.TokenHash, now, gen)
+		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO edges (id, name, org, country, continent, mgmt_ipv4, mgmt_ipv6, slots, token_hash,
+			token_expires_at, created_at, gen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			n.ID, n.Name, n.Org, n.Country, n.Continent, n.MgmtIPv4, n.MgmtIPv6, n.Slots, n.TokenHash, ms(n.TokenExpiresAt), now, gen)
 		if isUnique(err) {
 			return fmt.Errorf("edge name %q: %w", n.Name, ErrConflict)
 		}
@@ -205,16 +219,18 @@ func (s *Store) Enroll(ctx context.Context, id, tokenHash, csrHash, certPEM, ser
 	})
 }
 
-// Rotate replaces the edge's bootstrap token and invalidates its
-// certificate: the edge must enroll again with the new token.
-func (s *Store) Rotate(ctx context.Context, id, tokenHash string) error {
+// Rotate replaces the edge's bootstrap token (expiring at expiresAt, zero
+// for never) and invalidates its certificate, a pending renewed one too:
+// the edge must enroll again with the new token.
+func (s *Store) Rotate(ctx context.Context, id, tokenHash string, expiresAt time.Time) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		gen, err := s.next(ctx, tx, "gen")
 		if err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET token_hash = ?, csr_hash = '', cert_pem = '', cert_serial = '',
-			rotations = rotations + 1, gen = ? WHERE id = ?`), tokenHash, gen, id)
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET token_hash = ?, token_expires_at = ?, csr_hash = '', cert_pem = '', cert_serial = '',
+			pending_csr_hash = '', pending_cert_pem = '', pending_serial = '', rotations = rotations + 1, gen = ? WHERE id = ?`),
+			tokenHash, ms(expiresAt), gen, id)
 		if err != nil {
 			return fmt.Errorf("rotate edge %s: %w", id, err)
 		}

@@ -2,7 +2,8 @@ package store
 
 // migrations are applied in order, each once, each in its own transaction.
 // Never edit one that has shipped: add the next. {{blob}} and {{bigint}} are
-// the only spellings that differ between the dialects.
+// the only spellings that differ between the dialects; {{now_ms}} is the
+// time of the migration, in unix milliseconds.
 var migrations = []string{
 	// 1: edges, their identity and manifests; pools, domains, artifacts;
 	// acknowledgements and control tasks.
@@ -157,5 +158,15 @@ CREATE TABLE key_rotations (
 	rotation   TEXT NOT NULL,
 	created_at {{bigint}} NOT NULL
 );
+`,
+	// 5: bootstrap tokens expire; a renewed client certificate waits as
+	// pending until the edge first uses it. Tokens issued before get a day
+	// from the upgrade ({{now_ms}}), as a new token gets by default.
+	`
+ALTER TABLE edges ADD COLUMN token_expires_at {{bigint}} NOT NULL DEFAULT 0;
+ALTER TABLE edges ADD COLUMN pending_csr_hash TEXT NOT NULL DEFAULT '';
+ALTER TABLE edges ADD COLUMN pending_cert_pem TEXT NOT NULL DEFAULT '';
+ALTER TABLE edges ADD COLUMN pending_serial TEXT NOT NULL DEFAULT '';
+UPDATE edges SET token_expires_at = {{now_ms}} + 86400000;
 `,
 }

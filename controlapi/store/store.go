@@ -153,7 +153,7 @@ func (s *Store) ddl(stmt string) string {
 	if s.dialect == Postgres {
 		blob, bigint = "BYTEA", "BIGINT"
 	}
-	return strings.NewReplacer("{{blob}}", blob, "{{bigint}}", bigint).Replace(stmt)
+	return strings.NewReplacer("{{blob}}", blob, "{{bigint}}", bigint, "{{now_ms}}", strconv.FormatInt(ms(s.Now()), 10)).Replace(stmt)
 }
 
 // tx runs f in a transaction, committing when it returns nil.

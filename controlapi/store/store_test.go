@@ -120,7 +120,7 @@ func TestEdgeLifecycle(t *testing.T) {
 		if got.CertSerial != "serial1" || got.CSRHash != "csr1" || got.EnrolledAt.IsZero() {
 			t.Fatalf("enrolled edge %+v", got)
 		}
-		if err := s.Rotate(ctx(t), e.ID, "tok2"); err != nil {
+		if err := s.Rotate(ctx(t), e.ID, "tok2", time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.EdgeByToken(ctx(t), "tok-fra-1"); !errors.Is(err, ErrNotFound) {
