@@ -175,8 +175,13 @@ func (s *Server) AdminHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.o.AdminToken)) != 1 {
-			s.log.Warn("security: admin request without the admin token", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
-			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin bearer token required"})
+			msg := "admin bearer token required"
+			if ok && got != "" {
+				msg = "admin bearer token rejected"
+			}
+			s.log.Warn("security: admin request without the admin token", zap.String("remote", r.RemoteAddr),
+				zap.String("path", r.URL.Path), zap.Bool("token_given", ok && got != ""))
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": msg})
 			return
 		}
 		mux.ServeHTTP(w, r)

@@ -286,8 +286,12 @@ func TestUnauthenticatedAndForeignCertificatesAreRefused(t *testing.T) {
 	// The admin API wants its token.
 	bad := &controlapi.AdminClient{URL: e.admin.URL, Token: "wrong"}
 	var ae *controlapi.AdminError
-	if _, err := bad.Edges(ctx(t)); !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized {
-		t.Fatalf("admin with a wrong token: %v", err)
+	if _, err := bad.Edges(ctx(t)); !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized || !strings.Contains(err.Error(), "rejected") {
+		t.Fatalf("admin with a wrong token: %v, want 401 saying the token was rejected", err)
+	}
+	none := &controlapi.AdminClient{URL: e.admin.URL}
+	if _, err := none.Edges(ctx(t)); !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized || !strings.Contains(err.Error(), "required") {
+		t.Fatalf("admin without a token: %v, want 401 saying a token is required", err)
 	}
 }
 

@@ -86,11 +86,11 @@ func TestPendingCertificateIsPromotedOnceAndRotationDropsIt(t *testing.T) {
 	})
 }
 
-// Migration 4 gives tokens issued before it a day from the upgrade.
+// Migration 5 gives tokens issued before it a day from the upgrade.
 func TestMigrationGivesOldTokensADay(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "fra-1") // no expiry
-		if _, err := s.db.ExecContext(ctx(t), `DELETE FROM schema_migrations WHERE version = 4`); err != nil {
+		if _, err := s.db.ExecContext(ctx(t), `DELETE FROM schema_migrations WHERE version = 5`); err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range []string{"token_expires_at", "pending_csr_hash", "pending_cert_pem", "pending_serial"} {
