@@ -370,11 +370,15 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		snap, err := manifest.ReadSnapshot(rc, manifest.SnapshotLimit)
+		snap, err := manifest.ReadSnapshot(ctx(t), rc, manifest.SnapshotLimit, t.TempDir())
 		rc.Close()
-		if err != nil || snap.Manifest.EdgeID != idb.EdgeID || len(snap.Manifest.Entries) != 1 || len(snap.Artifacts) != 1 {
-			t.Fatalf("snapshot %+v, %v", snap.Manifest, err)
+		if err != nil || snap.Manifest.EdgeID != idb.EdgeID || len(snap.Manifest.Entries) != 1 {
+			t.Fatalf("snapshot %+v, %v", snap, err)
 		}
+		if data, err := snap.Artifact(ctx(t), snap.Manifest.Entries[0].SHA256); err != nil || snap.Manifest.Entries[0].Verify(ed25519.PublicKey(pub), idb.EdgeID, data) != nil {
+			t.Fatalf("snapshot artifact: %v", err)
+		}
+		snap.Close()
 		if err := ca.Ack(ctx(t), manifest.Ack{Sequence: 1, Status: manifest.AckApplied, At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}

@@ -3,13 +3,16 @@ package controlclient
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/safefile"
 	"cellvisor/manifest"
 )
 
@@ -20,6 +23,13 @@ import (
 //	artifacts/<sha256>                   artifact bytes
 //	acks/<sequence>.json                 acks the edge wrote (one per sequence)
 //	snapshot.tar.gz                      a full recovery snapshot, optional
+//
+// Everything it reads is read with its bound checked first (package
+// safefile): regular files only, never through a symbolic link, never a
+// FIFO or device; a page at most manifest.MaxPageBytes, an artifact
+// manifest.MaxArtifactBytes, the snapshot manifest.SnapshotLimit; and reads
+// stop when the poll's context ends. What breaks a rule is refused as a
+// manifest refusal naming the file.
 //
 // Publish writes a manifest so that a reader never sees part of one.
 type DirSource struct {
@@ -43,8 +53,10 @@ func (d DirSource) newest() (int64, error) {
 	return newest, nil
 }
 
-// Page returns a page of the newest manifest after sequence after.
-func (d DirSource) Page(_ context.Context, after int64, cursor string) (manifest.Page, error) {
+// Page returns a page of the newest manifest after sequence after. The
+// page file is read with the bounds of refuse: a symbolic link, FIFO,
+// device, or a file over manifest.MaxPageBytes is refused unread.
+func (d DirSource) Page(ctx context.Context, after int64, cursor string) (manifest.Page, error) {
 	seq, err := d.newest()
 	if err != nil {
 		return manifest.Page{}, err
@@ -58,27 +70,49 @@ func (d DirSource) Page(_ context.Context, after int64, cursor string) (manifest
 	if _, err := strconv.Atoi(cursor); err != nil {
 		return manifest.Page{}, fmt.Errorf("%w: cursor %q", manifest.ErrInvalid, cursor)
 	}
-	data, err := os.ReadFile(filepath.Join(d.Dir, "manifests", strconv.FormatInt(seq, 10), cursor+".json"))
+	name := filepath.Join("manifests", strconv.FormatInt(seq, 10), cursor+".json")
+	data, err := safefile.ReadFile(ctx, filepath.Join(d.Dir, name), manifest.MaxPageBytes)
 	if err != nil {
-		return manifest.Page{}, err
+		return manifest.Page{}, refuse(manifest.ErrInvalid, name, err)
 	}
 	return manifest.ParsePage(data) // Collect validates, and refuses naming the sequence
 }
 
-// Artifact returns an artifact's bytes.
-func (d DirSource) Artifact(_ context.Context, sha256 string) ([]byte, error) {
-	if len(sha256) != 64 {
+// refuse makes a spool file's refusal (not a regular file, over its bound)
+// a refusal of the manifest, of kind, naming the file by its name in the
+// spool; any other error (missing, unreadable) is returned as it is, to be
+// retried.
+func refuse(kind error, name string, err error) error {
+	switch {
+	case errors.Is(err, safefile.ErrTooLarge) && kind == manifest.ErrInvalid:
+		return fmt.Errorf("%w: spool %s is over %d bytes", kind, name, manifest.MaxPageBytes)
+	case safefile.IsRefusal(err):
+		var why string
+		if errors.Is(err, safefile.ErrTooLarge) {
+			why = "is over its bound"
+		} else {
+			why = "is not a regular file (links, FIFOs and devices are refused)"
+		}
+		return fmt.Errorf("%w: spool %s %s", kind, name, why)
+	}
+	return err
+}
+
+// Artifact returns an artifact's bytes, read with the bounds of Page: at
+// most manifest.MaxArtifactBytes of a regular file.
+func (d DirSource) Artifact(ctx context.Context, sha256 string) ([]byte, error) {
+	if len(sha256) != 64 || strings.ContainsAny(sha256, "/.") {
 		return nil, fmt.Errorf("%w: artifact name %q", manifest.ErrInvalid, sha256)
 	}
-	path := filepath.Join(d.Dir, "artifacts", sha256)
-	st, err := os.Stat(path)
+	name := filepath.Join("artifacts", sha256)
+	data, err := safefile.ReadFile(ctx, filepath.Join(d.Dir, name), manifest.MaxArtifactBytes)
+	if errors.Is(err, safefile.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: spool %s is over %d bytes", manifest.ErrSize, name, manifest.MaxArtifactBytes)
+	}
 	if err != nil {
-		return nil, err
+		return nil, refuse(manifest.ErrInvalid, name, err)
 	}
-	if st.Size() > manifest.MaxArtifactBytes {
-		return nil, fmt.Errorf("%w: artifact %s is %d bytes", manifest.ErrSize, sha256, st.Size())
-	}
-	return os.ReadFile(path)
+	return data, nil
 }
 
 // Ack records an ack, replacing an earlier one for the same sequence.
@@ -94,13 +128,23 @@ func (d DirSource) Ack(_ context.Context, a manifest.Ack) error {
 	return atomicfile.WriteFile(filepath.Join(dir, strconv.FormatInt(a.Sequence, 10)+".json"), data, 0o644)
 }
 
-// Snapshot opens snapshot.tar.gz, the spool's full recovery snapshot.
-func (d DirSource) Snapshot(context.Context) (io.ReadCloser, error) {
-	f, err := os.Open(filepath.Join(d.Dir, "snapshot.tar.gz"))
-	if os.IsNotExist(err) {
+// Snapshot opens snapshot.tar.gz, the spool's full recovery snapshot: a
+// regular file of at most manifest.SnapshotLimit bytes, whose reads stop
+// when ctx ends.
+func (d DirSource) Snapshot(ctx context.Context) (io.ReadCloser, error) {
+	f, _, err := safefile.Open(filepath.Join(d.Dir, "snapshot.tar.gz"), manifest.SnapshotLimit)
+	switch {
+	case os.IsNotExist(err):
 		return nil, manifest.ErrNoChange
+	case errors.Is(err, safefile.ErrTooLarge):
+		return nil, fmt.Errorf("%w: spool snapshot.tar.gz is over %d bytes", manifest.ErrTooLarge, manifest.SnapshotLimit)
+	case err != nil:
+		return nil, refuse(manifest.ErrSnapshot, "snapshot.tar.gz", err)
 	}
-	return f, err
+	return struct {
+		io.Reader
+		io.Closer
+	}{safefile.Reader(ctx, f), f}, nil
 }
 
 // Acks returns the acks recorded, by sequence.
@@ -111,7 +155,7 @@ func (d DirSource) Acks() (map[int64]manifest.Ack, error) {
 		return nil, err
 	}
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		data, err := safefile.ReadFile(context.Background(), f, MaxJournalLine)
 		if err != nil {
 			return nil, err
 		}
