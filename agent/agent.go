@@ -233,7 +233,7 @@ func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignment
 	a.act, err = activation.New(activation.Options{
 		EdgeID: a.id.EdgeID, PublicKey: a.key, Source: a.source, Journal: a.acks,
 		Topology: topo, Assignments: assign, Cells: a.sup, StateDir: a.cfg.StateDir,
-		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), Logger: a.log,
+		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), PollTimeout: a.cfg.Source.PollTimeout.D(), Logger: a.log,
 		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {
 			return RenderParams(a.cfg, s, pool, seq)
 		},
@@ -308,7 +308,7 @@ func (a *Agent) decorate(st *supervisor.Status) {
 		return
 	}
 	at, err := a.act.LastPoll()
-	c.ActiveSequence, c.PendingAcks = a.act.Active(), len(a.acks.Pending())
+	c.ActiveSequence, c.PendingAcks, c.DroppedAcks = a.act.Active(), len(a.acks.Pending()), a.acks.Dropped()
 	if !at.IsZero() {
 		c.LastPoll = &at
 	}

@@ -77,4 +77,6 @@ type ControlStatus struct {
 	LastPoll       *time.Time `json:"last_poll,omitempty"`
 	LastPollError  string     `json:"last_poll_error,omitempty"`
 	PendingAcks    int        `json:"pending_acks"`
+	// DroppedAcks counts damaged ack journal lines dropped at start.
+	DroppedAcks int `json:"dropped_acks,omitempty"`
 }
