@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"go.uber.org/zap"
@@ -46,6 +47,13 @@ type Options struct {
 	// TouchInterval is how often last-seen times are written; zero means
 	// 10s.
 	TouchInterval time.Duration
+	// SnapshotDir holds the recovery snapshots being served, as unlinked
+	// files (nothing stays there); empty means the system's temporary
+	// directory. Not a tmpfs: its files would count as memory.
+	SnapshotDir string
+	// SnapshotDownloads bounds the recovery snapshots served at a time;
+	// zero means DefaultSnapshotDownloads.
+	SnapshotDownloads int
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Now is the clock, or nil for time.Now.
@@ -62,6 +70,7 @@ type Server struct {
 	cert    tls.Certificate
 	clients *x509.CertPool
 	cache   *cache
+	snaps   *snapshots
 }
 
 // New loads the control plane's keys from the store, creating them on
@@ -91,7 +100,14 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.SnapshotDir == "" {
+		o.SnapshotDir = os.TempDir()
+	}
+	if o.SnapshotDownloads <= 0 {
+		o.SnapshotDownloads = DefaultSnapshotDownloads
+	}
 	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store}
+	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, s.log)
 	var err error
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
@@ -215,6 +231,7 @@ func (s *Server) Run(ctx context.Context) {
 			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			s.flushSeen(fctx)
 			cancel()
+			s.snaps.close()
 			return
 		case <-refresh.C:
 			if err := s.cache.refresh(ctx); err != nil && ctx.Err() == nil {

@@ -68,13 +68,22 @@ func (e *env) replica(t *testing.T) *env {
 }
 
 func serveOn(t *testing.T, dsn string, key []byte) *env {
+	return serveWith(t, dsn, key, nil)
+}
+
+// serveWith is serveOn with options changed by set, if not nil.
+func serveWith(t *testing.T, dsn string, key []byte, set func(*controlapi.Options)) *env {
 	t.Helper()
 	st, err := store.Open(ctx(t), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	srv, err := controlapi.New(ctx(t), controlapi.Options{Store: st, SealKey: key, AdminToken: "test-admin-token-0123456789", Refresh: 50 * time.Millisecond})
+	o := controlapi.Options{Store: st, SealKey: key, AdminToken: "test-admin-token-0123456789", Refresh: 50 * time.Millisecond, SnapshotDir: t.TempDir()}
+	if set != nil {
+		set(&o)
+	}
+	srv, err := controlapi.New(ctx(t), o)
 	if err != nil {
 		t.Fatal(err)
 	}
