@@ -277,7 +277,7 @@ func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch fun
 		return domain.Domain{}, fmt.Errorf("%w: artifact says %s/%s revision %d, its entry %s/%s revision %d",
 			manifest.ErrInvalid, d.Domain, d.Pool, d.Revision, e.Domain, e.Pool, e.Revision)
 	}
-	return d, nil
+	return compact(d), nil
 }
 
 // apply installs and switches the changed slots, reloads their cells,

@@ -130,3 +130,15 @@ func (a *Activator) refuseSnapshot(seq int64, why error) error {
 func isRefusal(err error) bool {
 	return manifest.IsRefusal(err) || errors.Is(err, domain.ErrInvalid) || errors.Is(err, errUnknownPool)
 }
+
+// compact drops a verified domain's decoded routes, origins and cache
+// policy: from here on only its names and its canonical encoding are used
+// (the pool runtime JSON splices d.Canonical()), and holding every
+// domain's configuration twice, decoded and encoded, doubled an
+// activation's memory.
+func compact(d domain.Domain) domain.Domain {
+	if d.Canonical() != nil {
+		d.Origins, d.Routes, d.Cache = nil, nil, nil
+	}
+	return d
+}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -127,6 +128,13 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 			return nil, fmt.Errorf("place agent in its own leaf cgroup: %w", err)
 		}
 		a.limitsN = fmt.Sprintf("%s memory, %g CPU", cfg.AgentLimits.Memory, cfg.AgentLimits.CPU)
+		if os.Getenv("GOMEMLIMIT") == "" {
+			// Go does not read its cgroup's limit: without a soft limit of
+			// its own the heap grows to twice what is live before it is
+			// collected, and a large activation (a recovery snapshot near
+			// its bound) meets the hard limit long before it needs to.
+			debug.SetMemoryLimit(int64(cfg.AgentLimits.Memory) * 3 / 4)
+		}
 	}
 	log.Info("cgroups", zap.String("mode", string(a.cg.Mode())), zap.String("subtree", a.cg.Path()))
 	// Choose the source before anything is written: an enrolled edge
