@@ -16,8 +16,9 @@ func TestReasonIsBoundedAndEscaped(t *testing.T) {
 		{"bidi override", "a\u202eb", `a\u202eb`},
 		{"invalid utf-8", "a\xffb", `a\xffb`},
 		{"exactly the bound", strings.Repeat("a", MaxReasonBytes), strings.Repeat("a", MaxReasonBytes)},
-		{"over the bound", strings.Repeat("a", MaxReasonBytes+1), strings.Repeat("a", MaxReasonBytes-len("…")) + "…"},
-		{"escapes over the bound", strings.Repeat("\x00", MaxReasonBytes), strings.Repeat(`\x00`, (MaxReasonBytes-len("…"))/4) + "…"},
+		{"over the bound keeps its start and its end", "entry " + strings.Repeat("a", 1<<20) + ": not a valid hostname",
+			"entry " + strings.Repeat("a", MaxReasonBytes-len("entry ")-len("…")-96) + "…" + strings.Repeat("a", 96-len(": not a valid hostname")) + ": not a valid hostname"},
+		{"escapes over the bound", strings.Repeat("\x00", MaxReasonBytes), strings.Repeat(`\x00`, (MaxReasonBytes-len("…")-96)/4) + "…" + strings.Repeat(`\x00`, 96/4)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := Reason(errors.New(tc.in))
@@ -28,6 +29,13 @@ func TestReasonIsBoundedAndEscaped(t *testing.T) {
 				t.Errorf("%d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
 			}
 		})
+	}
+	// Whatever it is given, the result is bounded, valid and printable.
+	for _, s := range []string{strings.Repeat("é", 300), strings.Repeat("\xff\u202e", 100), strings.Repeat("ab\n", 1000)} {
+		got := CutReason(s)
+		if len(got) > MaxReasonBytes || !utf8.ValidString(got) || strings.ContainsAny(got, "\n\u202e") {
+			t.Errorf("CutReason(%q…) = %q", s[:9], got)
+		}
 	}
 	if Reason(nil) != "" {
 		t.Error("nil error has a reason")
