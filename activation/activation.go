@@ -389,14 +389,14 @@ func (a *Activator) awaitLoaded(ctx context.Context, want map[string]int64) []st
 // source keeps serving a bad manifest until it is replaced); the previous
 // release stays active.
 func (a *Activator) refuse(seq int64, why error) error {
-	key := fmt.Sprintf("%d\x00%s", seq, why)
+	reason := manifest.Reason(why) // bounded and escaped: it quotes its input
+	key := fmt.Sprintf("%d\x00%s", seq, reason)
 	a.mu.Lock()
 	again := a.refused == key
 	a.mu.Unlock()
 	if again {
 		return nil
 	}
-	reason := manifest.Reason(why) // bounded and escaped: it quotes its input
 	a.log.Error("manifest refused; the previous release stays active", zap.Int64("sequence", seq), zap.String("reason", reason))
 	if err := a.o.Journal.Append(manifest.Ack{Sequence: seq, Status: manifest.AckRefused, Reason: reason, At: time.Now().UTC()}); err != nil {
 		return err
