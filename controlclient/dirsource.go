@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"cellvisor/internal/atomicfile"
 	"cellvisor/internal/safefile"
@@ -38,26 +39,39 @@ type DirSource struct {
 
 var _ manifest.Source = DirSource{}
 
-// newest returns the highest published sequence, or 0.
-func (d DirSource) newest() (int64, error) {
-	ents, err := os.ReadDir(filepath.Join(d.Dir, "manifests"))
+// newest returns the highest published sequence, or 0. manifests/ is
+// opened as a directory only (O_DIRECTORY|O_NONBLOCK: a FIFO in its place
+// fails at once instead of waiting for a writer) and read in batches, so
+// that memory holds a batch of names however many there are.
+func (d DirSource) newest(ctx context.Context) (int64, error) {
+	f, err := os.OpenFile(filepath.Join(d.Dir, "manifests"), os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("manifest spool %s: %w", d.Dir, err)
 	}
+	defer f.Close()
 	var newest int64
-	for _, e := range ents {
-		if seq, err := strconv.ParseInt(e.Name(), 10, 64); err == nil && e.IsDir() && seq > newest {
-			newest = seq
+	for ctx.Err() == nil {
+		ents, err := f.ReadDir(1024)
+		for _, e := range ents {
+			if seq, err := strconv.ParseInt(e.Name(), 10, 64); err == nil && e.IsDir() && seq > newest {
+				newest = seq
+			}
+		}
+		if err == io.EOF {
+			return newest, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("manifest spool %s: %w", d.Dir, err)
 		}
 	}
-	return newest, nil
+	return 0, ctx.Err()
 }
 
 // Page returns a page of the newest manifest after sequence after. The
 // page file is read with the bounds of refuse: a symbolic link, FIFO,
 // device, or a file over manifest.MaxPageBytes is refused unread.
 func (d DirSource) Page(ctx context.Context, after int64, cursor string) (manifest.Page, error) {
-	seq, err := d.newest()
+	seq, err := d.newest(ctx)
 	if err != nil {
 		return manifest.Page{}, err
 	}

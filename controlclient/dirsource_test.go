@@ -107,8 +107,19 @@ func TestSpoolRefusesAnythingButBoundedRegularFiles(t *testing.T) {
 			}
 		})
 	}
-	// A page just over its bound, of real bytes.
+	// manifests/ itself a FIFO: a failed poll at once, not a hang.
 	d, _ := spoolOf(t, 3)
+	if err := os.RemoveAll(filepath.Join(d.Dir, "manifests")); err != nil {
+		t.Fatal(err)
+	}
+	if err := fifo(filepath.Join(d.Dir, "manifests")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Page(ctx, 0, ""); err == nil || !strings.Contains(err.Error(), "not a directory") {
+		t.Errorf("manifests/ a FIFO: %v", err)
+	}
+	// A page just over its bound, of real bytes.
+	d, _ = spoolOf(t, 3)
 	big := append([]byte(`{"edge_id":"`), bytes.Repeat([]byte("a"), manifest.MaxPageBytes)...)
 	if err := os.WriteFile(filepath.Join(d.Dir, "manifests", "3", "0.json"), big, 0o644); err != nil {
 		t.Fatal(err)
