@@ -87,27 +87,21 @@ func (d DirSource) Page(ctx context.Context, after int64, cursor string) (manife
 	name := filepath.Join("manifests", strconv.FormatInt(seq, 10), cursor+".json")
 	data, err := safefile.ReadFile(ctx, filepath.Join(d.Dir, name), manifest.MaxPageBytes)
 	if err != nil {
-		return manifest.Page{}, refuse(manifest.ErrInvalid, name, err)
+		return manifest.Page{}, refuse(manifest.ErrInvalid, name, manifest.MaxPageBytes, err)
 	}
 	return manifest.ParsePage(data) // Collect validates, and refuses naming the sequence
 }
 
-// refuse makes a spool file's refusal (not a regular file, over its bound)
-// a refusal of the manifest, of kind, naming the file by its name in the
-// spool; any other error (missing, unreadable) is returned as it is, to be
-// retried.
-func refuse(kind error, name string, err error) error {
+// refuse makes a spool file's refusal (not a regular file, over its bound
+// of max bytes) a refusal of the manifest, of kind, naming the file by its
+// name in the spool; any other error (missing, unreadable) is returned as
+// it is, to be retried.
+func refuse(kind error, name string, max int64, err error) error {
 	switch {
-	case errors.Is(err, safefile.ErrTooLarge) && kind == manifest.ErrInvalid:
-		return fmt.Errorf("%w: spool %s is over %d bytes", kind, name, manifest.MaxPageBytes)
-	case safefile.IsRefusal(err):
-		var why string
-		if errors.Is(err, safefile.ErrTooLarge) {
-			why = "is over its bound"
-		} else {
-			why = "is not a regular file (links, FIFOs and devices are refused)"
-		}
-		return fmt.Errorf("%w: spool %s %s", kind, name, why)
+	case errors.Is(err, safefile.ErrTooLarge):
+		return fmt.Errorf("%w: spool %s is over %d bytes", kind, name, max)
+	case errors.Is(err, safefile.ErrNotRegular):
+		return fmt.Errorf("%w: spool %s is not a regular file (links, FIFOs and devices are refused)", kind, name)
 	}
 	return err
 }
@@ -121,10 +115,10 @@ func (d DirSource) Artifact(ctx context.Context, sha256 string) ([]byte, error) 
 	name := filepath.Join("artifacts", sha256)
 	data, err := safefile.ReadFile(ctx, filepath.Join(d.Dir, name), manifest.MaxArtifactBytes)
 	if errors.Is(err, safefile.ErrTooLarge) {
-		return nil, fmt.Errorf("%w: spool %s is over %d bytes", manifest.ErrSize, name, manifest.MaxArtifactBytes)
+		return nil, refuse(manifest.ErrSize, name, manifest.MaxArtifactBytes, err)
 	}
 	if err != nil {
-		return nil, refuse(manifest.ErrInvalid, name, err)
+		return nil, refuse(manifest.ErrInvalid, name, manifest.MaxArtifactBytes, err)
 	}
 	return data, nil
 }
@@ -151,9 +145,9 @@ func (d DirSource) Snapshot(ctx context.Context) (io.ReadCloser, error) {
 	case os.IsNotExist(err):
 		return nil, manifest.ErrNoChange
 	case errors.Is(err, safefile.ErrTooLarge):
-		return nil, fmt.Errorf("%w: spool snapshot.tar.gz is over %d bytes", manifest.ErrTooLarge, manifest.SnapshotLimit)
+		return nil, refuse(manifest.ErrTooLarge, "snapshot.tar.gz", manifest.SnapshotLimit, err)
 	case err != nil:
-		return nil, refuse(manifest.ErrSnapshot, "snapshot.tar.gz", err)
+		return nil, refuse(manifest.ErrSnapshot, "snapshot.tar.gz", manifest.SnapshotLimit, err)
 	}
 	return struct {
 		io.Reader
