@@ -13,15 +13,16 @@ import (
 // release stays active.
 func (a *Activator) refuse(seq int64, why error) error {
 	seq = ackSequence(seq)
-	key := fmt.Sprintf("%d\x00%s", seq, why)
+	reason := manifest.Reason(why) // bounded and escaped: it quotes its input
+	key := fmt.Sprintf("%d\x00%s", seq, reason)
 	a.mu.Lock()
 	again := a.refused == key
 	a.mu.Unlock()
 	if again {
 		return nil
 	}
-	a.log.Error("manifest refused; the previous release stays active", zap.Int64("sequence", seq), zap.Error(why))
-	if err := a.o.Journal.Append(manifest.Ack{Sequence: seq, Status: manifest.AckRefused, Reason: why.Error(), At: a.clock.Now().UTC()}); err != nil {
+	a.log.Error("manifest refused; the previous release stays active", zap.Int64("sequence", seq), zap.String("reason", reason))
+	if err := a.o.Journal.Append(manifest.Ack{Sequence: seq, Status: manifest.AckRefused, Reason: reason, At: a.clock.Now().UTC()}); err != nil {
 		return err
 	}
 	a.mu.Lock()

@@ -61,6 +61,9 @@ type Options struct {
 	// ApplyTimeout bounds the wait for cells to report a new release; zero
 	// means 30s.
 	ApplyTimeout time.Duration
+	// PollTimeout bounds what one poll fetches, all together (see
+	// fetchContext); zero means DefaultPollTimeout.
+	PollTimeout time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Clock paces polls and retries and stamps acks, or nil for the real
@@ -93,6 +96,9 @@ func New(o Options) (*Activator, error) {
 	if o.EdgeID == "" || len(o.PublicKey) != ed25519.PublicKeySize || o.Source == nil || o.Journal == nil ||
 		o.Render == nil || o.Cells == nil || o.StateDir == "" {
 		return nil, errors.New("activation: EdgeID, PublicKey, Source, Journal, Render, Cells and StateDir are required")
+	}
+	if o.PollTimeout == 0 {
+		o.PollTimeout = DefaultPollTimeout
 	}
 	if o.ApplyTimeout == 0 {
 		o.ApplyTimeout = 30 * time.Second

@@ -81,5 +81,5 @@ func (a *Activator) verifyEntry(ctx context.Context, e manifest.Entry, fetch fun
 		return domain.Domain{}, fmt.Errorf("%w: artifact says %s/%s revision %d, its entry %s/%s revision %d",
 			manifest.ErrInvalid, d.Domain, d.Pool, d.Revision, e.Domain, e.Pool, e.Revision)
 	}
-	return d, nil
+	return compact(d), nil
 }

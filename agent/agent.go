@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 
 	"go.uber.org/zap"
 
@@ -196,6 +197,13 @@ func (a *Agent) setupCgroups() (refusal error, err error) {
 			return nil, fmt.Errorf("place agent in its own leaf cgroup: %w", err)
 		}
 		a.limitsN = fmt.Sprintf("%s memory, %g CPU", cfg.AgentLimits.Memory, cfg.AgentLimits.CPU)
+		if os.Getenv("GOMEMLIMIT") == "" {
+			// Go does not read its cgroup's limit: without a soft limit of
+			// its own the heap grows to twice what is live before it is
+			// collected, and a large activation (a recovery snapshot near
+			// its bound) meets the hard limit long before it needs to.
+			debug.SetMemoryLimit(int64(cfg.AgentLimits.Memory) * 3 / 4)
+		}
 	}
 	log.Info("cgroups", zap.String("mode", string(a.cg.Mode())), zap.String("subtree", a.cg.Path()))
 	return refusal, nil

@@ -70,7 +70,7 @@ func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignment
 	a.act, err = activation.New(activation.Options{
 		EdgeID: a.id.EdgeID, PublicKey: a.key, Source: a.source, Journal: a.acks,
 		Topology: topo, Assignments: assign, Cells: a.sup, StateDir: a.cfg.StateDir,
-		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), Logger: a.log,
+		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), PollTimeout: a.cfg.Source.PollTimeout.D(), Logger: a.log,
 		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {
 			return RenderParams(a.cfg, s, pool, seq)
 		},

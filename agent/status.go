@@ -37,7 +37,7 @@ func (a *Agent) decorate(st *supervisor.Status) {
 		return
 	}
 	at, err := a.act.LastPoll()
-	c.ActiveSequence, c.PendingAcks = a.act.Active(), len(a.acks.Pending())
+	c.ActiveSequence, c.PendingAcks, c.DroppedAcks = a.act.Active(), len(a.acks.Pending()), a.acks.Dropped()
 	if !at.IsZero() {
 		c.LastPoll = &at
 	}

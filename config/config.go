@@ -70,6 +70,9 @@ type Source struct {
 	MaxBackoff Duration `yaml:"max_backoff"`
 	// ApplyTimeout bounds the wait for cells to report a new release.
 	ApplyTimeout Duration `yaml:"apply_timeout"`
+	// PollTimeout bounds everything one poll fetches together: every page,
+	// every artifact and the recovery snapshot.
+	PollTimeout Duration `yaml:"poll_timeout"`
 	// StatusInterval is how often an enrolled agent reports its status to
 	// the control API.
 	StatusInterval Duration `yaml:"status_interval"`
@@ -227,7 +230,7 @@ func Default() Agent {
 			RestartThreshold: 6,
 		},
 		Log:    Log{Format: "json", Level: "info"},
-		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second), StatusInterval: Duration(15 * time.Second)},
+		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second), PollTimeout: Duration(10 * time.Minute), StatusInterval: Duration(15 * time.Second)},
 	}
 }
 
@@ -296,6 +299,9 @@ func (c Agent) Validate() error {
 	}
 	if d := c.Source.ApplyTimeout.D(); d < 100*time.Millisecond || d > 10*time.Minute {
 		bad("source.apply_timeout", "must be 100ms–10m, got %s", d)
+	}
+	if d := c.Source.PollTimeout.D(); d < time.Second || d > time.Hour {
+		bad("source.poll_timeout", "must be 1s–1h, got %s", d)
 	}
 	if d := c.Source.StatusInterval.D(); d < 100*time.Millisecond || d > time.Hour {
 		bad("source.status_interval", "must be 100ms–1h, got %s", d)

@@ -19,6 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -50,6 +51,13 @@ type Options struct {
 	// from enrollment or renewal; zero means pki.ClientValidity (a year).
 	// Edges renew theirs between 70 % and 90 % of it.
 	ClientCertTTL time.Duration
+	// SnapshotDir holds the recovery snapshots being served, as unlinked
+	// files (nothing stays there); empty means the system's temporary
+	// directory. Not a tmpfs: its files would count as memory.
+	SnapshotDir string
+	// SnapshotDownloads bounds the recovery snapshots served at a time;
+	// zero means DefaultSnapshotDownloads.
+	SnapshotDownloads int
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Now is the clock, or nil for time.Now.
@@ -70,7 +78,8 @@ type Server struct {
 	// keys caches opened signing keys by their sealed form: the current
 	// one is read from the store by every write that signs (see
 	// store.Signer), so that a rotation on any replica holds on all.
-	keys map[string]ed25519.PrivateKey
+	keys  map[string]ed25519.PrivateKey
+	snaps *snapshots
 }
 
 // New loads the control plane's keys from the store, creating them on
@@ -103,7 +112,14 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.SnapshotDir == "" {
+		o.SnapshotDir = os.TempDir()
+	}
+	if o.SnapshotDownloads <= 0 {
+		o.SnapshotDownloads = DefaultSnapshotDownloads
+	}
 	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store}
+	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, s.log)
 	var err error
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
@@ -261,6 +277,7 @@ func (s *Server) Run(ctx context.Context) {
 			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			s.flushSeen(fctx)
 			cancel()
+			s.snaps.close()
 			return
 		case <-refresh.C:
 			if err := s.cache.refresh(ctx); err != nil && ctx.Err() == nil {

@@ -67,6 +67,17 @@ func (e *env) replica(t *testing.T) *env {
 	return serveOn(t, e.dsn, e.sealKey)
 }
 
+// serveWith is serveOn with options changed by set, if not nil.
+func serveWith(t *testing.T, dsn string, key []byte, set func(*controlapi.Options)) *env {
+	t.Helper()
+	if set == nil {
+		return serveOn(t, dsn, key)
+	}
+	return serveOn(t, dsn, key, set)
+}
+
+// serveOn serves the control API on the store at dsn, with options changed
+// by opts in order.
 func serveOn(t *testing.T, dsn string, key []byte, opts ...func(*controlapi.Options)) *env {
 	t.Helper()
 	st, err := store.Open(ctx(t), dsn)
@@ -74,7 +85,7 @@ func serveOn(t *testing.T, dsn string, key []byte, opts ...func(*controlapi.Opti
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	o := controlapi.Options{Store: st, SealKey: key, AdminToken: "test-admin-token-0123456789", Refresh: 50 * time.Millisecond}
+	o := controlapi.Options{Store: st, SealKey: key, AdminToken: "test-admin-token-0123456789", Refresh: 50 * time.Millisecond, SnapshotDir: t.TempDir()}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -378,11 +389,15 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		snap, err := manifest.ReadSnapshot(rc, manifest.SnapshotLimit)
+		snap, err := manifest.ReadSnapshot(ctx(t), rc, manifest.SnapshotLimit, t.TempDir())
 		rc.Close()
-		if err != nil || snap.Manifest.EdgeID != idb.EdgeID || len(snap.Manifest.Entries) != 1 || len(snap.Artifacts) != 1 {
-			t.Fatalf("snapshot %+v, %v", snap.Manifest, err)
+		if err != nil || snap.Manifest.EdgeID != idb.EdgeID || len(snap.Manifest.Entries) != 1 {
+			t.Fatalf("snapshot %+v, %v", snap, err)
 		}
+		if data, err := snap.Artifact(ctx(t), snap.Manifest.Entries[0].SHA256); err != nil || snap.Manifest.Entries[0].Verify(ed25519.PublicKey(pub), idb.EdgeID, data) != nil {
+			t.Fatalf("snapshot artifact: %v", err)
+		}
+		snap.Close()
 		if err := ca.Ack(ctx(t), manifest.Ack{Sequence: 1, Status: manifest.AckApplied, At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}

@@ -241,47 +241,6 @@ func (s *Server) artifact(w http.ResponseWriter, r *http.Request, st store.EdgeS
 	return nil
 }
 
-// snapshot serves the edge's current manifest and every artifact it names
-// as a gzip'd tar (manifest.ReadSnapshot's format).
-func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
-	if st.Sequence == 0 {
-		return errorf(http.StatusNotFound, "edge %s has no manifest yet", st.ID)
-	}
-	h, sig, err := s.st.Header(r.Context(), st.ID, st.Sequence)
-	if err != nil {
-		return err
-	}
-	snap := manifest.Snapshot{Manifest: manifest.Manifest{EdgeID: st.ID, Sequence: st.Sequence, Header: h, HeaderSignature: sig}, Artifacts: map[string][]byte{}}
-	var total int64
-	for from := ""; ; {
-		entries, err := s.st.Entries(r.Context(), st.ID, st.Sequence, from, manifest.MaxEntries)
-		if err != nil {
-			return err
-		}
-		for _, en := range entries {
-			if _, ok := snap.Artifacts[en.SHA256]; !ok {
-				data, err := s.st.Artifact(r.Context(), st.ID, en.SHA256)
-				if err != nil {
-					return err
-				}
-				total += int64(len(data))
-				if total > manifest.SnapshotLimit {
-					return errorf(http.StatusInsufficientStorage, "snapshot over %d bytes: page the manifest instead", manifest.SnapshotLimit)
-				}
-				snap.Artifacts[en.SHA256] = data
-			}
-			snap.Manifest.Entries = append(snap.Manifest.Entries, en)
-		}
-		if len(entries) < manifest.MaxEntries {
-			break
-		}
-		from = entries[len(entries)-1].Domain
-	}
-	w.Header().Set("Content-Type", "application/gzip")
-	w.Header().Set("ETag", etag(st.Sequence))
-	return manifest.WriteSnapshot(w, snap)
-}
-
 // ack records an acknowledgement.
 func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
 	var a manifest.Ack

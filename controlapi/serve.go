@@ -136,7 +136,7 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	}
 	defer st.Close()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, Hostnames: c.Hostnames, Logger: log})
+	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log})
 	cancel()
 	if err != nil {
 		return err

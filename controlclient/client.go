@@ -201,7 +201,8 @@ func (c *Client) record(err error) {
 }
 
 // SnapshotTimeout bounds the download of a recovery snapshot (up to
-// manifest.SnapshotLimit bytes).
+// manifest.SnapshotLimit bytes) asked for without a deadline; a poll's
+// deadline (source.poll_timeout) bounds it instead when there is one.
 const SnapshotTimeout = 10 * time.Minute
 
 // cancelBody ends a request's deadline when its body is closed.
@@ -294,15 +295,16 @@ func (c *Client) send(ctx context.Context, timeout time.Duration, method, u stri
 	return resp, false, nil
 }
 
+// readError reads an error body leniently (edgeapi.ErrorBody: unknown
+// fields ignored, or plain text), at most 64 KiB of it, and keeps a message
+// cut and escaped as a refusal reason is: it ends up in logs and status.
 func readError(resp *http.Response) error {
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	var e struct {
-		Error string `json:"error"`
-	}
+	var e edgeapi.ErrorBody
 	if json.Unmarshal(data, &e) != nil || e.Error == "" {
 		e.Error = strings.TrimSpace(string(data))
 	}
-	return &HTTPError{Status: resp.StatusCode, Message: e.Error}
+	return &HTTPError{Status: resp.StatusCode, Message: manifest.CutReason(e.Error)}
 }
 
 // Page asks for a page of the newest manifest after sequence after: a
@@ -372,7 +374,11 @@ func (c *Client) Ack(ctx context.Context, a manifest.Ack) error {
 // manifest.ReadSnapshot. ErrNoChange when the edge has no manifest yet, or
 // one too big for a snapshot (the activation then pages through it).
 func (c *Client) Snapshot(ctx context.Context) (io.ReadCloser, error) {
-	resp, err := c.do(ctx, SnapshotTimeout, http.MethodGet, edgeapi.PathSnapshot, nil, nil, nil)
+	timeout := SnapshotTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl) // the poll's, which may be longer
+	}
+	resp, err := c.do(ctx, timeout, http.MethodGet, edgeapi.PathSnapshot, nil, nil, nil)
 	var he *HTTPError
 	if errors.As(err, &he) && he.Status == http.StatusNotFound {
 		return nil, manifest.ErrNoChange
@@ -388,7 +394,8 @@ func (c *Client) Snapshot(ctx context.Context) (io.ReadCloser, error) {
 	return resp.Body, nil
 }
 
-// Tasks returns the edge's pending control tasks.
+// Tasks returns the edge's pending control tasks, decoded leniently (see
+// edgeapi): a newer control API may add fields.
 func (c *Client) Tasks(ctx context.Context) ([]edgeapi.Task, error) {
 	resp, err := c.do(ctx, c.o.Timeout, http.MethodGet, edgeapi.PathTasks, nil, nil, nil)
 	if err != nil {
@@ -396,9 +403,7 @@ func (c *Client) Tasks(ctx context.Context) ([]edgeapi.Task, error) {
 	}
 	defer resp.Body.Close()
 	var out []edgeapi.Task
-	dec := json.NewDecoder(io.LimitReader(resp.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&out); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, edgeapi.MaxTasksBytes)).Decode(&out); err != nil {
 		return nil, fmt.Errorf("decode tasks: %w", err)
 	}
 	return out, nil

@@ -3,13 +3,17 @@ package controlclient
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/safefile"
 	"cellvisor/manifest"
 )
 
@@ -21,6 +25,13 @@ import (
 //	acks/<sequence>.json                 acks the edge wrote (one per sequence)
 //	snapshot.tar.gz                      a full recovery snapshot, optional
 //
+// Everything it reads is read with its bound checked first (package
+// safefile): regular files only, never through a symbolic link, never a
+// FIFO or device; a page at most manifest.MaxPageBytes, an artifact
+// manifest.MaxArtifactBytes, the snapshot manifest.SnapshotLimit; and reads
+// stop when the poll's context ends. What breaks a rule is refused as a
+// manifest refusal naming the file.
+//
 // Publish writes a manifest so that a reader never sees part of one.
 type DirSource struct {
 	Dir string
@@ -28,24 +39,39 @@ type DirSource struct {
 
 var _ manifest.Source = DirSource{}
 
-// newest returns the highest published sequence, or 0.
-func (d DirSource) newest() (int64, error) {
-	ents, err := os.ReadDir(filepath.Join(d.Dir, "manifests"))
+// newest returns the highest published sequence, or 0. manifests/ is
+// opened as a directory only (O_DIRECTORY|O_NONBLOCK: a FIFO in its place
+// fails at once instead of waiting for a writer) and read in batches, so
+// that memory holds a batch of names however many there are.
+func (d DirSource) newest(ctx context.Context) (int64, error) {
+	f, err := os.OpenFile(filepath.Join(d.Dir, "manifests"), os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("manifest spool %s: %w", d.Dir, err)
 	}
+	defer f.Close()
 	var newest int64
-	for _, e := range ents {
-		if seq, err := strconv.ParseInt(e.Name(), 10, 64); err == nil && e.IsDir() && seq > newest {
-			newest = seq
+	for ctx.Err() == nil {
+		ents, err := f.ReadDir(1024)
+		for _, e := range ents {
+			if seq, err := strconv.ParseInt(e.Name(), 10, 64); err == nil && e.IsDir() && seq > newest {
+				newest = seq
+			}
+		}
+		if err == io.EOF {
+			return newest, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("manifest spool %s: %w", d.Dir, err)
 		}
 	}
-	return newest, nil
+	return 0, ctx.Err()
 }
 
-// Page returns a page of the newest manifest after sequence after.
-func (d DirSource) Page(_ context.Context, after int64, cursor string) (manifest.Page, error) {
-	seq, err := d.newest()
+// Page returns a page of the newest manifest after sequence after. The
+// page file is read with the bounds of refuse: a symbolic link, FIFO,
+// device, or a file over manifest.MaxPageBytes is refused unread.
+func (d DirSource) Page(ctx context.Context, after int64, cursor string) (manifest.Page, error) {
+	seq, err := d.newest(ctx)
 	if err != nil {
 		return manifest.Page{}, err
 	}
@@ -58,27 +84,43 @@ func (d DirSource) Page(_ context.Context, after int64, cursor string) (manifest
 	if _, err := strconv.Atoi(cursor); err != nil {
 		return manifest.Page{}, fmt.Errorf("%w: cursor %q", manifest.ErrInvalid, cursor)
 	}
-	data, err := os.ReadFile(filepath.Join(d.Dir, "manifests", strconv.FormatInt(seq, 10), cursor+".json"))
+	name := filepath.Join("manifests", strconv.FormatInt(seq, 10), cursor+".json")
+	data, err := safefile.ReadFile(ctx, filepath.Join(d.Dir, name), manifest.MaxPageBytes)
 	if err != nil {
-		return manifest.Page{}, err
+		return manifest.Page{}, refuse(manifest.ErrInvalid, name, manifest.MaxPageBytes, err)
 	}
 	return manifest.ParsePage(data) // Collect validates, and refuses naming the sequence
 }
 
-// Artifact returns an artifact's bytes.
-func (d DirSource) Artifact(_ context.Context, sha256 string) ([]byte, error) {
-	if len(sha256) != 64 {
+// refuse makes a spool file's refusal (not a regular file, over its bound
+// of max bytes) a refusal of the manifest, of kind, naming the file by its
+// name in the spool; any other error (missing, unreadable) is returned as
+// it is, to be retried.
+func refuse(kind error, name string, max int64, err error) error {
+	switch {
+	case errors.Is(err, safefile.ErrTooLarge):
+		return fmt.Errorf("%w: spool %s is over %d bytes", kind, name, max)
+	case errors.Is(err, safefile.ErrNotRegular):
+		return fmt.Errorf("%w: spool %s is not a regular file (links, FIFOs and devices are refused)", kind, name)
+	}
+	return err
+}
+
+// Artifact returns an artifact's bytes, read with the bounds of Page: at
+// most manifest.MaxArtifactBytes of a regular file.
+func (d DirSource) Artifact(ctx context.Context, sha256 string) ([]byte, error) {
+	if len(sha256) != 64 || strings.ContainsAny(sha256, "/.") {
 		return nil, fmt.Errorf("%w: artifact name %q", manifest.ErrInvalid, sha256)
 	}
-	path := filepath.Join(d.Dir, "artifacts", sha256)
-	st, err := os.Stat(path)
+	name := filepath.Join("artifacts", sha256)
+	data, err := safefile.ReadFile(ctx, filepath.Join(d.Dir, name), manifest.MaxArtifactBytes)
+	if errors.Is(err, safefile.ErrTooLarge) {
+		return nil, refuse(manifest.ErrSize, name, manifest.MaxArtifactBytes, err)
+	}
 	if err != nil {
-		return nil, err
+		return nil, refuse(manifest.ErrInvalid, name, manifest.MaxArtifactBytes, err)
 	}
-	if st.Size() > manifest.MaxArtifactBytes {
-		return nil, fmt.Errorf("%w: artifact %s is %d bytes", manifest.ErrSize, sha256, st.Size())
-	}
-	return os.ReadFile(path)
+	return data, nil
 }
 
 // Ack records an ack, replacing an earlier one for the same sequence.
@@ -94,13 +136,23 @@ func (d DirSource) Ack(_ context.Context, a manifest.Ack) error {
 	return atomicfile.WriteFile(filepath.Join(dir, strconv.FormatInt(a.Sequence, 10)+".json"), data, 0o644)
 }
 
-// Snapshot opens snapshot.tar.gz, the spool's full recovery snapshot.
-func (d DirSource) Snapshot(context.Context) (io.ReadCloser, error) {
-	f, err := os.Open(filepath.Join(d.Dir, "snapshot.tar.gz"))
-	if os.IsNotExist(err) {
+// Snapshot opens snapshot.tar.gz, the spool's full recovery snapshot: a
+// regular file of at most manifest.SnapshotLimit bytes, whose reads stop
+// when ctx ends.
+func (d DirSource) Snapshot(ctx context.Context) (io.ReadCloser, error) {
+	f, _, err := safefile.Open(filepath.Join(d.Dir, "snapshot.tar.gz"), manifest.SnapshotLimit)
+	switch {
+	case os.IsNotExist(err):
 		return nil, manifest.ErrNoChange
+	case errors.Is(err, safefile.ErrTooLarge):
+		return nil, refuse(manifest.ErrTooLarge, "snapshot.tar.gz", manifest.SnapshotLimit, err)
+	case err != nil:
+		return nil, refuse(manifest.ErrSnapshot, "snapshot.tar.gz", manifest.SnapshotLimit, err)
 	}
-	return f, err
+	return struct {
+		io.Reader
+		io.Closer
+	}{safefile.Reader(ctx, f), f}, nil
 }
 
 // Acks returns the acks recorded, by sequence.
@@ -111,7 +163,7 @@ func (d DirSource) Acks() (map[int64]manifest.Ack, error) {
 		return nil, err
 	}
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		data, err := safefile.ReadFile(context.Background(), f, MaxJournalLine)
 		if err != nil {
 			return nil, err
 		}

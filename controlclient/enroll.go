@@ -127,9 +127,9 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 		return Identity{}, fmt.Errorf("enroll: %w", readError(resp))
 	}
 	var er edgeapi.EnrollResponse
-	dec := json.NewDecoder(io.LimitReader(resp.Body, 1<<20))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&er); err != nil {
+	// Lenient (edgeapi): a newer control API may add fields; what matters
+	// is checked by checkIssued.
+	if err := json.NewDecoder(io.LimitReader(resp.Body, edgeapi.MaxEnrollBytes)).Decode(&er); err != nil {
 		return Identity{}, fmt.Errorf("enroll: decode answer: %w", err)
 	}
 	if err := checkIssued(er, key); err != nil {

@@ -13,8 +13,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -34,44 +36,105 @@ type Journal struct {
 
 	mu      sync.Mutex // guards the following fields and the file
 	pending []manifest.Ack
+	dropped int // damaged lines dropped at open
 }
 
-// OpenJournal reads the journal at path (creating none yet). A torn last
-// line, from a crash in the middle of a write, is dropped: its ack was never
-// sent, and the activation that made it is redone.
+// MaxJournalLine bounds one line of the ack journal: an ack whose reason
+// is cut to manifest.MaxReasonBytes takes well under 1 KiB.
+const MaxJournalLine = 64 << 10
+
+// OpenJournal reads the journal at path (creating none yet). It never
+// refuses to start over what it finds: a torn last line, from a crash in the
+// middle of a write, is dropped (its ack was never sent, and the activation
+// that made it is redone); a damaged or overlong line anywhere else is
+// dropped too, logged and counted (Dropped), and the acks around it are
+// kept. Only a journal that cannot be read or rewritten at all is an error.
 func OpenJournal(path string, log *zap.Logger) (*Journal, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
 	j := &Journal{path: path, log: log.Named("acks"), wake: make(chan struct{}, 1)}
-	data, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	switch {
+	case os.IsNotExist(err):
+		return j, j.rewriteLocked()
+	case err != nil:
 		return nil, fmt.Errorf("read ack journal: %w", err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for n := 1; sc.Scan(); n++ {
-		var a manifest.Ack
-		if err := json.Unmarshal(sc.Bytes(), &a); err != nil {
-			if bytes.HasSuffix(data, sc.Bytes()) && !bytes.HasSuffix(data, []byte("\n")) {
-				// The last line, never finished: a crash mid-append, whose
-				// ack was never sent and whose activation is redone.
-				j.log.Warn("dropping a torn last ack journal line", zap.Error(err))
-				continue
-			}
-			j.log.Error("ack journal line is damaged; it is dropped", zap.Int("line", n), zap.Error(err))
-			continue
-		}
-		j.pending = append(j.pending, a)
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("read ack journal %s: not a regular file", path)
 	}
-	if err := sc.Err(); err != nil {
+	if err := j.readLines(bufio.NewReaderSize(f, 64<<10)); err != nil {
 		return nil, fmt.Errorf("read ack journal %s: %w", path, err)
 	}
 	return j, j.rewriteLocked()
 }
 
+// readLines keeps every line that decodes as an ack, holding at most
+// MaxJournalLine bytes of one line in memory.
+func (j *Journal) readLines(r *bufio.Reader) error {
+	var line []byte
+	for n := 1; ; n++ {
+		line = line[:0]
+		long, torn, eof := false, false, false
+		for {
+			chunk, err := r.ReadSlice('\n')
+			if long || len(line)+len(chunk) > MaxJournalLine+1 {
+				long = true // keep reading to the end of the line, not the line
+			} else {
+				line = append(line, chunk...)
+			}
+			if err == bufio.ErrBufferFull {
+				continue
+			}
+			if err == io.EOF {
+				torn, eof = len(line) > 0 || long, true
+				break
+			}
+			if err != nil {
+				return err
+			}
+			break
+		}
+		switch {
+		case torn && !long && len(bytes.TrimSpace(line)) > 0 && !json.Valid(line):
+			// The last line, never finished: a crash mid-append, whose ack
+			// was never sent and whose activation is redone.
+			j.log.Warn("dropping a torn last ack journal line", zap.Int("line", n))
+		case long:
+			j.dropped++
+			j.log.Error("ack journal line over its bound; it is dropped", zap.Int("line", n), zap.Int("max_bytes", MaxJournalLine))
+		case len(bytes.TrimSpace(line)) == 0:
+		default:
+			var a manifest.Ack
+			if err := json.Unmarshal(line, &a); err != nil {
+				j.dropped++
+				j.log.Error("ack journal line is damaged; it is dropped", zap.Int("line", n), zap.String("error", manifest.Reason(err)))
+				break
+			}
+			a.Reason = manifest.CutReason(a.Reason)
+			j.pending = append(j.pending, a)
+		}
+		if eof {
+			return nil
+		}
+	}
+}
+
+// Dropped is the number of damaged or overlong journal lines dropped when
+// the journal was opened: acks the control plane will never get.
+func (j *Journal) Dropped() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.dropped
+}
+
 // Append makes a durable: written and fsynced before Append returns.
+// The reason is cut and escaped (manifest.CutReason): it may carry text an
+// attacker chose.
 func (j *Journal) Append(a manifest.Ack) error {
+	a.Reason = manifest.CutReason(a.Reason)
 	line, err := json.Marshal(a)
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -84,10 +85,63 @@ func TestJournalDropsOnlyDamagedLines(t *testing.T) {
 	if p := j.Pending(); len(p) != 2 || p[0].Sequence != 1 || p[1].Sequence != 3 {
 		t.Errorf("pending %+v, want 1 and 3", p)
 	}
+	// A line too long to keep, between good ones: dropped and counted, the
+	// others kept; the agent starts.
 	long := bytes.Repeat([]byte("x"), 2<<20)
-	os.WriteFile(path, append(long, '\n'), 0o600)
-	if _, err := OpenJournal(path, nil); err == nil {
-		t.Error("a line too long to read: want an error, not silently lost acks")
+	var b bytes.Buffer
+	b.WriteString("{\"sequence\":1,\"status\":\"applied\"}\n")
+	b.Write(append(long, '\n'))
+	b.WriteString("{\"sequence\":3,\"status\":\"refused\",\"reason\":\"x\"}\n")
+	os.WriteFile(path, b.Bytes(), 0o600)
+	j, err = OpenJournal(path, nil)
+	if err != nil {
+		t.Fatalf("a damaged journal must not stop the agent: %v", err)
+	}
+	if p := j.Pending(); len(p) != 2 || p[0].Sequence != 1 || p[1].Sequence != 3 || j.Dropped() != 1 {
+		t.Errorf("pending %+v, dropped %d: want 1 and 3, one dropped", p, j.Dropped())
+	}
+	// The damaged line is gone from the file once it was read.
+	if data, _ := os.ReadFile(path); bytes.Contains(data, []byte("xxxx")) {
+		t.Error("the overlong line is still in the journal")
+	}
+}
+
+// A refusal whose reason is attacker-controlled and huge (a page entry's
+// domain of megabytes, quoted in the reason) is journaled cut and escaped,
+// so that the agent restarts with the journal it wrote. Before, such a
+// reason made a journal line over the reader's bound, and the agent refused
+// to start until its journal was removed by hand.
+func TestHugeRefusalReasonDoesNotStopARestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "acks.journal")
+	j, err := OpenJournal(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evil := strings.Repeat("a", 3<<20) + "\x1b[2J\n\u202e"
+	_, perr := manifest.DecodePage([]byte(`{"edge_id":"e","sequence":2,"entries":[{"domain":"` + evil[:3<<20] + `","pool":"shared-default","revision":1,"size":1,"sha256":"x","signature":"x"}]}`))
+	if perr == nil {
+		t.Fatal("page accepted")
+	}
+	for _, reason := range []string{perr.Error(), evil} {
+		if err := j.Append(manifest.Ack{Sequence: 2, Status: manifest.AckRefused, Reason: reason}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	j, err = OpenJournal(path, nil)
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	p := j.Pending()
+	if len(p) != 2 {
+		t.Fatalf("pending %d acks, want 2", len(p))
+	}
+	for _, a := range p {
+		if len(a.Reason) > manifest.MaxReasonBytes || strings.ContainsAny(a.Reason, "\x1b\n\u202e") {
+			t.Errorf("reason not bounded and escaped: %d bytes %q", len(a.Reason), a.Reason[:min(len(a.Reason), 80)])
+		}
+	}
+	if !strings.HasPrefix(p[0].Reason, "invalid manifest: entry") {
+		t.Errorf("reason lost its start: %q", p[0].Reason)
 	}
 }
 

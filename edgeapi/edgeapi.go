@@ -6,6 +6,27 @@
 // Every path but Enroll needs a client certificate issued at enrollment
 // (CN = edge UUID). Manifest pages and artifacts use the types of package
 // manifest.
+//
+// # Strict where signed, lenient elsewhere
+//
+// What the control API sends an agent is decoded in one of two ways, so
+// that a newer control API does not break older agents while nothing that
+// is signed can carry what the signature does not cover:
+//
+//   - Strict (unknown fields refused, trailing data refused, hard bounds):
+//     everything signed or that selects what is signed: manifest pages and
+//     their entries (manifest.ParsePage), artifacts (exact bytes, checked
+//     for size, SHA-256 and signature), and recovery snapshots with their
+//     manifest.json (manifest.ReadSnapshot). A field this agent does not
+//     know in a page is a refusal, acknowledged as such.
+//   - Lenient (unknown fields ignored, still bounded in size): everything
+//     else: EnrollResponse (its certificate and key are checked on their
+//     own), []Task, error bodies (ErrorBody, or plain text), and any answer
+//     to an ack, task ack or status report. A control API may add fields
+//     to these; an older agent ignores them.
+//
+// The control API reads what agents send it the same way: acks and task
+// acks strictly, status reports leniently (Summary).
 package edgeapi
 
 import (
@@ -50,12 +71,20 @@ const (
 	HeaderTasks = "X-Cellvisor-Tasks"
 )
 
-// Bounds on bodies the control API accepts from an edge.
+// Bounds on bodies the control API accepts from an edge, and (enrollment
+// and tasks) on the answers an edge reads.
 const (
 	MaxEnrollBytes = 64 << 10
 	MaxStatusBytes = 1 << 20
 	MaxAckBytes    = 64 << 10
+	MaxTasksBytes  = 1 << 20
 )
+
+// ErrorBody is the body of an error answer: read leniently, and as plain
+// text when it is not JSON.
+type ErrorBody struct {
+	Error string `json:"error"`
+}
 
 // EnrollRequest is an enrollment: the one-time bootstrap token and a
 // PEM-encoded certificate signing request for the key the agent generated.

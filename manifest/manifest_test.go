@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	goruntime "runtime"
 	"strings"
 	"testing"
 )
@@ -219,58 +221,139 @@ func rawTar(t testing.TB, entries ...any) []byte {
 	return b.Bytes()
 }
 
+// readSnapshot reads data into a staging directory under t.TempDir, and
+// checks that a refusal leaves nothing staged.
+func readSnapshot(t testing.TB, r io.Reader, limit int64) (*StagedSnapshot, error) {
+	parent := t.TempDir()
+	s, err := ReadSnapshot(context.Background(), r, limit, parent)
+	if err != nil {
+		if ents, _ := os.ReadDir(parent); len(ents) != 0 {
+			t.Errorf("a refused snapshot left %d staging entries", len(ents))
+		}
+		return nil, err
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, nil
+}
+
 func TestReadSnapshot(t *testing.T) {
 	pub, priv := key(t)
 	s := snapshotOf(t, priv, 20)
-	got, err := ReadSnapshot(bytes.NewReader(snapshotBytes(t, s)), SnapshotLimit)
+	got, err := readSnapshot(t, bytes.NewReader(snapshotBytes(t, s)), SnapshotLimit)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range got.Manifest.Entries {
-		if err := e.Verify(pub, edge, got.Artifacts[e.SHA256]); err != nil {
+		data, err := got.Artifact(context.Background(), e.SHA256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Verify(pub, edge, data); err != nil {
 			t.Fatalf("snapshot artifact: %v", err)
 		}
 	}
+	if err := got.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(got.dir); !os.IsNotExist(err) {
+		t.Errorf("staging directory left after Close: %v", err)
+	}
+
 	man := encode(t, s.Manifest)
+	e0 := s.Manifest.Entries[0]
+	art0 := s.Artifacts[e0.SHA256]
+	one := s.Manifest
+	one.Entries = one.Entries[:1]
+	man1 := encode(t, one)
 	sum := hex.EncodeToString(make([]byte, 32))
+	reg := func(name string) *tar.Header { return &tar.Header{Name: name, Typeflag: tar.TypeReg} }
 	tests := []struct {
 		name string
 		data []byte
 		want error
 	}{
-		{"dot-dot name", rawTar(t, &tar.Header{Name: "manifest.json", Typeflag: tar.TypeReg}, man, &tar.Header{Name: "artifacts/../../etc/passwd", Typeflag: tar.TypeReg}, []byte("x")), ErrSnapshot},
-		{"absolute name", rawTar(t, &tar.Header{Name: "/etc/cron.d/x", Typeflag: tar.TypeReg}, []byte("x")), ErrSnapshot},
+		{"dot-dot name", rawTar(t, reg("manifest.json"), man, reg("artifacts/../../etc/passwd"), []byte("x")), ErrSnapshot},
+		{"absolute name", rawTar(t, reg("/etc/cron.d/x"), []byte("x")), ErrSnapshot},
 		{"symlink", rawTar(t, &tar.Header{Name: "artifacts/" + sum, Typeflag: tar.TypeSymlink, Linkname: "/etc/shadow"}, []byte{}), ErrSnapshot},
 		{"hard link", rawTar(t, &tar.Header{Name: "artifacts/" + sum, Typeflag: tar.TypeLink, Linkname: "manifest.json"}, []byte{}), ErrSnapshot},
-		{"unexpected name", rawTar(t, &tar.Header{Name: "nginx.conf", Typeflag: tar.TypeReg}, []byte("x")), ErrSnapshot},
-		{"no manifest", rawTar(t, &tar.Header{Name: "artifacts/" + sum, Typeflag: tar.TypeReg}, []byte("x")), ErrSnapshot},
-		{"artifact missing", rawTar(t, &tar.Header{Name: "manifest.json", Typeflag: tar.TypeReg}, man), ErrSnapshot},
+		{"fifo", rawTar(t, &tar.Header{Name: "artifacts/" + sum, Typeflag: tar.TypeFifo}, []byte{}), ErrSnapshot},
+		{"unexpected name", rawTar(t, reg("nginx.conf"), []byte("x")), ErrSnapshot},
+		{"no manifest", rawTar(t, reg("artifacts/"+sum), []byte("x")), ErrSnapshot},
+		{"artifact before the manifest", rawTar(t, reg("artifacts/"+e0.SHA256), art0, reg("manifest.json"), man1), ErrSnapshot},
+		{"artifact missing", rawTar(t, reg("manifest.json"), man), ErrSnapshot},
+		{"manifest twice", rawTar(t, reg("manifest.json"), man1, reg("manifest.json"), man1, reg("artifacts/"+e0.SHA256), art0), ErrSnapshot},
+		{"artifact twice", rawTar(t, reg("manifest.json"), man1, reg("artifacts/"+e0.SHA256), art0, reg("artifacts/"+e0.SHA256), art0), ErrSnapshot},
+		{"artifact named by no entry", rawTar(t, reg("manifest.json"), man1, reg("artifacts/"+e0.SHA256), art0, reg("artifacts/"+sum), []byte("x")), ErrSnapshot},
+		{"artifact of another size", rawTar(t, reg("manifest.json"), man1, reg("artifacts/"+e0.SHA256), append(art0, ' ')), ErrSize},
+		{"artifact bytes that hash otherwise", rawTar(t, reg("manifest.json"), man1, reg("artifacts/"+e0.SHA256), bytes.ToUpper(art0)), ErrDigest},
+		{"unknown manifest field", rawTar(t, reg("manifest.json"), []byte(`{"edge_id":"e","sequence":1,"entries":[],"extra":1}`)), ErrSnapshot},
 		{"not gzip", []byte("plain text"), ErrSnapshot},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := ReadSnapshot(bytes.NewReader(tc.data), SnapshotLimit); !errors.Is(err, tc.want) {
+			if _, err := readSnapshot(t, bytes.NewReader(tc.data), SnapshotLimit); !errors.Is(err, tc.want) || !IsRefusal(err) {
 				t.Errorf("err %v, want %v", err, tc.want)
 			}
 		})
 	}
 }
 
+// rawHeader is a gzip'd tar whose header declares size bytes and holds
+// none: what a reader that allocates from the header would trust.
+func rawHeader(t testing.TB, pre []byte, name string, size int64) []byte {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	tw := tar.NewWriter(zw)
+	if pre != nil {
+		tw.WriteHeader(&tar.Header{Name: "manifest.json", Typeflag: tar.TypeReg, Size: int64(len(pre))})
+		tw.Write(pre)
+	}
+	tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Size: size})
+	tw.Flush()
+	zw.Close()
+	return b.Bytes()
+}
+
 // A gzip bomb: a small download that expands past the bound is refused
-// before it is held in memory whole.
+// before it is held in memory whole, and a header declaring a size is
+// never what memory is allocated from.
 func TestReadSnapshotRefusesBombs(t *testing.T) {
 	zeros := make([]byte, 100<<20) // 100 MiB of zeros compress to ~100 KiB
-	bomb := rawTar(t, &tar.Header{Name: "manifest.json", Typeflag: tar.TypeReg}, zeros)
+	_, priv := key(t)
+	s := snapshotOf(t, priv, 1)
+	man := encode(t, s.Manifest)
+	bomb := rawTar(t, &tar.Header{Name: "manifest.json", Typeflag: tar.TypeReg}, man, &tar.Header{Name: "artifacts/" + s.Manifest.Entries[0].SHA256, Typeflag: tar.TypeReg}, zeros)
 	if len(bomb) > 1<<20 {
 		t.Fatalf("bomb is %d bytes compressed", len(bomb))
 	}
-	if _, err := ReadSnapshot(bytes.NewReader(bomb), SnapshotLimit); !errors.Is(err, ErrTooLarge) {
+	if _, err := readSnapshot(t, bytes.NewReader(bomb), SnapshotLimit); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("expansion past 96 MiB: %v, want ErrTooLarge", err)
 	}
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want error
+	}{
+		{"manifest.json declaring 90 MiB", rawHeader(t, nil, "manifest.json", 90<<20), ErrTooLarge},
+		{"artifact declaring 90 MiB", rawHeader(t, man, "artifacts/"+s.Manifest.Entries[0].SHA256, 90<<20), ErrSize},
+		{"artifact declaring more than the bound", rawHeader(t, man, "artifacts/"+s.Manifest.Entries[0].SHA256, 1<<40), ErrTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var before, after goruntime.MemStats
+			goruntime.ReadMemStats(&before)
+			_, err := readSnapshot(t, bytes.NewReader(tc.data), SnapshotLimit)
+			goruntime.ReadMemStats(&after)
+			if !errors.Is(err, tc.want) {
+				t.Errorf("err %v, want %v", err, tc.want)
+			}
+			if grew := after.TotalAlloc - before.TotalAlloc; grew > 16<<20 {
+				t.Errorf("allocated %d MiB reading a header", grew>>20)
+			}
+		})
+	}
 	// Download bound: a stream longer than the limit is cut off.
-	_, priv := key(t)
 	data := snapshotBytes(t, snapshotOf(t, priv, 50))
-	if _, err := ReadSnapshot(bytes.NewReader(data), int64(len(data)/2)); !errors.Is(err, ErrTooLarge) {
+	if _, err := readSnapshot(t, bytes.NewReader(data), int64(len(data)/2)); !errors.Is(err, ErrTooLarge) {
 		t.Errorf("download over the bound: %v, want ErrTooLarge", err)
 	}
 	if !strings.Contains(fmt.Sprint(ErrTooLarge), "bound") {
@@ -297,13 +380,14 @@ func FuzzReadSnapshot(f *testing.F) {
 	_, priv := key(f)
 	f.Add(snapshotBytes(f, snapshotOf(f, priv, 2)))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s, err := ReadSnapshot(bytes.NewReader(data), 1<<20)
+		s, err := readSnapshot(t, bytes.NewReader(data), 1<<20)
 		if err != nil {
 			return
 		}
 		for _, e := range s.Manifest.Entries {
-			if _, ok := s.Artifacts[e.SHA256]; !ok {
-				t.Fatal("accepted a snapshot missing an artifact")
+			got, err := s.Artifact(context.Background(), e.SHA256)
+			if err != nil || int64(len(got)) != e.Size {
+				t.Fatalf("accepted a snapshot missing an artifact: %v", err)
 			}
 		}
 	})
@@ -330,15 +414,12 @@ func (b *brokenReader) Read(p []byte) (int, error) {
 // A download cut short is a failure to retry, not a refusal of the snapshot.
 func TestBrokenSnapshotDownloadIsNotARefusal(t *testing.T) {
 	var buf bytes.Buffer
-	art := []byte(`{"x":1}`)
-	sum := strings.Repeat("ab", 32)
-	s := Snapshot{Manifest: Manifest{EdgeID: "e", Sequence: 1, Entries: []Entry{{Domain: "a.example", Pool: "shared-default", Revision: 1, Size: int64(len(art)), SHA256: sum}}},
-		Artifacts: map[string][]byte{sum: art}}
-	if err := WriteSnapshot(&buf, s); err != nil {
+	_, priv := key(t)
+	if err := WriteSnapshot(&buf, snapshotOf(t, priv, 1)); err != nil {
 		t.Fatal(err)
 	}
 	for _, cut := range []int{0, 10, buf.Len() / 2, buf.Len() - 1} {
-		_, err := ReadSnapshot(&brokenReader{r: bytes.NewReader(buf.Bytes()), n: cut}, SnapshotLimit)
+		_, err := readSnapshot(t, &brokenReader{r: bytes.NewReader(buf.Bytes()), n: cut}, SnapshotLimit)
 		if err == nil || IsRefusal(err) {
 			t.Errorf("cut at %d of %d bytes: %v, want a failure that is not a refusal", cut, buf.Len(), err)
 		}

@@ -4,19 +4,34 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"path"
+	"os"
+	"path/filepath"
 	"strings"
+
+	"cellvisor/internal/safefile"
 )
 
-// SnapshotLimit bounds a recovery snapshot, on download and on expansion.
-const SnapshotLimit = 96 << 20
+// Snapshot bounds.
+const (
+	// SnapshotLimit bounds a recovery snapshot, on download and on
+	// expansion.
+	SnapshotLimit = 96 << 20
+	// MaxSnapshotManifestBytes bounds a snapshot's manifest.json, which is
+	// decoded in memory (about 20,000 entries); the control API serves no
+	// snapshot with a bigger one, and the edge pages the manifest instead.
+	MaxSnapshotManifestBytes = 8 << 20
+)
 
-// Snapshot is a full recovery snapshot: a manifest and every artifact it
-// names, shipped as a gzip'd tar of manifest.json and artifacts/<sha256>.
+// Snapshot is a full recovery snapshot held in memory, for writing one
+// (WriteSnapshot): a manifest and every artifact it names, shipped as a
+// gzip'd tar of manifest.json, first, then artifacts/<sha256>.
 type Snapshot struct {
 	Manifest  Manifest
 	Artifacts map[string][]byte // by sha256
@@ -45,98 +60,217 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// ReadSnapshot reads a snapshot from r, refusing more than limit bytes
-// downloaded or expanded (a gzip bomb), and any entry but manifest.json and
-// artifacts/<sha256> regular files: absolute names, "..", links and devices
-// are refused, never written anywhere. Artifacts are not verified here; the
-// activation verifies each against its signed entry.
-//
-// A failure to read r (a broken download) is returned as it is, not as a
-// refusal: see IsRefusal.
-func ReadSnapshot(r io.Reader, limit int64) (Snapshot, error) {
-	down := &countingReader{r: r, limit: limit, what: "downloaded"}
-	s, err := readSnapshot(down, limit)
-	if err != nil && down.srcErr != nil {
-		return Snapshot{}, fmt.Errorf("read snapshot: %w", down.srcErr)
-	}
-	return s, err
+// StagedSnapshot is a recovery snapshot read into a staging directory: its
+// manifest, decoded and validated, and every artifact it names, on disk,
+// checked for size and SHA-256 against the entries naming it. Signatures
+// are not checked here: the activation verifies every artifact it reads
+// back with Artifact against its signed entry, as for fetched ones.
+type StagedSnapshot struct {
+	Manifest Manifest
+	dir      string
+	sizes    map[string]int64 // by sha256
 }
 
-func readSnapshot(down *countingReader, limit int64) (Snapshot, error) {
+// ReadSnapshot reads a snapshot from r as a stream into a new directory
+// under parent, in memory bounded by one copy buffer and manifest.json,
+// never by a size an archive header declares:
+//
+//   - at most limit bytes downloaded and limit expanded (a gzip bomb);
+//   - manifest.json first, at most MaxSnapshotManifestBytes, strictly
+//     decoded, every entry valid and no domain twice;
+//   - then only artifacts/<sha256> regular files, each named by an entry,
+//     of the size that entry says, whose bytes hash to its name, and none
+//     twice; absolute names, "..", links and devices are refused and never
+//     written anywhere;
+//   - every entry's artifact present.
+//
+// Reads stop when ctx ends. A failure to read r (a broken download) or to
+// write the staging directory is returned as it is, not as a refusal: see
+// IsRefusal. The caller closes the snapshot, which removes its directory.
+func ReadSnapshot(ctx context.Context, r io.Reader, limit int64, parent string) (*StagedSnapshot, error) {
+	dir, err := os.MkdirTemp(parent, ".snapshot-")
+	if err != nil {
+		return nil, fmt.Errorf("stage snapshot: %w", err)
+	}
+	s := &StagedSnapshot{dir: dir, sizes: map[string]int64{}}
+	down := &countingReader{r: safefile.Reader(ctx, r), limit: limit, what: "downloaded"}
+	err = s.read(down, limit)
+	if err != nil && down.srcErr != nil {
+		err = fmt.Errorf("read snapshot: %w", down.srcErr)
+	}
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *StagedSnapshot) read(down *countingReader, limit int64) error {
 	zr, err := gzip.NewReader(down)
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("%w: %v", ErrSnapshot, err)
+		return fmt.Errorf("%w: %v", ErrSnapshot, err)
 	}
 	defer zr.Close()
 	expanded := &countingReader{r: zr, limit: limit, what: "expanded"}
 	tr := tar.NewReader(expanded)
-	s := Snapshot{Artifacts: map[string][]byte{}}
 	haveManifest := false
+	want := map[string]int64{} // artifacts the entries name, by sha256
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			if errors.Is(err, ErrTooLarge) {
-				return Snapshot{}, err
-			}
-			return Snapshot{}, fmt.Errorf("%w: %v", ErrSnapshot, err)
+			return snapshotErr("", err)
 		}
 		if h.Typeflag == tar.TypeDir && (h.Name == "artifacts/" || h.Name == "artifacts") {
 			continue // what `tar czf … manifest.json artifacts` writes
 		}
 		name, err := snapshotName(h)
 		if err != nil {
-			return Snapshot{}, err
+			return err
 		}
-		// Read into a buffer of the declared size (no doubling growth):
-		// the whole snapshot must fit in the agent's memory limit.
 		if h.Size < 0 || h.Size > limit-expanded.n {
-			return Snapshot{}, fmt.Errorf("%w: entry %s of %d bytes", ErrTooLarge, name, h.Size)
-		}
-		data := make([]byte, h.Size)
-		_, err = io.ReadFull(tr, data)
-		if err != nil {
-			if errors.Is(err, ErrTooLarge) {
-				return Snapshot{}, err
-			}
-			return Snapshot{}, fmt.Errorf("%w: %s: %v", ErrSnapshot, name, err)
+			return fmt.Errorf("%w: entry %q of %d bytes", ErrTooLarge, name, h.Size)
 		}
 		if name == "manifest.json" {
-			dec := json.NewDecoder(bytes.NewReader(data))
-			dec.DisallowUnknownFields()
-			if err := dec.Decode(&s.Manifest); err != nil {
-				return Snapshot{}, fmt.Errorf("%w: manifest.json: %v", ErrSnapshot, err)
+			if haveManifest {
+				return fmt.Errorf("%w: manifest.json twice", ErrSnapshot)
+			}
+			if want, err = s.readManifest(tr, h.Size); err != nil {
+				return err
 			}
 			haveManifest = true
 			continue
 		}
-		s.Artifacts[path.Base(name)] = data
-	}
-	// The whole stream must be within the bound, trailing bytes included.
-	if _, err := io.Copy(io.Discard, expanded); err != nil && !errors.Is(err, io.EOF) {
-		if errors.Is(err, ErrTooLarge) {
-			return Snapshot{}, err
+		if !haveManifest {
+			return fmt.Errorf("%w: %q before manifest.json, which must come first", ErrSnapshot, name)
+		}
+		sum := strings.TrimPrefix(name, "artifacts/")
+		size, named := want[sum]
+		switch {
+		case !named:
+			return fmt.Errorf("%w: %q is named by no entry of the manifest", ErrSnapshot, name)
+		case s.sizes[sum] != 0:
+			return fmt.Errorf("%w: %q twice", ErrSnapshot, name)
+		case h.Size != size:
+			return fmt.Errorf("%w: snapshot %s is %d bytes, its entry says %d", ErrSize, name, h.Size, size)
+		}
+		if err := s.stage(tr, sum, size); err != nil {
+			return err
 		}
 	}
-	if !haveManifest {
-		return Snapshot{}, fmt.Errorf("%w: no manifest.json", ErrSnapshot)
+	// The whole stream must be within the bound, trailing bytes included.
+	// and the gzip checksum checked at its end.
+	if _, err := io.Copy(io.Discard, expanded); err != nil {
+		return snapshotErr("", err)
 	}
+	if !haveManifest {
+		return fmt.Errorf("%w: no manifest.json", ErrSnapshot)
+	}
+	for _, e := range s.Manifest.Entries {
+		if s.sizes[e.SHA256] == 0 {
+			return fmt.Errorf("%w: no artifact for %s (%s)", ErrSnapshot, e.Domain, e.SHA256)
+		}
+	}
+	return nil
+}
+
+// snapshotErr makes an error of the archive a refusal, keeping a bound's.
+func snapshotErr(name string, err error) error {
+	if errors.Is(err, ErrTooLarge) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if name != "" {
+		return fmt.Errorf("%w: %s: %v", ErrSnapshot, name, err)
+	}
+	return fmt.Errorf("%w: %v", ErrSnapshot, err)
+}
+
+// readManifest decodes manifest.json, the one place a snapshot's manifest
+// is decoded (the whole Manifest, strictly), and validates its entries. It
+// returns the size of each artifact the entries name.
+func (s *StagedSnapshot) readManifest(r io.Reader, size int64) (map[string]int64, error) {
+	if size > MaxSnapshotManifestBytes {
+		return nil, fmt.Errorf("%w: manifest.json of %d bytes, at most %d", ErrTooLarge, size, MaxSnapshotManifestBytes)
+	}
+	var buf bytes.Buffer
+	buf.Grow(int(size)) // bounded just above
+	if _, err := io.CopyN(&buf, r, size); err != nil {
+		return nil, snapshotErr("manifest.json", err)
+	}
+	dec := json.NewDecoder(&buf)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s.Manifest); err != nil {
+		return nil, fmt.Errorf("%w: manifest.json: %v", ErrSnapshot, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: manifest.json: trailing data", ErrSnapshot)
+	}
+	want := map[string]int64{}
 	seen := map[string]bool{}
 	for _, e := range s.Manifest.Entries {
 		if err := e.Validate(); err != nil {
-			return Snapshot{}, err
+			return nil, err
 		}
 		if seen[e.Domain] {
-			return Snapshot{}, fmt.Errorf("%w: %s", ErrDuplicate, e.Domain)
+			return nil, fmt.Errorf("%w: %s", ErrDuplicate, e.Domain)
 		}
 		seen[e.Domain] = true
-		if _, ok := s.Artifacts[e.SHA256]; !ok {
-			return Snapshot{}, fmt.Errorf("%w: no artifact for %s (%s)", ErrSnapshot, e.Domain, e.SHA256)
+		if n, ok := want[e.SHA256]; ok && n != e.Size {
+			return nil, fmt.Errorf("%w: entries disagree on the size of %s", ErrSize, e.SHA256)
 		}
+		want[e.SHA256] = e.Size
 	}
-	return s, nil
+	return want, nil
+}
+
+// stage writes one artifact of size bytes (at most MaxArtifactBytes, its
+// entry's) into the staging directory, hashing it as it goes.
+func (s *StagedSnapshot) stage(r io.Reader, sum string, size int64) error {
+	f, err := os.OpenFile(filepath.Join(s.dir, sum), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("stage snapshot: %w", err)
+	}
+	h := sha256.New()
+	_, err = io.CopyN(io.MultiWriter(f, h), r, size)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		return fmt.Errorf("stage snapshot: %w", cerr)
+	}
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("stage snapshot: %w", err) // the disk, not the snapshot
+	}
+	if err != nil {
+		return snapshotErr("artifacts/"+sum, err)
+	}
+	if hex.EncodeToString(h.Sum(nil)) != sum {
+		return fmt.Errorf("%w: snapshot artifacts/%s: its bytes hash otherwise", ErrDigest, sum)
+	}
+	s.sizes[sum] = size
+	return nil
+}
+
+// Artifact reads a staged artifact back: a regular file of the size its
+// entry says, read with the bounds of package safefile.
+func (s *StagedSnapshot) Artifact(ctx context.Context, sum string) ([]byte, error) {
+	size, ok := s.sizes[sum]
+	if !ok {
+		return nil, fmt.Errorf("%w: no artifact %s in the snapshot", ErrSnapshot, sum)
+	}
+	data, err := safefile.ReadFile(ctx, filepath.Join(s.dir, sum), size)
+	if err != nil {
+		return nil, fmt.Errorf("staged snapshot: %w", err)
+	}
+	return data, nil
+}
+
+// Close removes the staging directory.
+func (s *StagedSnapshot) Close() error {
+	if s == nil || s.dir == "" {
+		return nil
+	}
+	return os.RemoveAll(s.dir)
 }
 
 // snapshotName accepts only the two shapes of name a snapshot holds.
@@ -157,31 +291,55 @@ func snapshotName(h *tar.Header) (string, error) {
 	return "", fmt.Errorf("%w: unexpected entry %q", ErrSnapshot, name)
 }
 
-// WriteSnapshot writes s as a gzip'd tar: the control plane's side, and the tests'.
-func WriteSnapshot(w io.Writer, s Snapshot) error {
+// SnapshotWriter writes a snapshot as a stream, one artifact at a time:
+// the control plane's side.
+type SnapshotWriter struct {
+	zw *gzip.Writer
+	tw *tar.Writer
+}
+
+// NewSnapshotWriter starts a snapshot of m on w, manifest.json first.
+func NewSnapshotWriter(w io.Writer, m Manifest) (*SnapshotWriter, error) {
+	data, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
 	zw := gzip.NewWriter(w)
-	tw := tar.NewWriter(zw)
-	m, err := json.Marshal(s.Manifest)
+	sw := &SnapshotWriter{zw: zw, tw: tar.NewWriter(zw)}
+	return sw, sw.write("manifest.json", data)
+}
+
+// Artifact adds an artifact's bytes.
+func (sw *SnapshotWriter) Artifact(sum string, data []byte) error {
+	return sw.write("artifacts/"+sum, data)
+}
+
+func (sw *SnapshotWriter) write(name string, data []byte) error {
+	if err := sw.tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
+		return err
+	}
+	_, err := sw.tw.Write(data)
+	return err
+}
+
+// Close ends the archive and the gzip stream (not the writer under them).
+func (sw *SnapshotWriter) Close() error {
+	if err := sw.tw.Close(); err != nil {
+		return err
+	}
+	return sw.zw.Close()
+}
+
+// WriteSnapshot writes s as a gzip'd tar, the tests' side.
+func WriteSnapshot(w io.Writer, s Snapshot) error {
+	sw, err := NewSnapshotWriter(w, s.Manifest)
 	if err != nil {
 		return err
 	}
-	write := func(name string, data []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
-			return err
-		}
-		_, err := tw.Write(data)
-		return err
-	}
-	if err := write("manifest.json", m); err != nil {
-		return err
-	}
 	for sum, data := range s.Artifacts {
-		if err := write("artifacts/"+sum, data); err != nil {
+		if err := sw.Artifact(sum, data); err != nil {
 			return err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return zw.Close()
+	return sw.Close()
 }

@@ -91,4 +91,6 @@ type ControlStatus struct {
 	CertExpires  *time.Time `json:"cert_expires,omitempty"`
 	NextRenewal  *time.Time `json:"next_renewal,omitempty"`
 	RenewalError string     `json:"renewal_error,omitempty"`
+	// DroppedAcks counts damaged ack journal lines dropped at start.
+	DroppedAcks int `json:"dropped_acks,omitempty"`
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package controlapi_test
+
+const raceDetector = false

@@ -1,0 +1,89 @@
+package controlclient
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"cellvisor/edgeapi"
+	"cellvisor/manifest"
+)
+
+// fakeControl serves the edge-control API's paths with handlers a test
+// chooses, over mutual TLS, and returns a client of it.
+func fakeControl(t *testing.T, mux *http.ServeMux) *Client {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(mux)
+	srv.TLS = &tls.Config{ClientAuth: tls.RequireAnyClientCert, MinVersion: tls.VersionTLS12}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	dir := t.TempDir()
+	writePEM := func(name, typ string, der []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writePEM(ServerCAFile, "CERTIFICATE", srv.Certificate().Raw)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "edge"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writePEM(CertFile, "CERTIFICATE", der)
+	kder, _ := x509.MarshalECPrivateKey(key)
+	writePEM(KeyFile, "EC PRIVATE KEY", kder)
+	c, err := New(Options{URL: srv.URL, Dir: dir, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.CloseIdle)
+	return c
+}
+
+// The wire contract (edgeapi): lenient where unsigned, so that a newer
+// control API does not break this agent; strict where signed.
+func TestDecodingIsStrictWhereSignedAndLenientElsewhere(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+edgeapi.PathTasks, func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`[{"id":7,"cell":"cell-01","action":"drain","created_at":"2026-01-02T03:04:05Z","priority":"high","new":{"x":1}}]`))
+	})
+	mux.HandleFunc("GET "+edgeapi.PathManifest, func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(`{"edge_id":"e","sequence":2,"entries":[],"extra":"not covered by any signature"}`))
+	})
+	mux.HandleFunc("GET "+edgeapi.PathArtifacts+"{sha}", func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusTeapot)
+		w.Write([]byte(`{"error":"` + strings.Repeat("x", 10000) + `\u001b[2J\n","hint":"newer field"}`))
+	})
+	c := fakeControl(t, mux)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	tasks, err := c.Tasks(ctx)
+	if err != nil || len(tasks) != 1 || tasks[0].ID != 7 || tasks[0].Action != edgeapi.ActionDrain {
+		t.Errorf("tasks with an unknown field: %+v, %v; want accepted", tasks, err)
+	}
+	if _, err := c.Page(ctx, 1, ""); !errors.Is(err, manifest.ErrInvalid) || !strings.Contains(err.Error(), `unknown field "extra"`) {
+		t.Errorf("page with an unknown field: %v; want refused", err)
+	}
+	_, err = c.Artifact(ctx, strings.Repeat("a", 64))
+	var he *HTTPError
+	if !errors.As(err, &he) || he.Status != http.StatusTeapot || len(he.Message) > manifest.MaxReasonBytes || strings.ContainsAny(he.Message, "\x1b\n") {
+		t.Errorf("error body: %v; want its message bounded and escaped", err)
+	}
+}

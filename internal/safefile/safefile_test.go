@@ -1,0 +1,71 @@
+package safefile
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestOpenRefusesAnythingButRegularFilesWithinTheBound(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good", []byte("hello"))
+	link := filepath.Join(dir, "link")
+	os.Symlink(good, link)
+	zero := filepath.Join(dir, "zero")
+	os.Symlink("/dev/zero", zero)
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sparse := filepath.Join(dir, "sparse")
+	f, _ := os.Create(sparse)
+	f.Truncate(1 << 40) // 1 TiB, no blocks
+	f.Close()
+	sub := filepath.Join(dir, "sub")
+	os.Mkdir(sub, 0o700)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if data, err := ReadFile(ctx, good, 5); err != nil || string(data) != "hello" {
+		t.Fatalf("regular file: %q, %v", data, err)
+	}
+	for _, tc := range []struct {
+		name, path string
+		max        int64
+		want       error
+	}{
+		{"symlink to a regular file", link, 100, ErrNotRegular},
+		{"symlink to /dev/zero", zero, 100, ErrNotRegular},
+		{"fifo", fifo, 100, ErrNotRegular},
+		{"directory", sub, 100, ErrNotRegular},
+		{"device", "/dev/zero", 100, ErrNotRegular},
+		{"sparse file over the bound", sparse, 1 << 20, ErrTooLarge},
+		{"one byte over the bound", good, 4, ErrTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data, err := ReadFile(ctx, tc.path, tc.max)
+			if !errors.Is(err, tc.want) || !IsRefusal(err) || data != nil {
+				t.Errorf("err %v, %d bytes; want %v", err, len(data), tc.want)
+			}
+		})
+	}
+	if _, err := ReadFile(ctx, filepath.Join(dir, "missing"), 10); !os.IsNotExist(err) || IsRefusal(err) {
+		t.Errorf("missing file: %v, want not-exist", err)
+	}
+	done, stop := context.WithCancel(ctx)
+	stop()
+	if _, err := ReadFile(done, good, 5); !errors.Is(err, context.Canceled) {
+		t.Errorf("ended context: %v", err)
+	}
+}
