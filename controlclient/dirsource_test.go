@@ -22,7 +22,8 @@ func spoolOf(t testing.TB, seq int64) (DirSource, manifest.Entry) {
 	art := []byte(`{"domain":"a.example.com"}`)
 	e := manifest.NewEntry(priv, "edge", "a.example.com", "shared-default", 1, art)
 	d := DirSource{Dir: t.TempDir()}
-	if err := d.Publish(manifest.Manifest{EdgeID: "edge", Sequence: seq, Entries: []manifest.Entry{e}}, map[string][]byte{e.SHA256: art}); err != nil {
+	m := manifest.Sign(priv, manifest.Manifest{EdgeID: "edge", Sequence: seq, Entries: []manifest.Entry{e}}, nil)
+	if err := d.Publish(m, map[string][]byte{e.SHA256: art}); err != nil {
 		t.Fatal(err)
 	}
 	return d, e

@@ -115,7 +115,10 @@ func TestHostileSpoolIsRefusedAndTheAgentKeepsServing(t *testing.T) {
 	}
 	evil := strings.Repeat("a", 3<<20) + "\x1b[2J"
 	quoted, _ := json.Marshal(evil)
-	page := fmt.Sprintf(`{"edge_id":%q,"sequence":5,"entries":[{"domain":%s,"pool":"shared-default","revision":1,"size":1,"sha256":"x","signature":"x"}]}`, spoolEdge, quoted)
+	// A forged header gets it past the check that a header is there, to
+	// where its entries are validated and the domain quoted.
+	page := fmt.Sprintf(`{"edge_id":%[1]q,"sequence":5,"header":{"edge_id":%[1]q,"sequence":5,"entries":1,"entries_digest":"x","assignments_digest":""},"header_signature":"x",`+
+		`"entries":[{"domain":%[2]s,"pool":"shared-default","revision":1,"size":1,"sha256":"x","signature":"x"}]}`, spoolEdge, quoted)
 	if err := os.MkdirAll(filepath.Join(spoolDir, "manifests", "5"), 0o755); err != nil {
 		t.Fatal(err)
 	}
