@@ -43,6 +43,7 @@ func writeBigSnapshot(tb testing.TB, path string, seq int64, n, size int) {
 		name, art := snapshotArtifact(i, size, seq)
 		m.Entries = append(m.Entries, manifest.NewEntry(priv, edge, name, domain.PoolSharedDefault, seq, art))
 	}
+	m = manifest.Sign(priv, m, nil)
 	f, err := os.Create(path)
 	if err != nil {
 		tb.Fatal(err)
