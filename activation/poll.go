@@ -71,13 +71,14 @@ func (a *Activator) Poll(ctx context.Context) error {
 	if a.alreadyRefused(m) {
 		return nil
 	}
-	pools, err := a.verify(fctx, m, a.o.Source.Artifact)
+	pools, done, err := a.verify(fctx, m, a.o.Source.Artifact)
 	if manifest.IsRefusal(err) || errors.Is(err, domain.ErrInvalid) || errors.Is(err, errUnknownPool) {
 		return a.refuseManifest(m, err)
 	}
 	if err != nil {
 		return err
 	}
+	defer done()
 	return a.apply(ctx, m.Sequence, pools)
 }
 

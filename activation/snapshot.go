@@ -111,13 +111,14 @@ func (a *Activator) applySnapshot(ctx, fctx context.Context, r io.Reader) error 
 	// Each artifact is read back from the staging directory and verified
 	// against its signed entry, as a fetched one is: memory holds one
 	// artifact per verifying worker, never the whole snapshot.
-	pools, err := a.verify(fctx, s.Manifest, s.Artifact)
+	pools, done, err := a.verify(fctx, s.Manifest, s.Artifact)
 	if err != nil && (fctx.Err() != nil || !isRefusal(err)) {
 		return fmt.Errorf("recovery snapshot: %w", cause(fctx, err))
 	}
 	if err != nil {
 		return a.refuseSnapshot(seq, err)
 	}
+	defer done()
 	a.log.Info("applying recovery snapshot", zap.Int64("sequence", seq), zap.Int("entries", len(s.Manifest.Entries)))
 	return a.apply(ctx, seq, pools)
 }
@@ -139,9 +140,9 @@ func isRefusal(err error) bool {
 
 // compact drops a verified domain's decoded routes, origins and cache
 // policy: from here on only its names and its canonical encoding are used
-// (the pool runtime JSON splices d.Canonical()), and holding every
-// domain's configuration twice, decoded and encoded, doubled an
-// activation's memory.
+// (the pool runtime JSON splices the canonical document, which verify then
+// moves to disk), and holding every domain's configuration twice, decoded
+// and encoded, doubled an activation's memory.
 func compact(d domain.Domain) domain.Domain {
 	if d.Canonical() != nil {
 		d.Origins, d.Routes, d.Cache = nil, nil, nil

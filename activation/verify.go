@@ -14,17 +14,28 @@ import (
 )
 
 // verify fetches every artifact and checks it against its signed entry,
-// decodes it, and compiles the pools. It writes nothing.
-func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(context.Context, string) ([]byte, error)) (map[string]*runtime.PoolRuntime, error) {
+// decodes it, and compiles the pools. It installs nothing: the verified
+// documents wait in a spill file (see docSpill) that the pools read from
+// until done is called, once the activation is over.
+func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(context.Context, string) ([]byte, error)) (pools map[string]*runtime.PoolRuntime, done func(), err error) {
 	assigned := map[string]bool{}
 	for _, pool := range a.o.Assignments {
 		assigned[pool] = true
 	}
 	for _, e := range m.Entries {
 		if !assigned[e.Pool] {
-			return nil, fmt.Errorf("%w: %s is for pool %s", errUnknownPool, e.Domain, e.Pool)
+			return nil, nil, fmt.Errorf("%w: %s is for pool %s", errUnknownPool, e.Domain, e.Pool)
 		}
 	}
+	spill, err := newDocSpill(a.o.StateDir)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			spill.close()
+		}
+	}()
 	// Verification and decoding are CPU-bound and independent per entry: they
 	// run on as many workers as the runtime has processors (Go sizes
 	// GOMAXPROCS from the agent's cgroup CPU limit). The first error in
@@ -45,6 +56,9 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 					return
 				}
 				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i], fetch)
+				if errs[i] == nil {
+					domains[i], errs[i] = spill.put(domains[i])
+				}
 				if errs[i] != nil {
 					cancel()
 				}
@@ -54,13 +68,17 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil && !errors.Is(err, context.Canceled) {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return runtime.CompilePools(domains)
+	if pools, err = runtime.CompilePools(domains); err != nil {
+		return nil, nil, err
+	}
+	spill.attach(pools)
+	return pools, spill.close, nil
 }
 
 // verifyEntry fetches one artifact, verifies it against its entry and

@@ -48,6 +48,10 @@ func LoadDomainsDir(dir string) ([]domain.Domain, error) {
 type PoolRuntime struct {
 	Pool  string                    `json:"pool"`
 	Hosts map[string]*domain.Domain `json:"hosts"`
+	// Docs, when set, gives each domain's canonical document for WriteJSON
+	// (the activation keeps them on disk rather than in memory); nil uses
+	// the domain's own Canonical encoding.
+	Docs func(*domain.Domain) ([]byte, error) `json:"-"`
 
 	hashOnce sync.Once // the JSON's SHA-256, computed once for every slot of the pool
 	hash     string
@@ -87,11 +91,15 @@ func (p *PoolRuntime) WriteJSON(w io.Writer) error {
 		bw.WriteByte(':')
 		d := p.Hosts[h]
 		doc := d.Canonical()
-		if doc == nil {
-			var err error
-			if doc, err = json.Marshal(d); err != nil {
-				return err
-			}
+		var err error
+		switch {
+		case p.Docs != nil:
+			doc, err = p.Docs(d)
+		case doc == nil:
+			doc, err = json.Marshal(d)
+		}
+		if err != nil {
+			return fmt.Errorf("pool %s: document of %s: %w", p.Pool, d.Domain, err)
 		}
 		bw.Write(bytes.TrimSpace(doc))
 	}
