@@ -43,8 +43,8 @@ type Header struct {
 	Entries int `json:"entries"`
 	// EntriesDigest is EntriesDigest of the manifest's entries.
 	EntriesDigest string `json:"entries_digest"`
-	// AssignmentsDigest is reserved for the cell assignments placement will
-	// carry; empty until then, and covered by the signature all the same.
+	// AssignmentsDigest is AssignmentsDigest of the manifest's cell
+	// assignments; empty for a manifest without them.
 	AssignmentsDigest string `json:"assignments_digest"`
 	// Rotations is the control plane's key-rotation chain, oldest first:
 	// an edge that pinned an older key follows it to the key that signed
@@ -133,7 +133,8 @@ func NewRotation(from, to ed25519.PrivateKey) Rotation {
 // tests'.
 func Sign(priv ed25519.PrivateKey, m Manifest, rotations []Rotation) Manifest {
 	m.Header = Header{EdgeID: m.EdgeID, Sequence: m.Sequence, Entries: len(m.Entries),
-		EntriesDigest: EntriesDigest(m.EdgeID, m.Entries), Rotations: rotations}
+		EntriesDigest: EntriesDigest(m.EdgeID, m.Entries), AssignmentsDigest: AssignmentsDigest(m.EdgeID, m.Assignments),
+		Rotations: rotations}
 	m.HeaderSignature = SignHeader(priv, m.Header)
 	return m
 }
@@ -220,6 +221,13 @@ func (m Manifest) VerifyHeader(pinned ed25519.PublicKey, edgeID string) (ed25519
 		return nil, fmt.Errorf("%w: sequence %d: header says %d entries, pages carry %d", ErrHeader, m.Sequence, h.Entries, len(m.Entries))
 	case h.EntriesDigest != EntriesDigest(edgeID, m.Entries):
 		return nil, fmt.Errorf("%w: sequence %d: entries do not match the header's digest", ErrHeader, m.Sequence)
+	case h.AssignmentsDigest != AssignmentsDigest(edgeID, m.Assignments):
+		return nil, fmt.Errorf("%w: sequence %d: cell assignments do not match the header's digest", ErrHeader, m.Sequence)
+	}
+	if m.Assignments != nil {
+		if err := m.Assignments.Validate(); err != nil {
+			return nil, err
+		}
 	}
 	return signer, nil
 }

@@ -199,3 +199,95 @@ func FuzzVerifyHeader(f *testing.F) {
 		}
 	})
 }
+
+// Cell assignments are covered by the header: changing a cell's pool or a
+// pool's limits, adding or dropping them, is refused; an entry's cells are
+// covered by its own signature.
+func TestAssignmentsSigned(t *testing.T) {
+	_, priv, _ := ed25519.GenerateKey(nil)
+	pub := priv.Public().(ed25519.PublicKey)
+	art := []byte(`{"domain":"a.example.com"}`)
+	e := NewEntry(priv, "edge-1", "a.example.com", "reserved-eu", 1, art)
+	asg := &Assignments{
+		Cells: map[string]string{"cell-01": "shared-default", "cell-03": "reserved-eu", "cell-04": "reserved-eu"},
+		Pools: map[string]PoolPolicy{
+			"shared-default": {Class: "shared", MaxConns: 1000, Rate: 100, Burst: 200},
+			"reserved-eu":    {Class: "reserved", MaxConns: 5000},
+		},
+	}
+	good := Sign(priv, Manifest{EdgeID: "edge-1", Sequence: 3, Entries: []Entry{e}, Assignments: asg}, nil)
+	if _, err := good.VerifyHeader(pub, "edge-1"); err != nil {
+		t.Fatalf("signed assignments: %v", err)
+	}
+	clone := func(m Manifest) Manifest {
+		a := &Assignments{Cells: map[string]string{}, Pools: map[string]PoolPolicy{}}
+		for k, v := range m.Assignments.Cells {
+			a.Cells[k] = v
+		}
+		for k, v := range m.Assignments.Pools {
+			a.Pools[k] = v
+		}
+		m.Assignments = a
+		return m
+	}
+	for name, tamper := range map[string]func(*Manifest){
+		"a cell repurposed": func(m *Manifest) { m.Assignments.Cells["cell-01"] = "reserved-eu" },
+		"a cell added":      func(m *Manifest) { m.Assignments.Cells["cell-05"] = "shared-default" },
+		"a cell dropped":    func(m *Manifest) { delete(m.Assignments.Cells, "cell-04") },
+		"a limit loosened": func(m *Manifest) {
+			p := m.Assignments.Pools["shared-default"]
+			p.Rate = 0
+			m.Assignments.Pools["shared-default"] = p
+		},
+		"assignments gone": func(m *Manifest) { m.Assignments = nil },
+		"signed without assignments": func(m *Manifest) {
+			m.Header.AssignmentsDigest = ""
+			m.Assignments = nil
+			m.HeaderSignature = SignHeader(priv, m.Header)
+		},
+	} {
+		m := clone(good)
+		tamper(&m)
+		if name == "signed without assignments" {
+			// Signed by the key, but without the assignments: accepted, as
+			// a manifest that leaves them as they are.
+			if _, err := m.VerifyHeader(pub, "edge-1"); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+			continue
+		}
+		if _, err := m.VerifyHeader(pub, "edge-1"); !errors.Is(err, ErrHeader) {
+			t.Errorf("%s: %v, want ErrHeader", name, err)
+		}
+	}
+	// An entry's cells are signed with it.
+	e.Cells = []string{"cell-03", "cell-04"}
+	e.Signature = base64.StdEncoding.EncodeToString(ed25519.Sign(priv, SigningMessage("edge-1", e)))
+	if err := e.Verify(pub, "edge-1", art); err != nil {
+		t.Fatalf("entry with cells: %v", err)
+	}
+	moved := e
+	moved.Cells = []string{"cell-01"}
+	if err := moved.Verify(pub, "edge-1", art); !errors.Is(err, ErrSignature) {
+		t.Errorf("entry moved to another cell without the key: %v, want ErrSignature", err)
+	}
+	for _, cells := range [][]string{{"cell-04", "cell-03"}, {"cell-03", "cell-03"}, {"cell-3"}} {
+		bad := e
+		bad.Cells = cells
+		if err := bad.Validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("cells %q: %v, want ErrInvalid", cells, err)
+		}
+	}
+	// Policies are checked.
+	for name, a := range map[string]Assignments{
+		"pool without policy": {Cells: map[string]string{"cell-01": "shared-x"}, Pools: map[string]PoolPolicy{}},
+		"policy without cell": {Cells: map[string]string{}, Pools: map[string]PoolPolicy{"shared-x": {Class: "shared"}}},
+		"wrong class":         {Cells: map[string]string{"cell-01": "shared-x"}, Pools: map[string]PoolPolicy{"shared-x": {Class: "reserved"}}},
+		"negative rate":       {Cells: map[string]string{"cell-01": "shared-x"}, Pools: map[string]PoolPolicy{"shared-x": {Class: "shared", Rate: -1}}},
+		"bad cell name":       {Cells: map[string]string{"cell-1": "shared-x"}, Pools: map[string]PoolPolicy{"shared-x": {Class: "shared"}}},
+	} {
+		if err := a.Validate(); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want ErrInvalid", name, err)
+		}
+	}
+}

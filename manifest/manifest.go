@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"cellvisor/domain"
 )
@@ -60,6 +61,9 @@ type Page struct {
 	// page carries the same ones.
 	Header          Header `json:"header"`
 	HeaderSignature string `json:"header_signature"`
+	// Assignments are the edge's signed cell assignments (see
+	// Assignments); every page carries the same, or none.
+	Assignments *Assignments `json:"assignments,omitempty"`
 }
 
 // Entry names one domain revision's artifact and carries its signature.
@@ -74,6 +78,10 @@ type Entry struct {
 	// operator's rollback: without it an edge refuses a revision that goes
 	// backwards. Signed with the entry.
 	Rollback bool `json:"rollback,omitempty"`
+	// Cells are the cells of this edge that serve the domain (its active
+	// and target cells), sorted; empty means every cell of its pool (a
+	// control plane that does not place). Signed with the entry.
+	Cells []string `json:"cells,omitempty"`
 	// Signature is the standard base64 Ed25519 signature over
 	// SigningMessage(edge id, entry).
 	Signature string `json:"signature"`
@@ -88,6 +96,9 @@ type Manifest struct {
 	// VerifyHeader); a snapshot's manifest.json carries them too.
 	Header          Header `json:"header"`
 	HeaderSignature string `json:"header_signature"`
+	// Assignments, when not nil, are the edge's cell assignments, signed
+	// through the header's AssignmentsDigest.
+	Assignments *Assignments `json:"assignments,omitempty"`
 }
 
 // isSHA256 reports 64 lowercase hex digits.
@@ -115,6 +126,11 @@ func SigningMessage(edgeID string, e Entry) []byte {
 	fields := []string{edgeID, e.Domain, e.Pool, strconv.FormatInt(e.Revision, 10), e.SHA256, strconv.FormatInt(e.Size, 10)}
 	if e.Rollback {
 		fields = append(fields, "rollback")
+	}
+	if len(e.Cells) > 0 {
+		// Only with cells, so that the signatures of entries without
+		// them stay what they were.
+		fields = append(fields, "cells", strings.Join(e.Cells, ","))
 	}
 	for _, f := range fields {
 		putField(&b, f)
@@ -147,6 +163,13 @@ func (e Entry) Validate() error {
 		return bad("size %d is not 1–%d", e.Size, MaxArtifactBytes)
 	case !isSHA256(e.SHA256):
 		return bad("sha256 is not 64 lowercase hex digits")
+	case len(e.Cells) > 32:
+		return bad("%d cells, at most 32", len(e.Cells))
+	}
+	for i, c := range e.Cells {
+		if !cellRe.MatchString(c) || i > 0 && e.Cells[i-1] >= c {
+			return bad("cells must be distinct cell-NN names in order, got %q", e.Cells)
+		}
 	}
 	sig, err := base64.StdEncoding.DecodeString(e.Signature)
 	if err != nil || len(sig) != ed25519.SignatureSize {
@@ -267,7 +290,7 @@ func Collect(ctx context.Context, fetch Fetch, edgeID string, active int64) (m M
 				m.Sequence = p.Sequence
 			}
 			first = p
-			m.Header, m.HeaderSignature = p.Header, p.HeaderSignature
+			m.Header, m.HeaderSignature, m.Assignments = p.Header, p.HeaderSignature, p.Assignments
 			if p.HeaderSignature == "" {
 				return m, fmt.Errorf("%w: sequence %d carries no signed header", ErrHeader, p.Sequence)
 			}
@@ -312,7 +335,7 @@ func Paginate(m Manifest, size int) []Page {
 	var pages []Page
 	for i := 0; i == 0 || i < len(m.Entries); i += size {
 		end := min(i+size, len(m.Entries))
-		p := Page{EdgeID: m.EdgeID, Sequence: m.Sequence, Entries: m.Entries[i:end], Header: m.Header, HeaderSignature: m.HeaderSignature}
+		p := Page{EdgeID: m.EdgeID, Sequence: m.Sequence, Entries: m.Entries[i:end], Header: m.Header, HeaderSignature: m.HeaderSignature, Assignments: m.Assignments}
 		if end < len(m.Entries) {
 			p.Next = strconv.Itoa(len(pages) + 1)
 		}
