@@ -49,13 +49,13 @@ func eachStore(t *testing.T, f func(t *testing.T, e *env)) {
 	t.Run(store.Postgres, func(t *testing.T) { f(t, start(t, testutil.Postgres(t))) })
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return c
 }
 
-func start(t *testing.T, dsn string) *env {
+func start(t testing.TB, dsn string) *env {
 	t.Helper()
 	key := make([]byte, 32)
 	rand.Read(key)
@@ -68,7 +68,7 @@ func (e *env) replica(t *testing.T) *env {
 }
 
 // serveWith is serveOn with options changed by set, if not nil.
-func serveWith(t *testing.T, dsn string, key []byte, set func(*controlapi.Options)) *env {
+func serveWith(t testing.TB, dsn string, key []byte, set func(*controlapi.Options)) *env {
 	t.Helper()
 	if set == nil {
 		return serveOn(t, dsn, key)
@@ -78,7 +78,7 @@ func serveWith(t *testing.T, dsn string, key []byte, set func(*controlapi.Option
 
 // serveOn serves the control API on the store at dsn, with options changed
 // by opts in order.
-func serveOn(t *testing.T, dsn string, key []byte, opts ...func(*controlapi.Options)) *env {
+func serveOn(t testing.TB, dsn string, key []byte, opts ...func(*controlapi.Options)) *env {
 	t.Helper()
 	st, err := store.Open(ctx(t), dsn)
 	if err != nil {
@@ -111,7 +111,7 @@ func serveOn(t *testing.T, dsn string, key []byte, opts ...func(*controlapi.Opti
 		caFile: caFile, st: st, sealKey: key, dsn: dsn}
 }
 
-func (e *env) createEdge(t *testing.T, name string) controlapi.CreatedEdge {
+func (e *env) createEdge(t testing.TB, name string) controlapi.CreatedEdge {
 	t.Helper()
 	c, err := e.admin.CreateEdge(ctx(t), controlapi.EdgeRequest{Name: name, Org: "acme", Country: "de", Continent: "eu", MgmtIPv4: "192.0.2.10"})
 	if err != nil {
@@ -122,7 +122,7 @@ func (e *env) createEdge(t *testing.T, name string) controlapi.CreatedEdge {
 
 // enroll enrolls an edge into a fresh identity directory and returns its
 // client.
-func (e *env) enroll(t *testing.T, token string) (*controlclient.Client, controlclient.Identity, string) {
+func (e *env) enroll(t testing.TB, token string) (*controlclient.Client, controlclient.Identity, string) {
 	t.Helper()
 	dir := t.TempDir()
 	id, err := controlclient.Enroll(ctx(t), controlclient.EnrollOptions{URL: e.edgeURL, Token: token, CAFile: e.caFile,
@@ -135,7 +135,7 @@ func (e *env) enroll(t *testing.T, token string) (*controlclient.Client, control
 
 // client is an edge's client of this replica, from the identity enrolled
 // into dir (through any replica).
-func (e *env) client(t *testing.T, dir string) *controlclient.Client {
+func (e *env) client(t testing.TB, dir string) *controlclient.Client {
 	t.Helper()
 	c, err := controlclient.New(controlclient.Options{URL: e.edgeURL, Dir: filepath.Join(dir, "identity")})
 	if err != nil {
