@@ -27,7 +27,9 @@ BUILDFLAGS := -trimpath
 # server for the control API store's tests (the metapackage: it brings the
 # release's server, postgresql-15 on Debian 12). gcc and libc6-dev are there
 # because `go test -race` needs cgo.
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev
+# systemd provides systemd-analyze for units-check; util-linux, setpriv for the
+# cgroup handover test (an unprivileged agent).
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # The control API store's tests also run against a real PostgreSQL: test,
@@ -69,7 +71,7 @@ WITH_PG = \
 	fi; \
 	set -x;
 
-.PHONY: help deps tools build test test-short lint bench demo demo-check clean
+.PHONY: help deps tools build test test-short lint units-check bench demo demo-check clean
 
 help: ## show this list of targets
 	@echo 'usage: make TARGET'
@@ -132,6 +134,36 @@ lint: tools ## go vet, gofmt, staticcheck, and fail if go mod tidy would change 
 	fi
 	"$(TOOLBIN)/staticcheck" ./...
 	@$(GO) mod tidy -diff || { echo "go mod tidy would change go.mod/go.sum (diff above): run go mod tidy"; exit 1; }
+
+# The units' exposure in `systemd-analyze security` may not rise above these
+# (the threshold is on its 0-100 scale: 20 is "2.0"). verify runs on copies
+# whose /usr/bin/ points at the binaries just built (it checks that each
+# command exists), and any warning it prints (an unknown or misspelt key, a
+# key this systemd lacks) fails the check.
+UNITS := cellvisor cellvisor-control
+THRESHOLD_cellvisor := 20
+THRESHOLD_cellvisor-control := 15
+
+units-check: ## systemd-analyze verify both units, and fail if their security exposure rises above 2.0 (agent) / 1.5 (control API)
+	@command -v systemd-analyze >/dev/null 2>&1 || { echo "units-check: systemd-analyze is missing (make deps installs Debian's systemd package)"; exit 1; }
+	@echo "units-check: $$(systemd-analyze --version | head -n 1)"
+	@tmp="$$(mktemp -d)"; trap 'rm -rf "$$tmp"' EXIT; \
+	mkdir -p "$$tmp/bin"; \
+	$(GO) build -o "$$tmp/bin/cellvisor" ./cmd/cellvisor; \
+	$(GO) build -o "$$tmp/bin/cellvisor-control" ./cmd/cellvisor-control; \
+	for u in $(UNITS); do sed "s#/usr/bin/#$$tmp/bin/#g" "systemd/$$u.service" >"$$tmp/$$u.service"; done; \
+	out="$$(cd "$$tmp" && systemd-analyze verify --man=no $(UNITS:%=./%.service) 2>&1)" || { echo "$$out"; echo "units-check: systemd-analyze verify failed"; exit 1; }; \
+	if [ -n "$$out" ]; then echo "$$out"; echo "units-check: systemd-analyze verify warned (above)"; exit 1; fi; \
+	echo "units-check: systemd-analyze verify: both units clean"
+	@rc=0; \
+	check() { \
+	  out="$$(systemd-analyze security --offline=yes --threshold="$$2" "systemd/$$1.service" 2>&1)" && r=0 || r=$$?; \
+	  echo "units-check: $$1.service: $$(echo "$$out" | tail -n 1 | sed 's/^→ //') (threshold $$2)"; \
+	  if [ "$$r" != 0 ]; then echo "$$out" | grep '✗'; echo "units-check: $$1.service exposure above $$2/100"; rc=1; fi; \
+	}; \
+	check cellvisor $(THRESHOLD_cellvisor); \
+	check cellvisor-control $(THRESHOLD_cellvisor-control); \
+	exit $$rc
 
 # An activation of 20,000 artifacts takes about a second: fewer rounds. A
 # control API poll takes about 50 µs: 20,000 of them (20 per simulated edge).

@@ -21,7 +21,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go func() { adminDone <- a.admin.Serve(adminCtx) }()
 	supDone := make(chan error, 1)
 	go func() { supDone <- a.sup.Run(ctx) }()
-	go n.Watchdog(ctx, func() bool { return true })
+	go n.Watchdog(ctx, a.health().Check)
 	var side sync.WaitGroup
 	if a.act != nil {
 		side.Add(2)
@@ -99,4 +99,21 @@ func (a *Agent) summary() string {
 	}
 	return fmt.Sprintf("%d slots: %d ready, %d drained, %d degraded, %d stopped; cgroups %s",
 		len(st.Slots), counts[supervisor.StateReady], counts[supervisor.StateDrained], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], st.CgroupMode)
+}
+
+// health watches the supervisor's monitor loop and, when there is a manifest
+// source, the activation loop, which marks a heartbeat at the end of every
+// poll: a live one is silent at most one poll (poll_timeout, then
+// apply_timeout for the cells) and one wait (at most max_backoff), plus a
+// minute of slack.
+func (a *Agent) health() *systemd.Health {
+	h := systemd.NewHealth(nil)
+	_, within := a.sup.Heartbeat()
+	h.Watch("supervisor", func() time.Time { t, _ := a.sup.Heartbeat(); return t }, within)
+	if a.act != nil {
+		s := a.cfg.Source
+		h.Watch("activation", func() time.Time { t, _ := a.act.LastPoll(); return t },
+			s.PollTimeout.D()+s.ApplyTimeout.D()+s.MaxBackoff.D()+time.Minute)
+	}
+	return h
 }

@@ -300,13 +300,14 @@ func (s *Supervisor) monitor(ctx context.Context) {
 	t := s.clk.NewTicker(s.o.MonitorInterval)
 	defer t.Stop()
 	for {
+		s.beat.Store(s.clk.Now().UnixNano())
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C():
 		}
 		for _, c := range s.slots {
-			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			cctx, cancel := context.WithTimeout(ctx, cellStatusTimeout)
 			cs, err := c.cellStatus(cctx)
 			cancel()
 			if err != nil || cs == nil {

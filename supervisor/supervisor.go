@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -83,6 +84,7 @@ type Supervisor struct {
 	readyOnce sync.Once
 	ready     chan struct{}
 	pending   sync.WaitGroup
+	beat      atomic.Int64 // the monitor loop's latest turn, unix ns (Heartbeat)
 }
 
 // New validates options and prepares the slots; it starts nothing.

@@ -1,19 +1,23 @@
 // Package systemd is the agent's systemd glue: readiness, status and stopping
-// notifications and the watchdog, through sd_notify. Outside systemd every
-// call is a no-op. The unit files live beside it.
+// notifications through sd_notify, and the watchdog, which pings only while
+// every watched long-running loop is alive (Health). Outside systemd every
+// call is a no-op. The unit files live beside it. cmd/cellvisor,
+// cmd/cellvisor-control and agent import it.
 package systemd
 
 import (
 	"context"
-	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"go.uber.org/zap"
+
+	"cellvisor/internal/clock"
 )
 
 // Notifier sends sd_notify messages.
 type Notifier struct {
 	log *zap.Logger
+	clk clock.Clock
 }
 
 // New returns a Notifier logging to log (nil for none).
@@ -21,7 +25,7 @@ func New(log *zap.Logger) *Notifier {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Notifier{log: log.Named("systemd")}
+	return &Notifier{log: log.Named("systemd"), clk: clock.Real}
 }
 
 func (n *Notifier) send(state string) {
@@ -44,22 +48,39 @@ func (n *Notifier) Stopping() { n.send(daemon.SdNotifyStopping) }
 func (n *Notifier) Status(s string) { n.send("STATUS=" + s) }
 
 // Watchdog pings systemd at half the WATCHDOG_USEC interval until ctx ends,
-// while healthy reports true. It returns at once when no watchdog is set.
-func (n *Notifier) Watchdog(ctx context.Context, healthy func() bool) {
+// while check returns nil. While it returns an error no ping is sent, so
+// systemd kills and restarts the agent once WatchdogSec passes; the first
+// failed check is logged with its reason, and so is the recovery. It returns
+// at once when no watchdog is set for this process.
+func (n *Notifier) Watchdog(ctx context.Context, check func() error) {
 	interval, err := daemon.SdWatchdogEnabled(false)
-	if err != nil || interval == 0 {
+	if err != nil {
+		n.log.Warn("watchdog setting", zap.Error(err))
 		return
 	}
-	t := time.NewTicker(interval / 2)
+	if interval == 0 {
+		n.log.Debug("no watchdog set")
+		return
+	}
+	t := n.clk.NewTicker(interval / 2)
 	defer t.Stop()
+	var failing error
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			if healthy() {
-				n.send(daemon.SdNotifyWatchdog)
-			}
+		case <-t.C():
+		}
+		err := check()
+		switch {
+		case err != nil && failing == nil:
+			n.log.Error("watchdog: not pinging systemd, it restarts the agent unless this clears", zap.Duration("watchdog", interval), zap.Error(err))
+		case err == nil && failing != nil:
+			n.log.Info("watchdog: healthy again, pinging systemd")
+		}
+		failing = err
+		if err == nil {
+			n.send(daemon.SdNotifyWatchdog)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -41,10 +42,19 @@ func serveCmd() *cobra.Command {
 		Short: "run the control API: the edge-control API (TLS) on --listen, the admin API on --admin-listen",
 		Long: `Run the control API until SIGINT or SIGTERM (under systemd: Type=notify). The data
 directory holds the SQLite store (unless --db names a PostgreSQL server), the CA and
-signing keys sealed with the key file, and the admin token, created when absent.`,
+signing keys sealed with the key file, and the admin token, created when absent.
+
+Every flag may also come from the environment: --hostname from
+CELLVISOR_CONTROL_HOSTNAMES (a list, separated by commas or spaces), --listen
+from CELLVISOR_CONTROL_LISTEN, --admin-listen from CELLVISOR_CONTROL_ADMIN_LISTEN,
+--db from CELLVISOR_CONTROL_DB, and so on. A flag on the command line wins over
+its variable. The systemd unit reads them from /etc/cellvisor/control.env.`,
 		Example: "  cellvisor-control serve --data /var/lib/cellvisor-control --listen 0.0.0.0:8443 --hostname control.example.net",
 		Args:    cli.ExactArgs(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := applyEnv(cmd.Flags(), os.LookupEnv); err != nil {
+				return err
+			}
 			log, err := cli.NewLogger(format, level)
 			if err != nil {
 				return err

@@ -55,6 +55,7 @@ The flag --config may stand before or after the command.`,
 	root.AddCommand(
 		runCmd(&cfgPath),
 		enrollCmd(load, stdout),
+		prepareCmd(stdout),
 		statusCmd(load, stdout),
 		controlCmd("drain", "stop advertising readiness; requests in flight complete",
 			"The cell's readiness check (/.cellvisor/ready) answers 503 until undrain; the cell keeps serving requests.", load, stdout),

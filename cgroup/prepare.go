@@ -1,0 +1,124 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoV1 says there is no v1 hierarchy to prepare: a cgroup v2 host, where
+// systemd's Delegate=yes hands the unit's cgroup over by itself, or a host
+// without the v1 controllers (the agent then says why it cannot enforce).
+var ErrNoV1 = errors.New("no cgroup v1 controllers to prepare")
+
+// PrepareOptions configures PrepareV1.
+type PrepareOptions struct {
+	// Root is the cgroup filesystem mount, or "" for /sys/fs/cgroup.
+	Root string
+	// ProcSelfCgroup is the content of /proc/self/cgroup, or nil to read it.
+	ProcSelfCgroup []byte
+	// UID and GID receive the cgroups: the agent's user and group.
+	UID, GID int
+}
+
+// handedFiles are the files of a handed-over cgroup its new owner must
+// write: moving processes in (the agent into its leaf, a restarted agent's
+// cleanup). The limit files stay root's: the agent cannot lift its unit's
+// own limits, only set those of the groups it creates below.
+var handedFiles = []string{"cgroup.procs", "tasks"}
+
+// PrepareV1 is the privileged step before a non-root agent starts on a
+// hybrid (or legacy) host, where systemd's Delegate=yes hands only the
+// unified (and name=systemd) hierarchy to the unit's user. It runs as root
+// in the unit's cgroups (ExecStartPre=+) and hands the calling process's
+// own v1 memory, cpu and pids cgroups (and cpuacct's, where it is a
+// hierarchy of its own) to UID:GID: each directory and its cgroup.procs and
+// tasks files, nothing else, never name=systemd. systemd runs a delegated
+// unit's control processes in a ".control" child, so that child's parent,
+// the unit's cgroup, is handed over. It returns the directories it handed
+// over, and ErrNoV1 where there are none to hand over.
+func PrepareV1(o PrepareOptions) ([]string, error) {
+	if o.Root == "" {
+		o.Root = "/sys/fs/cgroup"
+	}
+	if o.UID <= 0 || o.GID < 0 {
+		return nil, fmt.Errorf("prepare cgroups: uid %d gid %d: want the agent's non-root user", o.UID, o.GID)
+	}
+	kind, err := detect(o.Root)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: %v", ErrNoV1, err)
+	case kind != kindV1:
+		return nil, fmt.Errorf("%w: %s is a cgroup v2 mount", ErrNoV1, o.Root)
+	}
+	self, err := readSelf(o.ProcSelfCgroup)
+	if err != nil {
+		return nil, err
+	}
+	ctrls := append([]string(nil), v1Controllers...)
+	if acctHierarchy(o.Root, self) == "cpuacct" {
+		ctrls = append(ctrls, "cpuacct")
+	}
+	var dirs []string
+	for _, c := range ctrls {
+		p, err := unitCgroup(self, c)
+		if err != nil {
+			return dirs, err
+		}
+		dir := join(o.Root, c, p)
+		if err := handOver(dir, o.UID, o.GID); err != nil {
+			return dirs, fmt.Errorf("prepare cgroups: %s: %w", c, err)
+		}
+		dirs = append(dirs, dir)
+	}
+	return dirs, nil
+}
+
+// unitCgroup is the unit's cgroup in controller c's hierarchy, from the
+// process's own: its ".control" child's parent. The root of a hierarchy is
+// refused: that is not a unit's cgroup but the whole host's.
+func unitCgroup(self selfPaths, c string) (string, error) {
+	p, ok := self[c]
+	if !ok {
+		return "", fmt.Errorf("prepare cgroups: this process is in no %s cgroup", c)
+	}
+	// parseSelf already read a trailing "agent" leaf as its parent.
+	if path.Base(p) == ".control" {
+		p = path.Dir(p)
+	}
+	if p == "/" {
+		return "", fmt.Errorf("prepare cgroups: this process is in the root %s cgroup: run it from the unit (ExecStartPre=+), not by hand", c)
+	}
+	return p, nil
+}
+
+// handOver chowns dir and its handedFiles after checking dir is a cgroup v1
+// directory (not a symlink, not another filesystem). Nothing is followed.
+func handOver(dir string, uid, gid int) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if st.Type != unix.CGROUP_SUPER_MAGIC {
+		return fmt.Errorf("%s is not on a cgroup v1 filesystem", dir)
+	}
+	if err := os.Lchown(dir, uid, gid); err != nil {
+		return err
+	}
+	for _, f := range handedFiles {
+		if err := os.Lchown(join(dir, f), uid, gid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
