@@ -95,9 +95,12 @@ func (a *Activator) retire(ctx context.Context, slots []runtime.Slot) []string {
 // slot has now: its active release and what its cell reports. It writes
 // nothing.
 func (a *Activator) survey(ctx context.Context, seq int64, pl placement) ([]slotView, error) {
+	a.mu.Lock()
+	before := a.assign
+	a.mu.Unlock()
 	views := make([]slotView, 0, len(a.o.Topology.Slots))
 	for _, s := range a.o.Topology.Slots {
-		v := slotView{slot: s, pool: pl.assign[s.Name]}
+		v := slotView{slot: s, pool: pl.assign[s.Name], before: before[s.Name]}
 		if v.pool != "" {
 			p := a.o.Render(s, v.pool, seq)
 			p.Limits = pl.limits[v.pool]

@@ -10,6 +10,8 @@ import (
 type slotView struct {
 	slot runtime.Slot
 	pool string // "" when unassigned
+	// before is the slot's pool before this manifest ("" when unassigned).
+	before string
 	// next is the release built for the new sequence (unassigned: zero).
 	next runtime.Release
 	// current is the slot's active release; hasCurrent is false when it has
@@ -59,8 +61,8 @@ type change struct {
 // one is not reinstalled, and is reloaded only when its running cell reports
 // another sequence than the active release's; every other assigned slot
 // (a changed one, a newly assigned one, one reassigned to another pool) gets
-// the new release; an unassigned slot that still has a runtime or a running
-// cell is retired. It returns one change per view, in the views' order (slot
+// the new release; an unassigned slot that was assigned, or still has a
+// runtime or a running cell, is retired. It returns one change per view, in the views' order (slot
 // order), and does nothing itself.
 func plan(seq int64, views []slotView) []change {
 	out := make([]change, len(views))
@@ -68,7 +70,7 @@ func plan(seq int64, views []slotView) []change {
 		out[i] = change{slot: v.slot, kind: untouched}
 		switch {
 		case v.pool == "":
-			if v.hasCurrent || v.running {
+			if v.hasCurrent || v.running || v.before != "" {
 				out[i].kind = retire
 			}
 		case v.hasCurrent && v.current.Digest == v.next.Meta.Digest && v.current.Pool == v.pool:

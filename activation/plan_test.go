@@ -32,6 +32,8 @@ func TestPlan(t *testing.T) {
 			slotView{current: cur(3, "shared-default", "d1"), hasCurrent: true}, want{retire, 0}},
 		{"a slot unassigned with a running cell and no release is retired",
 			slotView{running: true}, want{retire, 0}},
+		{"a slot unassigned while it waited for its first release is retired",
+			slotView{before: "quarantine-default"}, want{retire, 0}},
 		{"a newly assigned slot gets its pool's release",
 			slotView{pool: "reserved-eu", next: rel("d1")}, want{install, seq}},
 		{"a slot reassigned to another pool gets its new pool's release, even of equal content",
