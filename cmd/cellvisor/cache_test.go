@@ -119,4 +119,3 @@ func TestCacheLocality(t *testing.T) {
 		t.Errorf("cell-03 cache counters %+v, want 1 miss and 1 hit", c)
 	}
 }
-
