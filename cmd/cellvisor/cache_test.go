@@ -97,6 +97,7 @@ func TestCacheLocality(t *testing.T) {
 	other := pubDomain{name: "other.test", pool: "shared-default", doc: respond("other")}
 	sp.publishPlaced(t, 2, two, cached("cell-01"), other)
 	awaitAck(t, sp, 2, manifest.AckApplied)
+	awaitReloaded(t, cfg, "cell-01")
 	awaitServed(t, p3, "other.test", "other")
 	awaitServed(t, p1, "other.test", "other")
 	if b := body(p1, "/page"); b != "/page #1" || o.count("/page") != 1 {
@@ -106,6 +107,8 @@ func TestCacheLocality(t *testing.T) {
 	// Moved to cell-03: cold there (one more origin request), then cached.
 	sp.publishPlaced(t, 3, two, cached("cell-03"), other)
 	awaitAck(t, sp, 3, manifest.AckApplied)
+	awaitReloaded(t, cfg, "cell-01")
+	awaitReloaded(t, cfg, "cell-03")
 	if b := body(p3, "/page"); b != "/page #2" {
 		t.Errorf("first /page on cell-03: %q, want a miss (/page #2)", b)
 	}

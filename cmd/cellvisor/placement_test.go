@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -256,6 +257,8 @@ func TestPoolLimitsRefuseAndCount(t *testing.T) {
 		pubDomain{name: "free.test", pool: "shared-default", doc: respond("fast")},
 		pubDomain{name: "limited.test", pool: "reserved-eu", doc: respond("fast")})
 	awaitAck(t, sp, 2, manifest.AckApplied)
+	awaitReloaded(t, cfg, "cell-01")
+	awaitReloaded(t, cfg, "cell-02")
 	var refused429, ok200, other int
 	for range 30 {
 		code, _, err := get(limited, "limited.test", "/")
@@ -284,7 +287,7 @@ func TestPoolLimitsRefuseAndCount(t *testing.T) {
 		t.Errorf("cell-02 counted %+v, want 1 connection refusal and %d rate refusals", s.Cell.Refused, refused429)
 	}
 	if s.Cell.Limits.Rate != 5 || s.Cell.Limits.Burst != 2 {
-		t.Errorf("cell-02 reports limits %+v", s.Cell.Limits)
+		t.Errorf("cell-02 reports limits %+v at sequence %d", s.Cell.Limits, s.Cell.Sequence)
 	}
 	if n := slotStatus(t, cfg, "cell-01").Cell; n == nil || n.Refused.Connections != 0 || n.Refused.Rate != 0 {
 		t.Errorf("the neighbour counted refusals: %+v", n)
@@ -297,6 +300,28 @@ func awaitInFlight(t testing.TB, n *atomic.Int64, want int64) {
 	testutil.Eventually(t, 10*time.Second, func() error {
 		if got := n.Load(); got != want {
 			return fmt.Errorf("%d requests at the origin, want %d", got, want)
+		}
+		return nil
+	})
+}
+
+// awaitReloaded waits until no worker of the cell's master is shutting down: after a
+// graceful reload the old worker may still take requests (and answer with
+// the old configuration) until it has taken up its shutdown, which a loaded
+// machine can delay.
+func awaitReloaded(t testing.TB, cfg config.Agent, cell string) {
+	t.Helper()
+	testutil.Eventually(t, 30*time.Second, func() error {
+		pid := slotStatus(t, cfg, cell).PID
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		if err != nil {
+			return err
+		}
+		for _, child := range strings.Fields(string(b)) {
+			title, _ := os.ReadFile("/proc/" + child + "/cmdline")
+			if strings.Contains(string(title), "shutting down") {
+				return fmt.Errorf("%s master %d: %s", cell, pid, title)
+			}
 		}
 		return nil
 	})
