@@ -305,7 +305,7 @@ func awaitInFlight(t testing.TB, n *atomic.Int64, want int64) {
 	})
 }
 
-// awaitReloaded waits until no worker of the cell's master is shutting down: after a
+// awaitReloaded waits until the cell's master has one worker: after a
 // graceful reload the old worker may still take requests (and answer with
 // the old configuration) until it has taken up its shutdown, which a loaded
 // machine can delay.
@@ -317,11 +317,16 @@ func awaitReloaded(t testing.TB, cfg config.Agent, cell string) {
 		if err != nil {
 			return err
 		}
+		// The master's other children are its cache manager and loader.
+		var workers []string
 		for _, child := range strings.Fields(string(b)) {
 			title, _ := os.ReadFile("/proc/" + child + "/cmdline")
-			if strings.Contains(string(title), "shutting down") {
-				return fmt.Errorf("%s master %d: %s", cell, pid, title)
+			if strings.Contains(string(title), "worker process") {
+				workers = append(workers, strings.TrimRight(string(title), "\x00"))
 			}
+		}
+		if len(workers) != 1 {
+			return fmt.Errorf("%s master %d has workers %q", cell, pid, workers)
 		}
 		return nil
 	})
