@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -31,6 +32,11 @@ import (
 
 // Cells is the part of the supervisor activation drives.
 type Cells interface {
+	// Assign changes a cell's pool ("" unassigns it). A newly assigned
+	// cell starts once its release is switched in; an unassigned one is
+	// drained and stopped, and Assign returns once it is, or with ctx's
+	// error.
+	Assign(ctx context.Context, cell, pool string) error
 	// Reload makes a cell load its switched release: a graceful reload of a
 	// running cell, a start of one that waited for a release.
 	Reload(cell string) error
@@ -49,9 +55,13 @@ type Options struct {
 	Source manifest.Source
 	// Journal makes acks durable. Required.
 	Journal *controlclient.Journal
-	// Topology and Assignments say which slots serve which pool. Required.
+	// Topology and Assignments say which slots serve which pool until a
+	// manifest's signed assignments change them. Required.
 	Topology    runtime.Topology
 	Assignments runtime.Assignments
+	// PoolLimits are the limits of the assigned pools, from the last signed
+	// assignments, or nil for none.
+	PoolLimits map[string]runtime.PoolLimits
 	// Render gives the render inputs of a slot's release. Required.
 	Render func(s runtime.Slot, pool string, seq int64) runtime.RenderParams
 	// Cells reloads cells and reports what they loaded. Required.
@@ -85,6 +95,9 @@ type Activator struct {
 	// snapshotRefused stops re-reading a snapshot already refused.
 	snapshotRefused bool
 	trust           *trust // the pinned key and active revisions: verify_header.go
+	// assign and limits are the assignments and pool limits in force.
+	assign runtime.Assignments
+	limits map[string]runtime.PoolLimits
 }
 
 type activeFile struct {
@@ -106,7 +119,14 @@ func New(o Options) (*Activator, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	a := &Activator{o: o, log: o.Logger.Named("activation"), clock: clock.Or(o.Clock)}
+	a := &Activator{o: o, log: o.Logger.Named("activation"), clock: clock.Or(o.Clock),
+		assign: maps.Clone(o.Assignments), limits: maps.Clone(o.PoolLimits)}
+	if a.assign == nil {
+		a.assign = runtime.Assignments{}
+	}
+	if a.limits == nil {
+		a.limits = map[string]runtime.PoolLimits{}
+	}
 	var err error
 	if a.trust, err = loadTrust(o.StateDir, o.PublicKey); err != nil {
 		return nil, err

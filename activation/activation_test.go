@@ -103,6 +103,29 @@ type fakeCells struct {
 	loaded   map[string]int64
 	reloads  []string
 	deadCell string
+	// pools is what Assign was told; stuck is a cell whose Assign("") never
+	// sees it stop.
+	pools map[string]string
+	stuck string
+}
+
+func (f *fakeCells) Assign(ctx context.Context, cell, pool string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pools == nil {
+		f.pools = map[string]string{}
+	}
+	f.pools[cell] = pool
+	if pool == "" {
+		if cell == f.stuck {
+			f.mu.Unlock()
+			<-ctx.Done()
+			f.mu.Lock()
+			return ctx.Err()
+		}
+		delete(f.loaded, cell)
+	}
+	return nil
 }
 
 func (f *fakeCells) Reload(cell string) error {
@@ -122,7 +145,8 @@ func (f *fakeCells) Loaded(_ context.Context, cell string) (int64, bool, error) 
 	if cell == f.deadCell {
 		return 0, false, nil
 	}
-	return f.loaded[cell], true, nil
+	seq, running := f.loaded[cell]
+	return seq, running, nil
 }
 
 type rig struct {

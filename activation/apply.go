@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -15,12 +17,13 @@ import (
 	"cellvisor/runtime"
 )
 
-// apply installs and switches the changed slots, reloads their cells,
-// waits for them to report the sequence, journals the ack, and only then
-// records the sequence as active: a crash anywhere before that redoes the
-// activation (a no-op on disk) and the ack.
-func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runtime.PoolRuntime) error {
-	views, err := a.survey(ctx, seq, pools)
+// apply installs and switches the changed slots, gives every slot its
+// assignment, reloads the changed cells, retires the unassigned ones, waits
+// for the cells to report the sequence, persists signed assignments, journals
+// the ack, and only then records the sequence as active: a crash anywhere
+// before that redoes the activation (a no-op on disk) and the ack.
+func (a *Activator) apply(ctx context.Context, seq int64, pl placement) error {
+	views, err := a.survey(ctx, seq, pl)
 	if err != nil {
 		return err
 	}
@@ -29,38 +32,89 @@ func (a *Activator) apply(ctx context.Context, seq int64, pools map[string]*runt
 		return err
 	}
 	want := map[string]int64{}
+	var retiring []runtime.Slot
 	for _, c := range changes { // in slot order, not the map's
-		if c.kind == untouched {
+		switch c.kind {
+		case retire:
+			retiring = append(retiring, c.slot)
+			continue
+		case untouched:
+			// An assigned slot whose release is already right may still
+			// need its pool said (a cold start that waited for it).
+			if pool := pl.assign[c.slot.Name]; pool != "" {
+				if err := a.o.Cells.Assign(ctx, c.slot.Name, pool); err != nil {
+					a.log.Warn("assign cell", zap.String("cell", c.slot.Name), zap.Error(err))
+				}
+			}
 			continue
 		}
 		want[c.slot.Name] = c.want
+		if err := a.o.Cells.Assign(ctx, c.slot.Name, pl.assign[c.slot.Name]); err != nil {
+			a.log.Warn("assign cell", zap.String("cell", c.slot.Name), zap.Error(err))
+		}
 		if err := a.o.Cells.Reload(c.slot.Name); err != nil {
 			a.log.Warn("reload cell", zap.String("cell", c.slot.Name), zap.Error(err))
 		}
 	}
+	notRetired := a.retire(ctx, retiring)
 	missing := a.awaitLoaded(ctx, want)
-	return a.commit(seq, changes, missing)
+	if pl.signed {
+		if err := runtime.SavePlacement(a.o.StateDir, a.o.Topology, pl.assign, pl.limits); err != nil {
+			return fmt.Errorf("persist assignments of %d: %w", seq, err)
+		}
+	}
+	a.mu.Lock()
+	a.assign, a.limits = pl.assign, pl.limits
+	a.mu.Unlock()
+	return a.commit(seq, changes, missing, notRetired)
 }
 
-// survey builds every assigned slot's release for seq and reads what the
+// retire unassigns slots: each cell is drained and stopped (within the
+// apply timeout), then its runtime emptied. It returns the cells that could
+// not be stopped or emptied, which keep their runtime.
+func (a *Activator) retire(ctx context.Context, slots []runtime.Slot) []string {
+	var failed []string
+	for _, s := range slots {
+		rctx, cancel := context.WithTimeout(ctx, a.o.ApplyTimeout)
+		err := a.o.Cells.Assign(rctx, s.Name, "")
+		cancel()
+		if err == nil {
+			err = runtime.Clear(s)
+		}
+		if err != nil {
+			a.log.Error("retire unassigned cell", zap.String("cell", s.Name), zap.Error(err))
+			failed = append(failed, s.Name)
+			continue
+		}
+		a.log.Info("cell unassigned: stopped, runtime emptied", zap.String("cell", s.Name))
+	}
+	return failed
+}
+
+// survey builds every assigned slot's release for seq and reads what every
 // slot has now: its active release and what its cell reports. It writes
 // nothing.
-func (a *Activator) survey(ctx context.Context, seq int64, pools map[string]*runtime.PoolRuntime) ([]slotView, error) {
+func (a *Activator) survey(ctx context.Context, seq int64, pl placement) ([]slotView, error) {
+	a.mu.Lock()
+	before := a.assign
+	a.mu.Unlock()
 	views := make([]slotView, 0, len(a.o.Topology.Slots))
 	for _, s := range a.o.Topology.Slots {
-		v := slotView{slot: s, pool: a.o.Assignments[s.Name]}
+		v := slotView{slot: s, pool: pl.assign[s.Name], before: before[s.Name]}
 		if v.pool != "" {
-			r, err := runtime.BuildRelease(a.o.Render(s, v.pool, seq), pools[v.pool])
+			p := a.o.Render(s, v.pool, seq)
+			p.Limits = pl.limits[v.pool]
+			r, err := runtime.BuildRelease(p, pl.slots[s.Name])
 			if err != nil {
 				return nil, err
 			}
 			v.next = r
-			if cur, err := runtime.Current(s); err == nil {
-				v.current, v.hasCurrent = cur, true
-				if loaded, running, err := a.o.Cells.Loaded(ctx, s.Name); err == nil {
-					v.loaded, v.running = loaded, running
-				}
-			}
+		}
+		if cur, err := runtime.Current(s); err == nil {
+			v.current, v.hasCurrent = cur, true
+		}
+		if loaded, running, err := a.o.Cells.Loaded(ctx, s.Name); err == nil {
+			v.loaded, v.running = loaded, running
 		}
 		views = append(views, v)
 	}
@@ -94,11 +148,19 @@ func (a *Activator) installAndSwitch(seq int64, changes []change) error {
 
 // commit journals the ack of seq (partial when cells did not report it)
 // and then records seq as the active sequence.
-func (a *Activator) commit(seq int64, changes []change, missing []string) error {
+func (a *Activator) commit(seq int64, changes []change, missing, notRetired []string) error {
 	ack := manifest.Ack{Sequence: seq, Status: manifest.AckApplied, At: a.clock.Now().UTC()}
+	var why []string
 	if len(missing) > 0 {
-		ack.Status, ack.Cells = manifest.AckPartial, missing
-		ack.Reason = fmt.Sprintf("release %d is active but %d cell(s) have not reported loading it", seq, len(missing))
+		why = append(why, fmt.Sprintf("release %d is active but %d cell(s) have not reported loading it (%s)", seq, len(missing), strings.Join(missing, ", ")))
+	}
+	if len(notRetired) > 0 {
+		why = append(why, fmt.Sprintf("%d unassigned cell(s) could not be stopped (%s)", len(notRetired), strings.Join(notRetired, ", ")))
+	}
+	if len(why) > 0 {
+		cells := append(slices.Clone(missing), notRetired...)
+		sort.Strings(cells)
+		ack.Status, ack.Cells, ack.Reason = manifest.AckPartial, cells, strings.Join(why, "; ")
 	}
 	if err := a.o.Journal.Append(ack); err != nil {
 		return err
@@ -113,12 +175,16 @@ func (a *Activator) commit(seq int64, changes []change, missing []string) error 
 	a.active = seq
 	a.mu.Unlock()
 	var names []string
+	var retired []string
 	for _, c := range changes {
-		if c.kind == install {
+		switch c.kind {
+		case install:
 			names = append(names, c.slot.Name)
+		case retire:
+			retired = append(retired, c.slot.Name)
 		}
 	}
-	a.log.Info("manifest applied", zap.Int64("sequence", seq), zap.Strings("reloaded", names), zap.String("ack", ack.Status), zap.Strings("not_loaded", missing))
+	a.log.Info("manifest applied", zap.Int64("sequence", seq), zap.Strings("reloaded", names), zap.Strings("retired", retired), zap.String("ack", ack.Status), zap.Strings("not_loaded", missing))
 	return nil
 }
 

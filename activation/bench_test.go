@@ -70,3 +70,43 @@ func BenchmarkActivation(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkActivationPerCell is BenchmarkActivation with every cell of
+// the rig in shared-default and half the entries restricted to cell-01:
+// each cell gets its own pool runtime (cell-02 and cell-03 share one),
+// against the shared one above.
+func BenchmarkActivationPerCell(b *testing.B) {
+	for _, n := range []int{500, 5000} {
+		b.Run(fmt.Sprintf("artifacts=%d", n), func(b *testing.B) {
+			r := newRig(b)
+			asg := &manifest.Assignments{
+				Cells: map[string]string{"cell-01": domain.PoolSharedDefault, "cell-02": domain.PoolSharedDefault, "cell-03": domain.PoolSharedDefault},
+				Pools: map[string]manifest.PoolPolicy{domain.PoolSharedDefault: {Class: "shared"}},
+			}
+			seq := int64(0)
+			for b.Loop() {
+				b.StopTimer()
+				seq++
+				r.src.artifacts = map[string][]byte{}
+				var entries []manifest.Entry
+				for i := range n {
+					var cells []string
+					if i%2 == 0 {
+						cells = []string{"cell-01"}
+					}
+					entries = append(entries, r.entry(fmt.Sprintf("d%05d.example.com", i), domain.PoolSharedDefault, seq, fmt.Sprintf("%d %s", seq, strings.Repeat("x", 1900)), cells...))
+				}
+				r.serve(seq, asg, entries...)
+				b.StartTimer()
+				if err := r.a.Poll(context.Background()); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if r.a.Active() != seq {
+					b.Fatalf("active %d, want %d: %+v", r.a.Active(), seq, r.lastAck())
+				}
+				b.StartTimer()
+			}
+		})
+	}
+}

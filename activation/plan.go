@@ -10,6 +10,8 @@ import (
 type slotView struct {
 	slot runtime.Slot
 	pool string // "" when unassigned
+	// before is the slot's pool before this manifest ("" when unassigned).
+	before string
 	// next is the release built for the new sequence (unassigned: zero).
 	next runtime.Release
 	// current is the slot's active release; hasCurrent is false when it has
@@ -36,10 +38,13 @@ const (
 	// it (an earlier reload failed, acked as partial); it is reloaded until
 	// it reports the active release's sequence.
 	reload
+	// retire: the slot is no longer assigned but has a runtime: its cell
+	// is drained and stopped, and its runtime emptied.
+	retire
 )
 
 func (k changeKind) String() string {
-	return [...]string{"untouched", "install", "reload"}[k]
+	return [...]string{"untouched", "install", "reload", "retire"}[k]
 }
 
 // change is one slot's part of a plan.
@@ -54,8 +59,10 @@ type change struct {
 // plan decides, for a manifest of sequence seq, what happens to every slot:
 // a slot whose new release has the content (digest) and pool of its active
 // one is not reinstalled, and is reloaded only when its running cell reports
-// another sequence than the active release's; every other assigned slot gets
-// the new release. It returns one change per view, in the views' order (slot
+// another sequence than the active release's; every other assigned slot
+// (a changed one, a newly assigned one, one reassigned to another pool) gets
+// the new release; an unassigned slot that was assigned, or still has a
+// runtime or a running cell, is retired. It returns one change per view, in the views' order (slot
 // order), and does nothing itself.
 func plan(seq int64, views []slotView) []change {
 	out := make([]change, len(views))
@@ -63,6 +70,9 @@ func plan(seq int64, views []slotView) []change {
 		out[i] = change{slot: v.slot, kind: untouched}
 		switch {
 		case v.pool == "":
+			if v.hasCurrent || v.running || v.before != "" {
+				out[i].kind = retire
+			}
 		case v.hasCurrent && v.current.Digest == v.next.Meta.Digest && v.current.Pool == v.pool:
 			if v.running && v.loaded != v.current.Sequence {
 				out[i].kind, out[i].want = reload, v.current.Sequence

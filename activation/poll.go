@@ -71,7 +71,7 @@ func (a *Activator) Poll(ctx context.Context) error {
 	if a.alreadyRefused(m) {
 		return nil
 	}
-	pools, done, err := a.verify(fctx, m, a.o.Source.Artifact)
+	pl, done, err := a.verify(fctx, m, a.o.Source.Artifact)
 	if manifest.IsRefusal(err) || errors.Is(err, domain.ErrInvalid) || errors.Is(err, errUnknownPool) {
 		return a.refuseManifest(m, err)
 	}
@@ -79,7 +79,7 @@ func (a *Activator) Poll(ctx context.Context) error {
 		return err
 	}
 	defer done()
-	return a.apply(ctx, m.Sequence, pools)
+	return a.apply(ctx, m.Sequence, pl)
 }
 
 var errUnknownPool = errors.New("pool not assigned on this edge")

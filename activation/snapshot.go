@@ -111,7 +111,7 @@ func (a *Activator) applySnapshot(ctx, fctx context.Context, r io.Reader) error 
 	// Each artifact is read back from the staging directory and verified
 	// against its signed entry, as a fetched one is: memory holds one
 	// artifact per verifying worker, never the whole snapshot.
-	pools, done, err := a.verify(fctx, s.Manifest, s.Artifact)
+	pl, done, err := a.verify(fctx, s.Manifest, s.Artifact)
 	if err != nil && (fctx.Err() != nil || !isRefusal(err)) {
 		return fmt.Errorf("recovery snapshot: %w", cause(fctx, err))
 	}
@@ -120,7 +120,7 @@ func (a *Activator) applySnapshot(ctx, fctx context.Context, r io.Reader) error 
 	}
 	defer done()
 	a.log.Info("applying recovery snapshot", zap.Int64("sequence", seq), zap.Int("entries", len(s.Manifest.Entries)))
-	return a.apply(ctx, seq, pools)
+	return a.apply(ctx, seq, pl)
 }
 
 // refuseSnapshot refuses a snapshot once: the edge pages the manifest
@@ -145,7 +145,9 @@ func isRefusal(err error) bool {
 // and encoded, doubled an activation's memory.
 func compact(d domain.Domain) domain.Domain {
 	if d.Canonical() != nil {
-		d.Origins, d.Routes, d.Cache = nil, nil, nil
+		// The cache policy stays: the release renders a cached origin
+		// location for each TTL.
+		d.Origins, d.Routes = nil, nil
 	}
 	return d
 }

@@ -48,7 +48,7 @@ func (s *docSpill) put(d domain.Domain) (domain.Domain, error) {
 	if _, err := s.f.WriteAt(doc, off); err != nil {
 		return domain.Domain{}, fmt.Errorf("spill the document of %s: %w", d.Domain, err)
 	}
-	return domain.Domain{Domain: d.Domain, Pool: d.Pool, Revision: d.Revision, Hostnames: d.Hostnames}, nil
+	return domain.Domain{Domain: d.Domain, Pool: d.Pool, Revision: d.Revision, Hostnames: d.Hostnames, Cache: d.Cache}, nil
 }
 
 // doc reads d's document back: runtime.PoolRuntime.Docs.

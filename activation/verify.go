@@ -17,19 +17,13 @@ import (
 // decodes it, and compiles the pools. It installs nothing: the verified
 // documents wait in a spill file (see docSpill) that the pools read from
 // until done is called, once the activation is over.
-func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(context.Context, string) ([]byte, error)) (pools map[string]*runtime.PoolRuntime, done func(), err error) {
-	assigned := map[string]bool{}
-	for _, pool := range a.o.Assignments {
-		assigned[pool] = true
-	}
-	for _, e := range m.Entries {
-		if !assigned[e.Pool] {
-			return nil, nil, fmt.Errorf("%w: %s is for pool %s", errUnknownPool, e.Domain, e.Pool)
-		}
+func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(context.Context, string) ([]byte, error)) (pl placement, done func(), err error) {
+	if pl, err = a.placementOf(m); err != nil {
+		return placement{}, nil, err
 	}
 	spill, err := newDocSpill(a.o.StateDir)
 	if err != nil {
-		return nil, nil, err
+		return placement{}, nil, err
 	}
 	defer func() {
 		if err != nil {
@@ -68,17 +62,25 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 	wg.Wait()
 	for _, err := range errs {
 		if err != nil && !errors.Is(err, context.Canceled) {
-			return nil, nil, err
+			return placement{}, nil, err
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, nil, err
+		return placement{}, nil, err
 	}
-	if pools, err = runtime.CompilePools(domains); err != nil {
-		return nil, nil, err
+	pools, err := runtime.CompilePools(domains)
+	if err != nil {
+		return placement{}, nil, err
 	}
 	spill.attach(pools)
-	return pools, spill.close, nil
+	cells := map[string][]string{}
+	for _, e := range m.Entries {
+		if len(e.Cells) > 0 {
+			cells[e.Domain] = e.Cells
+		}
+	}
+	pl.slots = runtime.CompileSlots(pools, pl.assign, cells)
+	return pl, spill.close, nil
 }
 
 // verifyEntry fetches one artifact, verifies it against its entry and

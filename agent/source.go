@@ -67,9 +67,14 @@ func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignment
 	if err != nil {
 		return err
 	}
+	// The limits of the last signed assignments, persisted with them.
+	limits, err := runtime.LoadPoolLimits(a.cfg.StateDir)
+	if err != nil {
+		return err
+	}
 	a.act, err = activation.New(activation.Options{
 		EdgeID: a.id.EdgeID, PublicKey: a.key, Source: a.source, Journal: a.acks,
-		Topology: topo, Assignments: assign, Cells: a.sup, StateDir: a.cfg.StateDir,
+		Topology: topo, Assignments: assign, PoolLimits: limits, Cells: a.sup, StateDir: a.cfg.StateDir,
 		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), PollTimeout: a.cfg.Source.PollTimeout.D(), Logger: a.log,
 		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {
 			return RenderParams(a.cfg, s, pool, seq)

@@ -48,6 +48,12 @@ type Status struct {
 	Listening   bool        `json:"listening"`
 	Connections Connections `json:"connections"`
 	Requests    int64       `json:"requests"`
+	// Limits are the pool limits the cell enforces (zero: none); Refused
+	// counts the requests they refused, by kind.
+	Limits  Limits  `json:"limits"`
+	Refused Refused `json:"refused"`
+	// Cache counts the cache's answers to origin routes of cached domains.
+	Cache Cache `json:"cache"`
 	// Origins are keyed by domain/origin-name.
 	Origins  map[string]Origin `json:"origins"`
 	Security Security          `json:"security"`
@@ -64,6 +70,31 @@ type Connections struct {
 // InFlight is the number of requests being served, not counting the status
 // call asking.
 func (c Connections) InFlight() int { return max(c.Reading+c.Writing-1, 0) }
+
+// Limits are a pool's per-cell limits as the cell enforces them.
+type Limits struct {
+	MaxConns int `json:"max_conns"`
+	Rate     int `json:"rate"`
+	Burst    int `json:"burst"`
+}
+
+// Refused counts requests the pool limits refused: over the connection
+// limit (answered 503) and over the request rate (answered 429).
+type Refused struct {
+	Connections int64 `json:"connections"`
+	Rate        int64 `json:"rate"`
+}
+
+// Cache counts $upstream_cache_status values of cached origin routes.
+type Cache struct {
+	Hit         int64 `json:"hit"`
+	Miss        int64 `json:"miss"`
+	Expired     int64 `json:"expired"`
+	Bypass      int64 `json:"bypass"`
+	Stale       int64 `json:"stale"`
+	Updating    int64 `json:"updating"`
+	Revalidated int64 `json:"revalidated"`
+}
 
 // Origin is a passive-origin failure summary: failures the cell saw while
 // proxying to one origin.

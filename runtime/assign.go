@@ -72,3 +72,40 @@ func SaveAssignments(stateDir string, t Topology, a Assignments) error {
 	}
 	return atomicfile.WriteFile(filepath.Join(stateDir, assignmentsFile), append(out, '\n'), 0o644)
 }
+
+const limitsFile = "pool-limits.json"
+
+// LoadPoolLimits returns the persisted limits of the pools of the last
+// signed assignments, by pool; none persisted (standalone, or a spool
+// without assignments) means none.
+func LoadPoolLimits(stateDir string) (map[string]PoolLimits, error) {
+	data, err := os.ReadFile(filepath.Join(stateDir, limitsFile))
+	if os.IsNotExist(err) {
+		return map[string]PoolLimits{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pool limits: %w", err)
+	}
+	out := map[string]PoolLimits{}
+	if err := json.Unmarshal(data, &out); err != nil {
+		return nil, fmt.Errorf("read pool limits: %w", err)
+	}
+	return out, nil
+}
+
+// SavePlacement persists signed assignments and their pools' limits once
+// they are applied, each file atomically: the limits first, so that the
+// assignments on disk never name a pool whose limits are older than them.
+func SavePlacement(stateDir string, t Topology, a Assignments, limits map[string]PoolLimits) error {
+	if err := a.Check(t); err != nil {
+		return err
+	}
+	out, err := json.MarshalIndent(limits, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(stateDir, limitsFile), append(out, '\n'), 0o644); err != nil {
+		return fmt.Errorf("save pool limits: %w", err)
+	}
+	return SaveAssignments(stateDir, t, a)
+}

@@ -10,8 +10,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 
 	"cellvisor/domain"
@@ -135,4 +137,60 @@ func CompilePools(domains []domain.Domain) (map[string]*PoolRuntime, error) {
 		}
 	}
 	return pools, nil
+}
+
+// cacheTTLs are the distinct positive cache TTLs of the pool's domains,
+// ascending.
+func (p *PoolRuntime) cacheTTLs() []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, d := range p.Hosts {
+		if d.Cache != nil && d.Cache.TTLSeconds > 0 && !seen[d.Cache.TTLSeconds] {
+			seen[d.Cache.TTLSeconds] = true
+			out = append(out, d.Cache.TTLSeconds)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+// CompileSlots gives every assigned slot its own pool runtime: the domains
+// of its pool, less those restricted (by cells, keyed by domain name) to
+// other cells. Slots whose selection is the same share one runtime, and so
+// its content hash; a pool without restricted domains is shared whole.
+func CompileSlots(pools map[string]*PoolRuntime, assign Assignments, cells map[string][]string) map[string]*PoolRuntime {
+	out := map[string]*PoolRuntime{}
+	byKey := map[string]*PoolRuntime{}
+	for slot, pool := range assign {
+		p := pools[pool]
+		if p == nil {
+			p = &PoolRuntime{Pool: pool, Hosts: map[string]*domain.Domain{}}
+			pools[pool] = p
+		}
+		var dropped []string
+		for _, d := range p.Hosts {
+			if c, ok := cells[d.Domain]; ok && !slices.Contains(c, slot) {
+				dropped = append(dropped, d.Domain)
+			}
+		}
+		if len(dropped) == 0 {
+			out[slot] = p
+			continue
+		}
+		sort.Strings(dropped)
+		dropped = slices.Compact(dropped)
+		key := pool + "\x00" + strings.Join(dropped, "\x00")
+		if q := byKey[key]; q != nil {
+			out[slot] = q
+			continue
+		}
+		q := &PoolRuntime{Pool: pool, Hosts: map[string]*domain.Domain{}, Docs: p.Docs}
+		for h, d := range p.Hosts {
+			if _, drop := slices.BinarySearch(dropped, d.Domain); !drop {
+				q.Hosts[h] = d
+			}
+		}
+		byKey[key], out[slot] = q, q
+	}
+	return out
 }

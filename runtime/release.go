@@ -96,6 +96,7 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 		}
 		r.pool, r.poolFile = pool, "pools/"+p.Pool+".json"
 		hashes[r.poolFile] = sum
+		p.CacheTTLs = pool.cacheTTLs()
 	}
 	// The digest covers what the release does, not where it lives: nginx.conf
 	// rendered without its sequence and directory, so equal content compares
@@ -353,6 +354,29 @@ func Activate(s Slot, r Release) (ReleaseMeta, bool, error) {
 		return r.Meta, true, fmt.Errorf("prune releases of %s: %w", s.Name, err)
 	}
 	return r.Meta, true, nil
+}
+
+// Clear leaves the slot with an empty runtime, as an unassigned slot has:
+// its current link goes first (so no half-removed release is ever active),
+// then every release.
+func Clear(s Slot) error {
+	if err := os.Remove(filepath.Join(s.RuntimeDir(), currentLink)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("clear runtime of %s: %w", s.Name, err)
+	}
+	if err := atomicfile.SyncDir(s.RuntimeDir()); err != nil {
+		return fmt.Errorf("clear runtime of %s: %w", s.Name, err)
+	}
+	root := filepath.Join(s.RuntimeDir(), releasesDir)
+	ents, err := os.ReadDir(root)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("clear runtime of %s: %w", s.Name, err)
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
+			return fmt.Errorf("clear runtime of %s: %w", s.Name, err)
+		}
+	}
+	return nil
 }
 
 // ErrCorrupt marks a release whose files do not match its release.json.

@@ -19,15 +19,27 @@ func testParams(s Slot, seq int64) RenderParams {
 		WorkerConnections: 1024, WorkerShutdownTimeout: 30, CacheMaxBytes: 256 << 20, RequestMaxBytes: 64 << 20}
 }
 
+// TestRenderGolden pins the rendered nginx.conf: a cell with no pool limits
+// and no cached domain (as before placement), and one with both.
 func TestRenderGolden(t *testing.T) {
 	s := Plan(Layout{Slots: 3, HTTPBase: 10080, HTTPSBase: 10443, StateDir: "/var/lib/cellvisor", RunDir: "/run/cellvisor"}).Slots[2]
 	p := testParams(s, 7)
 	p.ReleaseDir = "/var/lib/cellvisor/cells/cell-03/runtime/releases/000000000007"
+	limited := p
+	limited.Limits, limited.CacheTTLs = PoolLimits{MaxConns: 100, Rate: 50, Burst: 10}, []int{60, 3600}
+	for golden, p := range map[string]RenderParams{
+		"cell-03.nginx.conf.golden":              p,
+		"cell-03-limits-cache.nginx.conf.golden": limited,
+	} {
+		t.Run(golden, func(t *testing.T) { checkGolden(t, p, filepath.Join("testdata", golden)) })
+	}
+}
+
+func checkGolden(t *testing.T, p RenderParams, golden string) {
 	got, err := RenderConf(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden := filepath.Join("testdata", "cell-03.nginx.conf.golden")
 	if *update {
 		if err := os.WriteFile(golden, got, 0o644); err != nil {
 			t.Fatal(err)

@@ -35,9 +35,25 @@ type RenderParams struct {
 	WorkerShutdownTimeout int // seconds
 	CacheMaxBytes         int64
 	RequestMaxBytes       int64
+	// Limits are the slot's pool limits the cell enforces; zero values
+	// mean none.
+	Limits PoolLimits
+	// CacheTTLs are the distinct cache TTLs, in seconds, of the slot's
+	// domains, ascending: each gets a cached origin location. BuildRelease
+	// fills them from the pool runtime.
+	CacheTTLs []int
 	// AuthWindow is how far, in seconds, a private call's timestamp may be
 	// from the cell's clock either way; 0 means DefaultAuthWindow.
 	AuthWindow int
+}
+
+// PoolLimits are what every cell of a pool enforces: concurrent client
+// connections (503 past MaxConns) and requests per second per client
+// address (429 past Rate after Burst). Zero means no limit.
+type PoolLimits struct {
+	MaxConns int `json:"max_conns"`
+	Rate     int `json:"rate"`
+	Burst    int `json:"burst"`
 }
 
 // DefaultAuthWindow is the private endpoint's timestamp window, in seconds.

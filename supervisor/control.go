@@ -54,7 +54,7 @@ func (c *slot) running() (pid int, st State) {
 // gracefulStop is the stop of an operator restart: drain, wait for requests
 // in flight up to the drain timeout, then stop (SIGQUIT, SIGKILL past what is
 // left of the timeout).
-func (c *slot) gracefulStop(ctx context.Context, p *proc) {
+func (c *slot) gracefulStop(ctx context.Context, p *proc, why string) {
 	deadline := c.s.clk.Now().Add(c.s.o.DrainTimeout)
 	dctx, cancel := context.WithTimeout(ctx, c.s.o.DrainTimeout)
 	defer cancel()
@@ -62,7 +62,7 @@ func (c *slot) gracefulStop(ctx context.Context, p *proc) {
 		if _, err := api.Drain(dctx); err != nil {
 			c.log.Warn("restart: drain", zap.Error(err))
 		}
-		c.set(StateDrained, "restarting: waiting for requests in flight")
+		c.set(StateDrained, why+": waiting for requests in flight")
 		for dctx.Err() == nil {
 			st, err := api.Status(dctx)
 			if err != nil || st.Connections.InFlight() == 0 {
@@ -71,7 +71,7 @@ func (c *slot) gracefulStop(ctx context.Context, p *proc) {
 			_ = backoff.Sleep(dctx, c.s.clk, 10*time.Millisecond)
 		}
 	}
-	c.set(StateDegraded, "restarting: stopping")
+	c.set(StateDegraded, why+": stopping")
 	c.stop(p, max(deadline.Sub(c.s.clk.Now()), 100*time.Millisecond))
 }
 
@@ -102,7 +102,7 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 	if err != nil {
 		return SlotStatus{}, err
 	}
-	if c.pool == "" {
+	if c.poolName() == "" {
 		return SlotStatus{}, fmt.Errorf("%w: %s is unassigned", ErrNotRunning, name)
 	}
 	c.ctl.Lock()
@@ -324,6 +324,47 @@ func (s *Supervisor) monitor(ctx context.Context) {
 				c.log.Warn("security event: refused private calls", zap.Int64("new", n),
 					zap.Int64("total", cs.Security.AuthFailures), zap.String("last", cs.Security.LastReason))
 			}
+		}
+	}
+}
+
+// Assign changes a slot's pool at run time; slot identity, ports and paths
+// do not change. A newly assigned slot starts once its release is active
+// (the caller switches it in first). A reassigned running cell keeps running
+// and loads its new pool's release on the caller's Reload. An unassigned
+// slot's cell is drained, finishes its requests in flight and is stopped:
+// Assign returns once nothing runs, or with ctx's error. The caller empties
+// the slot's runtime after that.
+func (s *Supervisor) Assign(ctx context.Context, name, pool string) error {
+	c, err := s.slotNamed(name)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	prev := c.pool
+	c.pool = pool
+	c.mu.Unlock()
+	if prev == pool {
+		return nil
+	}
+	c.log.Info("cell assignment", zap.String("from", prev), zap.String("to", pool))
+	select {
+	case c.assignCh <- struct{}{}:
+	default:
+	}
+	if pool != "" || s.o.Refusal != nil {
+		return nil
+	}
+	b := &backoff.Backoff{Initial: 5 * time.Millisecond, Max: 100 * time.Millisecond, Clock: s.clk}
+	for {
+		c.mu.Lock()
+		done := c.pid == 0 && c.state == StateStopped && c.reason == "unassigned"
+		c.mu.Unlock()
+		if done {
+			return nil
+		}
+		if err := b.Wait(ctx); err != nil {
+			return fmt.Errorf("unassign %s: cell still running: %w", name, err)
 		}
 	}
 }

@@ -25,12 +25,14 @@ const (
 	evUnresponsive              // a ready cell failed its liveness checks FailureThreshold times in a row
 	evResponsive                // an unresponsive cell answered again
 	evHung                      // a cell failed its liveness checks RestartThreshold times in a row
+	evAssigned                  // an unassigned slot was assigned to a pool
+	evUnassign                  // the slot's assignment was withdrawn
 
 	numEvents // not an event: how many there are
 )
 
 var eventNames = [...]string{"unassigned", "refused", "no release", "released", "start failed", "ready",
-	"probe timeout", "exit", "restart", "restarted", "drain", "undrain", "stop", "unresponsive", "responsive", "hung"}
+	"probe timeout", "exit", "restart", "restarted", "drain", "undrain", "stop", "unresponsive", "responsive", "hung", "assigned", "unassign"}
 
 func (e event) String() string { return eventNames[e] }
 
@@ -48,10 +50,12 @@ const (
 	actRefuse                     // refuse the request: the cell is not running
 	actReload                     // reload the running cell (SIGHUP) to apply a setting
 	actShutdown                   // stop the running cell for good and end
+	actIdle                       // nothing runs: wait for an assignment
+	actRetire                     // drain the running cell, let requests in flight finish, stop it; then idle
 )
 
 var actionNames = [...]string{"none", "end", "await release", "start", "kill", "backoff", "graceful stop",
-	"refuse", "reload", "shutdown"}
+	"refuse", "reload", "shutdown", "idle", "retire"}
 
 func (a action) String() string { return actionNames[a] }
 
@@ -65,8 +69,21 @@ type facts struct {
 // next is the slot's transition on ev: its next state and the action.
 func next(f facts, ev event) (State, action) {
 	switch ev {
-	case evUnassigned, evRefused:
+	case evRefused:
 		return StateStopped, actEnd
+	case evUnassigned:
+		// An unassigned slot runs nothing and has an empty runtime; its
+		// routine waits for an assignment.
+		return StateStopped, actIdle
+	case evAssigned:
+		return f.state, actAwaitRelease
+	case evUnassign:
+		// The cell is retired like an operator restart stops it (drained,
+		// requests in flight finish), but is not started again.
+		if f.running {
+			return StateDrained, actRetire
+		}
+		return StateStopped, actIdle
 	case evNoRelease:
 		return StateDegraded, actAwaitRelease
 	case evReleased:

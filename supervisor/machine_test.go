@@ -19,7 +19,13 @@ func TestNext(t *testing.T) {
 		state State
 		act   action
 	}{
-		{"an unassigned slot stays stopped and its routine ends", stopped, evUnassigned, StateStopped, actEnd},
+		{"an unassigned slot stays stopped and waits for an assignment", stopped, evUnassigned, StateStopped, actIdle},
+		{"an assignment makes an idle slot wait for its release", stopped, evAssigned, StateStopped, actAwaitRelease},
+		{"unassigning a ready cell drains and retires it", ready, evUnassign, StateDrained, actRetire},
+		{"unassigning a drained cell retires it", drainedReady, evUnassign, StateDrained, actRetire},
+		{"unassigning a starting cell retires it", starting, evUnassign, StateDrained, actRetire},
+		{"unassigning a crashed cell waiting for its restart idles", crashed, evUnassign, StateStopped, actIdle},
+		{"unassigning a slot waiting for its release idles", facts{state: StateDegraded}, evUnassign, StateStopped, actIdle},
 		{"refused limits keep the cell stopped", stopped, evRefused, StateStopped, actEnd},
 		{"an assigned slot with no release is degraded and waits", stopped, evNoRelease, StateDegraded, actAwaitRelease},
 		{"a release arriving starts the cell", facts{state: StateDegraded}, evReleased, StateDegraded, actStart},

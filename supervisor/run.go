@@ -8,7 +8,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"cellvisor/internal/backoff"
 	"cellvisor/runtime"
 )
 
@@ -28,28 +27,52 @@ func (c *slot) on(ev event, reason string) action {
 	return act
 }
 
-// run is the slot's routine: start, wait for ready or exit, restart with
-// backoff, until ctx is cancelled.
+// run is the slot's routine: while the slot is assigned, start its cell,
+// wait for ready or exit, restart with backoff; while it is unassigned, wait
+// for an assignment; until ctx is cancelled.
 func (c *slot) run(ctx context.Context) {
 	defer c.firstOutcome()
-	switch {
-	case c.pool == "":
-		c.on(evUnassigned, "unassigned")
-		return
-	case c.s.o.Refusal != nil:
+	if c.s.o.Refusal != nil {
 		c.on(evRefused, "not started: "+c.s.o.Refusal.Error())
 		return
 	}
+	for ctx.Err() == nil {
+		if pool := c.poolName(); pool == "" {
+			c.mu.Lock()
+			c.seq = 0
+			c.mu.Unlock()
+			c.on(evUnassigned, "unassigned")
+			c.firstOutcome()
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.assignCh:
+			}
+			continue
+		} else {
+			c.on(evAssigned, "assigned to "+pool)
+		}
+		if !c.serve(ctx) {
+			return
+		}
+	}
+}
+
+// serve runs the assigned slot's cell until ctx ends (false) or the slot
+// is unassigned (true, with nothing left running).
+func (c *slot) serve(ctx context.Context) bool {
 	if !c.awaitRelease(ctx) {
-		return
+		return ctx.Err() == nil
 	}
 	tr := newTracker(c.s.o.Policy, c.s.o.Jitter)
 	var pending *restartReq // an operator restart waiting for the new cell
-	defer func() { answer(&pending, errors.New("agent stopping")) }()
+	defer func() { answer(&pending, errors.New("cell stopped")) }()
 	for {
 		switch c.runOnce(ctx, tr, &pending) {
 		case actEnd, actShutdown:
-			return
+			return false
+		case actIdle:
+			return true
 		case actStart:
 			continue
 		}
@@ -60,17 +83,51 @@ func (c *slot) run(ctx context.Context) {
 		reason := c.lastExit
 		c.mu.Unlock()
 		c.on(evExit, fmt.Sprintf("%s; restart in %s", reason, delay.Round(time.Millisecond)))
-		if act == actBackoff && backoff.Sleep(ctx, c.s.clk, delay) != nil || ctx.Err() != nil {
+		if act != actBackoff {
+			continue
+		}
+		switch c.sleep(ctx, delay) {
+		case errUnassigned:
+			c.on(evUnassign, "unassigned")
+			return true
+		case nil:
+		default:
 			c.on(evStop, "agent stopping")
-			return
+			return false
+		}
+	}
+}
+
+// errUnassigned ends a wait of the slot's routine: the slot was unassigned.
+var errUnassigned = errors.New("unassigned")
+
+// sleep waits d, or until ctx ends (its error) or the slot is unassigned
+// (errUnassigned).
+func (c *slot) sleep(ctx context.Context, d time.Duration) error {
+	t := c.s.clk.NewTimer(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C():
+			return nil
+		case <-c.assignCh:
+			if c.poolName() == "" {
+				return errUnassigned
+			}
 		}
 	}
 }
 
 // awaitRelease waits until the slot has an active release; it returns false
-// when ctx ended first.
+// when ctx ended or the slot was unassigned first.
 func (c *slot) awaitRelease(ctx context.Context) bool {
 	for {
+		if c.poolName() == "" {
+			c.on(evUnassign, "unassigned")
+			return false
+		}
 		meta, err := runtime.Current(c.spec)
 		if err == nil {
 			c.mu.Lock()
@@ -85,6 +142,7 @@ func (c *slot) awaitRelease(ctx context.Context) bool {
 			c.on(evStop, "agent stopping")
 			return false
 		case <-c.released:
+		case <-c.assignCh:
 		}
 	}
 }
@@ -113,6 +171,9 @@ func (c *slot) runOnce(ctx context.Context, tr *tracker, pending **restartReq) a
 	case out.restart != nil:
 		*pending = out.restart
 		return c.on(evRestarted, "restarting")
+	case out.retired:
+		answer(pending, errors.New("cell unassigned"))
+		return actIdle
 	}
 	c.afterExit(p, out.why)
 	answer(pending, fmt.Errorf("cell exited before it was ready: %s", c.status().LastExit))
@@ -135,6 +196,7 @@ type outcome struct {
 	stopped  bool          // stopped because ctx ended
 	why      string        // why the agent stopped it itself, if it did
 	restart  *restartReq   // stopped for an operator restart
+	retired  bool          // stopped because the slot was unassigned
 }
 
 // supervise waits for readiness, exit, an operator restart or cancellation,
@@ -178,10 +240,17 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 			}
 		case req := <-c.restartCh:
 			if _, act := c.decide(evRestart); act == actGracefulStop {
-				c.gracefulStop(ctx, p)
+				c.gracefulStop(ctx, p, "restarting")
 			}
 			out.restart = req
 			return finish()
+		case <-c.assignCh:
+			if _, act := c.decide(evUnassign); act == actRetire && c.poolName() == "" {
+				c.set(StateDrained, "unassigned: draining")
+				c.gracefulStop(ctx, p, "unassigned")
+				out.retired = true
+				return finish()
+			}
 		case <-p.done:
 			return finish()
 		case <-ctx.Done():

@@ -16,7 +16,6 @@ import (
 type slot struct {
 	s       *Supervisor
 	spec    runtime.Slot
-	pool    string
 	log     *zap.Logger
 	outcome sync.Once
 
@@ -27,8 +26,11 @@ type slot struct {
 	ctl sync.Mutex
 	// released wakes a slot waiting for its first release.
 	released chan struct{}
+	// assignCh wakes the slot's routine when its pool changed.
+	assignCh chan struct{}
 
 	mu         sync.Mutex // guards the following fields
+	pool       string     // "" when unassigned
 	group      cgroup.Group
 	api        *cellapi.Client
 	state      State
@@ -59,6 +61,7 @@ func newSlot(s *Supervisor, spec runtime.Slot, pool string) *slot {
 		log:       s.log.With(zap.String("cell", spec.Name)),
 		restartCh: make(chan *restartReq),
 		released:  make(chan struct{}, 1),
+		assignCh:  make(chan struct{}, 1),
 		drained:   spec.Drained(),
 	}
 }
@@ -123,9 +126,9 @@ func (c *slot) status() SlotStatus {
 		t := c.readySince
 		st.ReadySince = &t
 	}
-	g := c.group
+	g, pool := c.group, c.pool
 	c.mu.Unlock()
-	if c.pool != "" {
+	if pool != "" {
 		st.Assignment = Assigned
 		st.Limits = c.s.o.Limits
 	}
@@ -139,6 +142,13 @@ func (c *slot) status() SlotStatus {
 		}
 	}
 	return st
+}
+
+// poolName is the slot's pool, "" when unassigned.
+func (c *slot) poolName() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pool
 }
 
 func closed(ch <-chan struct{}) bool {

@@ -181,7 +181,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	sideWG.Add(1)
 	go func() { defer sideWG.Done(); s.monitor(side) }()
 	for _, c := range s.slots {
-		if c.pool == "" || s.o.Refusal != nil {
+		if s.o.Refusal != nil {
 			continue
 		}
 		b, err := logbound.New(logbound.Options{Dir: c.spec.LogsDir(), Budget: s.o.LogBudget, Reopen: c.reopenLogs, Logger: c.log})

@@ -14,7 +14,8 @@ local bit = require "bit"
 
 local dict = ngx.shared.cellvisor
 
-local _M = { hosts = {}, cell = "?", pool = "", sequence = 0, secret = nil }
+local _M = { hosts = {}, cell = "?", pool = "", sequence = 0, secret = nil,
+    limits = { max_conns = 0, rate = 0, burst = 0 } }
 
 -- A request is accepted only within auth_window seconds of its timestamp
 -- (init's opts.auth_window, 30 by default), and each nonce only once: a
@@ -41,6 +42,7 @@ end
 function _M.init(opts)
     _M.cell, _M.pool, _M.sequence = opts.cell, opts.pool or "", opts.sequence or 0
     auth_window = tonumber(opts.auth_window) or 30
+    _M.limits = opts.limits or _M.limits
     -- Sequences are 1 … 2^53-1, exact in a double; anything else is not
     -- one the agent wrote, and is reported as 0 rather than rounded.
     if type(_M.sequence) ~= "number" or _M.sequence < 0 or _M.sequence > 9007199254740991
@@ -118,20 +120,43 @@ function _M.serve()
         if o.name == best.origin then
             ngx.var.cv_origin = o.url
             ngx.var.cv_origin_name = d.domain .. "/" .. o.name
+            -- A domain with a cache TTL goes through the cached location of
+            -- its TTL, which the release rendered from the same pool JSON.
+            local ttl = type(d.cache) == "table" and tonumber(d.cache.ttl_seconds) or 0
+            if ttl and ttl > 0 then
+                return ngx.exec("@origin_ttl_" .. string.format("%d", ttl))
+            end
             return ngx.exec("@origin")
         end
     end
     return ngx.exit(502)
 end
 
--- log() runs for every public request: it counts it and, for proxied ones,
--- records a passive-origin failure when the origin could not be reached, timed
--- out or answered 5xx.
+-- Answers of the cache that served a request without asking the origin.
+local served_from_cache = { HIT = true, STALE = true, UPDATING = true }
+
+-- log() runs for every public request: it counts it, counts the pool
+-- limits' refusals by kind and the cache's answers, and, for proxied ones,
+-- records a passive-origin failure when the origin could not be reached,
+-- timed out or answered 5xx.
 function _M.log()
     if ngx.ctx.probe then return end
     dict:incr("requests", 1, 0)
+    if ngx.var.limit_conn_status == "REJECTED" then
+        dict:incr("refused:connections", 1, 0)
+        return
+    end
+    if ngx.var.limit_req_status == "REJECTED" then
+        dict:incr("refused:rate", 1, 0)
+        return
+    end
     local origin = ngx.var.cv_origin_name
     if origin == nil or origin == "" then return end
+    local cs = ngx.var.upstream_cache_status
+    if cs and cs ~= "" then
+        dict:incr("cache:" .. string.lower(cs), 1, 0)
+        if served_from_cache[cs] then return end
+    end
     local us = ngx.var.upstream_status or ""
     local last = tonumber(string.match(us, "(%d+)%s*$")) or 0
     if us == "" or last >= 500 or last == 0 then
@@ -252,6 +277,20 @@ local function status_doc()
             waiting = tonumber(ngx.var.connections_waiting) or 0,
         },
         requests = dict:get("requests") or 0,
+        limits = _M.limits,
+        refused = {
+            connections = dict:get("refused:connections") or 0,
+            rate = dict:get("refused:rate") or 0,
+        },
+        cache = {
+            hit = dict:get("cache:hit") or 0,
+            miss = dict:get("cache:miss") or 0,
+            expired = dict:get("cache:expired") or 0,
+            bypass = dict:get("cache:bypass") or 0,
+            stale = dict:get("cache:stale") or 0,
+            updating = dict:get("cache:updating") or 0,
+            revalidated = dict:get("cache:revalidated") or 0,
+        },
         origins = origins(),
         security = {
             auth_failures = dict:get("sec:auth_failures") or 0,
