@@ -34,8 +34,8 @@ var (
 )
 
 // packagesFor builds both binaries (their version set to version, as make
-// build does) and the four packages of version, once per run, and returns
-// the packages by "name format".
+// build does) and, with mkpkg, the four packages of version, once per run,
+// and returns the packages by "name format".
 func packagesFor(t *testing.T, version string) map[string]string {
 	t.Helper()
 	builtMu.Lock()
@@ -54,21 +54,32 @@ func packagesFor(t *testing.T, version string) map[string]string {
 	binDir := filepath.Join(dir, "bin")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	for _, name := range Packages {
-		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath",
-			"-ldflags", "-s -w -X cellvisor/agent.Version="+version,
-			"-o", filepath.Join(binDir, name), "./cmd/"+name)
+	gobuild := func(out, pkg string, ldflags string) {
+		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", ldflags, "-o", out, pkg)
 		cmd.Dir = ".."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", name, err, out)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 		}
 	}
-	paths, err := Build(Options{Root: "..", BinDir: binDir, OutDir: filepath.Join(dir, "dist"), Version: v})
-	if err != nil {
-		t.Fatalf("Build: %v", err)
+	for _, name := range Packages {
+		gobuild(filepath.Join(binDir, name), "./cmd/"+name, "-s -w -X cellvisor/agent.Version="+v.String())
 	}
+	// The packages are built by mkpkg, as make packages does: that tests its
+	// flags too, and keeps nfpm's compression out of the race detector.
+	mkpkg := filepath.Join(scratch, "mkpkg")
+	if _, err := os.Stat(mkpkg); err != nil {
+		gobuild(mkpkg, "./packaging/cmd/mkpkg", "")
+	}
+	cmd := exec.CommandContext(ctx, mkpkg, "--root", "..", "--bindir", binDir, "--out", filepath.Join(dir, "dist"), "--version", version)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("mkpkg: %v\n%s", err, stderr.String())
+	}
+	paths := strings.Fields(string(out))
 	if len(paths) != len(Packages)*len(Formats) {
-		t.Fatalf("Build wrote %d packages, want %d: %q", len(paths), len(Packages)*len(Formats), paths)
+		t.Fatalf("mkpkg wrote %d packages, want %d: %q", len(paths), len(Packages)*len(Formats), paths)
 	}
 	byKey := map[string]string{}
 	for _, p := range paths {
