@@ -28,8 +28,9 @@ BUILDFLAGS := -trimpath
 # release's server, postgresql-15 on Debian 12). gcc and libc6-dev are there
 # because `go test -race` needs cgo.
 # systemd provides systemd-analyze for units-check; util-linux, setpriv for the
-# cgroup handover test (an unprivileged agent).
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux
+# cgroup handover test (an unprivileged agent). rpm is there for the package
+# tests, which read the built .rpm with rpm -qp (and build nothing with it).
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # The control API store's tests also run against a real PostgreSQL: test,
@@ -71,14 +72,14 @@ WITH_PG = \
 	fi; \
 	set -x;
 
-.PHONY: help deps tools build test test-short lint units-check bench demo demo-check clean
+.PHONY: help deps tools build packages packages-test test test-short lint units-check bench demo demo-check clean
 
 help: ## show this list of targets
 	@echo 'usage: make TARGET'
 	@echo
-	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-11s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-13s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc) and Go modules
+deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc, rpm) and Go modules
 	@if ! command -v dpkg >/dev/null 2>&1; then \
 	  echo "deps: not a Debian host (no dpkg): install nginx with the Lua module (or OpenResty) yourself,"; \
 	  echo "deps: and PostgreSQL or set CELLVISOR_TEST_POSTGRES to a server the tests may create databases on;"; \
@@ -115,6 +116,20 @@ build: ## build bin/cellvisor, bin/cellvisor-control and bin/cellvisor-demo (ver
 	$(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
 	$(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-control ./cmd/cellvisor-control
 	$(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-demo ./cmd/cellvisor-demo
+
+# The packages' version is git describe's, made valid for deb and rpm
+# (packaging/version.go): X.Y.Z from the last tag vX.Y.Z, +gitN.gHASH past it;
+# 0.0.0+gitN.gHASH with no tag, N counting every commit.
+packages: build ## build the cellvisor and cellvisor-control .deb and .rpm packages into dist/ (nfpm, packaging/)
+	@echo "packages: building the .deb and .rpm packages into dist/ from bin/ and packaging/"
+	@mkdir -p dist
+	rm -f dist/*.deb dist/*.rpm
+	$(GO) run ./packaging/cmd/mkpkg --root . --bindir bin --out dist
+
+# make test runs these too. As root on a Debian host, they install the .debs
+# with dpkg, upgrade and purge them (the host is left as it was).
+packages-test: deps ## build both formats, check them with dpkg-deb and rpm -qp, install, upgrade and purge the .debs (as root)
+	$(GO) test -race -count=1 -timeout 10m -v ./packaging/...
 
 test: deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
 	@$(WITH_PG) $(GO) test -race -count=1 -timeout 30m ./...
@@ -189,5 +204,5 @@ demo-check: deps build ## run the demo scenario non-interactively (drain, undrai
 	@echo "demo-check: running ./bin/cellvisor-demo --check"
 	./bin/cellvisor-demo --check
 
-clean: ## remove bin/ and the demo's files (.demo/)
-	rm -rf bin .demo
+clean: ## remove bin/, dist/ and the demo's files (.demo/)
+	rm -rf bin dist .demo

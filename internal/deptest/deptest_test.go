@@ -28,6 +28,9 @@ var controlPlane = []string{
 	"cellvisor/controlapi", "modernc.org/sqlite", "github.com/jackc/pgx/v5",
 }
 
+// The package builder and nfpm: build tools, linked by packaging/cmd/mkpkg only.
+var packaging = []string{"cellvisor/packaging", "github.com/goreleaser/nfpm"}
+
 func TestLayering(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skipf("needs the go command to list dependencies: %v", err)
@@ -42,6 +45,8 @@ func TestLayering(t *testing.T) {
 		{"./manifest", append(hostSide, controlPlane...), "manifests are verified the same way on both sides"},
 		{"./edgeapi", append(hostSide, controlPlane...), "the wire contract is shared"},
 		{"./cmd/cellvisor", controlPlane, "the agent on every edge host carries no control plane or database driver"},
+		{"./cmd/cellvisor", packaging, "the agent carries nothing of the package builder"},
+		{"./cmd/cellvisor-control", packaging, "the control API carries nothing of the package builder"},
 		{"./agent", controlPlane, "the agent carries no control plane"},
 		{"./controlclient", append([]string{"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/cgroup", "cellvisor/activation"}, controlPlane...),
 			"the control client is the agent's side of the wire only"},

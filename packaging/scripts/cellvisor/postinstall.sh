@@ -1,0 +1,53 @@
+#!/bin/sh
+# cellvisor postinstall: the deb postinst ("configure" [old version]) and the
+# rpm %post (1 on installation, 2 or more on upgrade).
+#
+# Creates the user and the directories, reloads systemd's units, and on an
+# upgrade restarts the agent if it was running (try-restart). It enables and
+# starts nothing on installation. Without systemd as the init (a container, a
+# chroot, a build machine) it touches no unit and says so.
+set -e
+
+name=cellvisor
+unit=cellvisor.service
+
+upgrade=no
+case "$1" in
+	configure) [ -z "$2" ] || upgrade=yes ;;
+	abort-upgrade | abort-remove | abort-deconfigure) ;;
+	[0-9]*) [ "$1" -lt 2 ] || upgrade=yes ;;
+	*) echo "$name postinstall: unknown argument '$1'" >&2; exit 1 ;;
+esac
+
+# The user and its group (sysusers.d), then the state and run directories with
+# their owner and mode (tmpfiles.d). Without the systemd tools, the same by hand.
+if command -v systemd-sysusers >/dev/null 2>&1; then
+	systemd-sysusers /usr/lib/sysusers.d/$name.conf
+else
+	getent group $name >/dev/null || groupadd --system $name
+	getent passwd $name >/dev/null || useradd --system --gid $name \
+		--home-dir /var/lib/$name --no-create-home --shell /usr/sbin/nologin \
+		--comment "cellvisor edge agent" $name
+fi
+if command -v systemd-tmpfiles >/dev/null 2>&1; then
+	systemd-tmpfiles --create /usr/lib/tmpfiles.d/$name.conf
+else
+	install -d -m 0750 -o $name -g $name /var/lib/$name /run/$name
+fi
+
+if [ ! -d /run/systemd/system ]; then
+	echo "$name: systemd is not running: no unit reloaded, nothing restarted"
+else
+	systemctl daemon-reload || echo "$name: systemctl daemon-reload failed (ignored)" >&2
+	if [ "$upgrade" = yes ]; then
+		# try-restart restarts the agent only if it was running. What happens to
+		# the cells is the unit's KillMode= (docs/operations.md, "Upgrade").
+		systemctl try-restart $unit || echo "$name: systemctl try-restart $unit failed (see journalctl -u $unit)" >&2
+	fi
+fi
+
+if [ "$upgrade" = no ]; then
+	echo "$name: installed; not enabled or started. Edit /etc/cellvisor/agent.yaml, enroll, then"
+	echo "$name: systemctl enable --now $unit (docs/operations.md)"
+fi
+exit 0
