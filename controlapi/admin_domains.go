@@ -38,7 +38,21 @@ func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
 	if d.Deleted {
 		return errorf(http.StatusNotFound, "domain %s was deleted", d.Name)
 	}
-	writeJSON(w, http.StatusOK, domainView(d))
+	v := domainView(d)
+	ps, err := s.st.Placements(r.Context(), d.Name)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		v.Placements = append(v.Placements, PlacementView{EdgeID: p.EdgeID, Cell: p.Cell, Pool: p.Pool, Role: p.Role})
+	}
+	m, err := s.st.Move(r.Context(), d.Name)
+	if err == nil {
+		v.Move = moveView(m)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	writeJSON(w, http.StatusOK, v)
 	return nil
 }
 
