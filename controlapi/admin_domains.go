@@ -49,6 +49,9 @@ func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
 	m, err := s.st.Move(r.Context(), d.Name)
 	if err == nil {
 		v.Move = moveView(m)
+		if v.Move.WaitingFor, err = s.st.WaitingFor(r.Context(), m); err != nil {
+			return err
+		}
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return err
 	}

@@ -400,3 +400,19 @@ func (s *Store) finishMove(ctx context.Context, domain string, sign Signer) (Mov
 	})
 	return m, err
 }
+
+// WaitingFor says what a waiting move waits for now: empty when nothing
+// (its next step switches it) or when it is not waiting.
+func (s *Store) WaitingFor(ctx context.Context, m Move) (string, error) {
+	switch m.State {
+	case MoveWaiting:
+		waiting, refused, err := s.targetsReady(ctx, m.Domain)
+		if refused != "" {
+			return refused, err
+		}
+		return waiting, err
+	case MoveDraining:
+		return "the drain interval, until " + m.DrainUntil.Format(time.RFC3339), nil
+	}
+	return "", nil
+}
