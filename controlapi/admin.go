@@ -258,6 +258,9 @@ type PublishedView struct {
 	Domain DomainView `json:"domain"`
 	// Edges maps each edge whose manifest advanced to its new sequence.
 	Edges map[string]int64 `json:"edges"`
+	// Skipped maps each edge of the pool where the domain could not be
+	// placed (too few ready cells, no room) to the reason.
+	Skipped map[string]string `json:"skipped,omitempty"`
 }
 
 // AdminHandler serves the admin API behind the bearer token.

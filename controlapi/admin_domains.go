@@ -114,12 +114,15 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.refresh(r.Context())
 	s.log.Info("domain published", zap.String("domain", name), zap.String("pool", req.Pool), zap.Int64("revision", p.Domain.Revision), zap.Int("edges", len(p.Edges)))
+	for edge, why := range p.Skipped {
+		s.log.Warn("domain not placed on an edge", zap.String("domain", name), zap.String("edge", edge), zap.String("reason", why))
+	}
 	writeJSON(w, http.StatusOK, publishedView(p))
 	return nil
 }
 
 func publishedView(p store.Published) PublishedView {
-	v := PublishedView{Domain: domainView(p.Domain), Edges: map[string]int64{}}
+	v := PublishedView{Domain: domainView(p.Domain), Edges: map[string]int64{}, Skipped: p.Skipped}
 	for _, e := range p.Edges {
 		v.Edges[e.EdgeID] = e.Sequence
 	}

@@ -35,6 +35,10 @@ type EdgeSequence struct {
 type Published struct {
 	Domain Domain
 	Edges  []EdgeSequence
+	// Skipped are the edges of the pool where the domain is not placed
+	// (yet), each with the reason: too few ready cells, or no room. The
+	// domain's next publish places it there if they have recovered.
+	Skipped map[string]string
 }
 
 // Builder makes a domain revision's artifact bytes.
@@ -113,7 +117,7 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 		// Placed where the pool has cells (kept where it was placed); a
 		// move's target cells were placed when it started. Every edge with
 		// a cell of the domain gets the revision: both sides of a move.
-		if _, err := s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
+		if _, out.Skipped, err = s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
 			return err
 		}
 		out.Edges, err = s.reemit(ctx, tx, gen, domain, nil, sign)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -131,9 +132,12 @@ func (s *Store) StartMove(ctx context.Context, domain, to string, readyWithin ti
 		now := s.Now()
 		m = Move{Domain: domain, From: d.Pool, To: to, State: MoveWaiting, StartedAt: fromMS(ms(now)), Deadline: fromMS(ms(now.Add(readyWithin)))}
 		m.step(now, "started", fmt.Sprintf("from %s to %s, revision %d", d.Pool, to, d.Revision))
-		ids, err := s.placePool(ctx, tx, domain, p, RoleTarget)
+		ids, skipped, err := s.placePool(ctx, tx, domain, p, RoleTarget)
 		if err != nil {
 			return err
+		}
+		for _, id := range slices.Sorted(maps.Keys(skipped)) {
+			m.step(now, "skipped", skipped[id])
 		}
 		n, err := s.count(ctx, tx, `SELECT COUNT(*) FROM placements WHERE domain = ? AND role = 'target'`, domain)
 		if err != nil {

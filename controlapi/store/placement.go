@@ -167,19 +167,38 @@ func (s *Store) place(ctx context.Context, tx *sql.Tx, domain string, p Pool, ed
 	return nil
 }
 
-// placePool places domain with role on every edge where pool has a cell,
-// and returns those edges.
-func (s *Store) placePool(ctx context.Context, tx *sql.Tx, domain string, p Pool, role string) ([]string, error) {
+// placePool places domain with role on every edge where pool has a cell
+// and returns those edges. An edge that refuses a new placement (too few
+// ready cells, no room) is skipped, with its reason in skipped: one edge
+// down does not stop a fleet. Only when every edge refuses is the whole
+// placement refused, with the first reason.
+func (s *Store) placePool(ctx context.Context, tx *sql.Tx, domain string, p Pool, role string) (placed []string, skipped map[string]string, err error) {
 	ids, err := s.strings(ctx, tx, `SELECT DISTINCT edge_id FROM assignments WHERE pool = ? ORDER BY edge_id`, p.Name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	var first error
 	for _, id := range ids {
-		if err := s.place(ctx, tx, domain, p, id, role); err != nil {
-			return nil, err
+		err := s.place(ctx, tx, domain, p, id, role)
+		switch {
+		case errors.Is(err, ErrUnavailable):
+			if first == nil {
+				first = err
+			}
+			if skipped == nil {
+				skipped = map[string]string{}
+			}
+			skipped[id] = err.Error()
+		case err != nil:
+			return nil, nil, err
+		default:
+			placed = append(placed, id)
 		}
 	}
-	return ids, nil
+	if len(placed) == 0 && first != nil {
+		return nil, nil, first
+	}
+	return placed, skipped, nil
 }
 
 // entryFor is domain's entry on an edge as it should be now: its current

@@ -57,7 +57,7 @@ func cellsOn(t *testing.T, s *Store, edge, domain string) []string {
 func TestPoolRulesAndDefaults(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		sh, err := s.Pool(ctx(t), "shared-default")
-		if err != nil || sh.Replicas != 1 || sh.Bound != 5000 || sh.MinReady != 1 || sh.Drain != time.Minute || sh.MaxConns != 4096 || sh.Rate != 200 {
+		if err != nil || sh.Replicas != 1 || sh.Bound != 5000 || sh.MinReady != 0 || sh.Drain != time.Minute || sh.MaxConns != 4096 || sh.Rate != 200 {
 			t.Fatalf("shared-default %+v, %v", sh, err)
 		}
 		for _, tc := range []struct {
@@ -180,6 +180,11 @@ func TestPlacementRefusals(t *testing.T) {
 		}
 		// Below the minimum of ready cells: new placements refused, the
 		// placed domain keeps its revisions coming.
+		sh, _ := s.Pool(ctx(t), "shared-default")
+		sh.MinReady = 1
+		if _, _, err := s.UpdatePool(ctx(t), sh, fakeSign); err != nil {
+			t.Fatal(err)
+		}
 		status, _ := json.Marshal(map[string]any{"slots": []map[string]any{{"name": "cell-01", "pool": "shared-default", "state": "degraded"}}})
 		if err := s.PutStatus(ctx(t), a.ID, status, time.Now()); err != nil {
 			t.Fatal(err)
@@ -189,6 +194,23 @@ func TestPlacementRefusals(t *testing.T) {
 		}
 		if _, err := s.PublishDomain(ctx(t), "one.example", "reserved-small", nil, bytes([]byte("1b")), fakeSign); err != nil {
 			t.Fatalf("a placed domain's next revision: %v", err)
+		}
+		// With another edge up, the publish goes there and names the one
+		// skipped; once that one is ready, the next publish places it.
+		b := newEdge(t, s, "b")
+		p, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n")), fakeSign)
+		if err != nil || len(p.Edges) != 1 || p.Edges[0].EdgeID != b.ID || p.Skipped[a.ID] == "" {
+			t.Fatalf("one edge below its minimum: %+v, %v", p, err)
+		}
+		status, _ = json.Marshal(map[string]any{"slots": []map[string]any{{"name": "cell-01", "pool": "shared-default", "state": "ready"}}})
+		if err := s.PutStatus(ctx(t), a.ID, status, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n2")), fakeSign); err != nil || len(p.Edges) != 2 || len(p.Skipped) != 0 {
+			t.Fatalf("after the edge recovered: %+v, %v", p, err)
+		}
+		if got := cellsOn(t, s, a.ID, "new.example"); !slices.Equal(got, []string{"cell-01"}) {
+			t.Fatalf("placed on the recovered edge: %v", got)
 		}
 	})
 }

@@ -37,12 +37,16 @@ var ErrInvalid = errors.New("invalid")
 // DefaultPool is a new pool of class with the shipped defaults; see
 // docs/placement.md for why these numbers.
 func DefaultPool(name, class string) Pool {
-	p := Pool{Name: name, Class: class, Replicas: 1, Bound: 5000, MinReady: 1, Drain: time.Minute, MaxConns: 4096, Rate: 200, Burst: 400}
+	// Shared and quarantine pools have no minimum by default: they
+	// usually have one cell per edge, and an edge restarting or offline
+	// must not stop new domains reaching the rest of the fleet (it catches
+	// up when back). Reserved and dedicated pools have cells to spare.
+	p := Pool{Name: name, Class: class, Replicas: 1, Bound: 5000, MinReady: 0, Drain: time.Minute, MaxConns: 4096, Rate: 200, Burst: 400}
 	switch class {
 	case "quarantine":
 		p.Bound, p.Drain, p.MaxConns, p.Rate, p.Burst = 1000, 30*time.Second, 512, 20, 40
 	case "reserved", "dedicated":
-		p.Bound, p.Rate, p.Burst = 500, 500, 1000
+		p.Bound, p.MinReady, p.Rate, p.Burst = 500, 1, 500, 1000
 	}
 	return p
 }

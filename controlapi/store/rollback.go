@@ -67,7 +67,7 @@ func (s *Store) RollbackDomain(ctx context.Context, domain string, rev int64, ho
 			return fmt.Errorf("store domain: %w", err)
 		}
 		out.Domain = d
-		if _, err := s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
+		if _, out.Skipped, err = s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
 			return err
 		}
 		// The entries are marked rollback: the revision is below the top.
