@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/store"
 	"cellvisor/manifest"
 )
 
@@ -18,6 +19,7 @@ const (
 	AdminEdges   = "/v1/edges"
 	AdminPools   = "/v1/pools"
 	AdminDomains = "/v1/domains"
+	AdminRouting = "/v1/routing"
 )
 
 // EdgeView is an edge as the admin API shows it. Secrets are never in it.
@@ -46,8 +48,10 @@ type EdgeView struct {
 	ActiveSequence int64             `json:"active_sequence"`
 	Assignments    map[string]string `json:"assignments,omitempty"`
 	Cells          []CellView        `json:"cells,omitempty"`
-	SecurityEvents []SecurityEvent   `json:"security_events,omitempty"`
-	StatusAt       *time.Time        `json:"status_at,omitempty"`
+	// Pools are the edge's pools and their ready cells (one edge only).
+	Pools          []PoolHealth    `json:"pools,omitempty"`
+	SecurityEvents []SecurityEvent `json:"security_events,omitempty"`
+	StatusAt       *time.Time      `json:"status_at,omitempty"`
 	// Status, Acks and Tasks are shown for one edge only.
 	Status json.RawMessage `json:"status,omitempty"`
 	Acks   []manifest.Ack  `json:"acks,omitempty"`
@@ -113,16 +117,119 @@ type TaskView struct {
 	DoneAt    *time.Time `json:"done_at,omitempty"`
 }
 
-// PoolRequest creates a pool.
+// PoolRequest creates a pool (POST /v1/pools) or updates one (PATCH
+// /v1/pools/{name}, without name and replicas). An absent field keeps its
+// value: the class's default on create (see docs/placement.md).
 type PoolRequest struct {
-	Name string `json:"name"`
+	Name string `json:"name,omitempty"`
+	// Replicas per edge: 1 for shared and quarantine pools, 1–3 for
+	// reserved and dedicated; set at creation only.
+	Replicas *int `json:"replicas,omitempty"`
+	// Bound is the most domains per cell; 0 for none.
+	Bound *int `json:"bound,omitempty"`
+	// MinReady is the fewest ready cells on an edge for new placements.
+	MinReady *int `json:"min_ready,omitempty"`
+	// Drain is a Go duration: how long a domain moving out keeps its cells.
+	Drain    *string `json:"drain,omitempty"`
+	MaxConns *int    `json:"max_conns,omitempty"`
+	Rate     *int    `json:"rate,omitempty"`
+	Burst    *int    `json:"burst,omitempty"`
 }
 
-// PoolView is a pool.
+// PoolView is a pool, with its cells on every edge for one pool.
 type PoolView struct {
 	Name      string    `json:"name"`
 	Class     string    `json:"class"`
+	Replicas  int       `json:"replicas"`
+	Bound     int       `json:"bound"`
+	MinReady  int       `json:"min_ready"`
+	Drain     string    `json:"drain"`
+	MaxConns  int       `json:"max_conns"`
+	Rate      int       `json:"rate"`
+	Burst     int       `json:"burst"`
 	CreatedAt time.Time `json:"created_at"`
+	// Edges are the pool's cells on each edge (shown for one pool).
+	Edges []PoolHealth `json:"edges,omitempty"`
+	// Sequences maps each edge whose manifest advanced (an update of the
+	// cells' limits) to its new sequence.
+	Sequences map[string]int64 `json:"sequences,omitempty"`
+}
+
+// PoolHealth is one pool's cells on one edge and whether enough of them
+// are ready: below its minimum, the pool takes no new placements there.
+type PoolHealth struct {
+	Pool     string   `json:"pool"`
+	EdgeID   string   `json:"edge_id"`
+	EdgeName string   `json:"edge_name,omitempty"`
+	Cells    []string `json:"cells"`
+	// Ready counts the cells the edge reports ready; Reported is false
+	// before its first status report (then it is not judged).
+	Ready        int    `json:"ready"`
+	Reported     bool   `json:"reported"`
+	MinReady     int    `json:"min_ready"`
+	BelowMinimum bool   `json:"below_minimum"`
+	Reason       string `json:"reason,omitempty"`
+}
+
+// CellRequest assigns a cell to a pool (PUT /v1/edges/{id}/cells/{cell}).
+type CellRequest struct {
+	Pool string `json:"pool"`
+}
+
+// CellAssignment is the outcome of assigning or unassigning a cell.
+type CellAssignment struct {
+	EdgeID   string `json:"edge_id"`
+	Cell     string `json:"cell"`
+	Pool     string `json:"pool,omitempty"`
+	Sequence int64  `json:"sequence"`
+}
+
+// MoveRequest starts a domain's move (POST /v1/domains/{name}/move).
+type MoveRequest struct {
+	To string `json:"to"`
+}
+
+// MoveView is a domain's latest move and its steps.
+type MoveView struct {
+	Domain     string           `json:"domain"`
+	From       string           `json:"from"`
+	To         string           `json:"to"`
+	State      string           `json:"state"`
+	Reason     string           `json:"reason,omitempty"`
+	StartedAt  time.Time        `json:"started_at"`
+	Deadline   time.Time        `json:"deadline"`
+	DrainUntil *time.Time       `json:"drain_until,omitempty"`
+	Steps      []store.MoveStep `json:"steps"`
+	// WaitingFor says what a move under way waits for.
+	WaitingFor string `json:"waiting_for,omitempty"`
+}
+
+// PlacementView is one cell of a domain on an edge.
+type PlacementView struct {
+	EdgeID string `json:"edge_id"`
+	Cell   string `json:"cell"`
+	Pool   string `json:"pool"`
+	// Role is active, target (receiving it during a move) or leaving
+	// (serving it while routing drains away).
+	Role string `json:"role"`
+}
+
+// RoutingView is what DNS would publish for a domain: its active cells.
+type RoutingView struct {
+	Domain string  `json:"domain"`
+	Pool   string  `json:"pool"`
+	Routes []Route `json:"routes"`
+}
+
+// Route is one active cell of a domain: the edge's address (its
+// management address stands in for a public one) and the cell's HTTP
+// port from the edge's last status report (0 before one).
+type Route struct {
+	EdgeID   string `json:"edge_id"`
+	EdgeName string `json:"edge_name"`
+	Cell     string `json:"cell"`
+	Address  string `json:"address,omitempty"`
+	Port     int    `json:"port"`
 }
 
 // DomainRequest publishes a domain's next revision.
@@ -133,14 +240,17 @@ type DomainRequest struct {
 	Config json.RawMessage `json:"config"`
 }
 
-// DomainView is a domain's current revision.
+// DomainView is a domain's current revision; for one domain, its cells
+// and its latest move too.
 type DomainView struct {
-	Name      string    `json:"name"`
-	Pool      string    `json:"pool"`
-	Revision  int64     `json:"revision"`
-	SHA256    string    `json:"sha256"`
-	Size      int64     `json:"size"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Name       string          `json:"name"`
+	Pool       string          `json:"pool"`
+	Revision   int64           `json:"revision"`
+	SHA256     string          `json:"sha256"`
+	Size       int64           `json:"size"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	Placements []PlacementView `json:"placements,omitempty"`
+	Move       *MoveView       `json:"move,omitempty"`
 }
 
 // PublishedView is the outcome of publishing or deleting a domain.
@@ -148,6 +258,9 @@ type PublishedView struct {
 	Domain DomainView `json:"domain"`
 	// Edges maps each edge whose manifest advanced to its new sequence.
 	Edges map[string]int64 `json:"edges"`
+	// Skipped maps each edge of the pool where the domain could not be
+	// placed (too few ready cells, no room) to the reason.
+	Skipped map[string]string `json:"skipped,omitempty"`
 }
 
 // AdminHandler serves the admin API behind the bearer token.
@@ -166,6 +279,14 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("GET "+AdminEdges+"/{id}/tasks", s.handle(s.listTasks))
 	mux.HandleFunc("GET "+AdminPools, s.handle(s.listPools))
 	mux.HandleFunc("POST "+AdminPools, s.handle(s.createPool))
+	mux.HandleFunc("GET "+AdminPools+"/{name}", s.handle(s.showPool))
+	mux.HandleFunc("PATCH "+AdminPools+"/{name}", s.handle(s.updatePool))
+	mux.HandleFunc("DELETE "+AdminPools+"/{name}", s.handle(s.deletePool))
+	mux.HandleFunc("PUT "+AdminEdges+"/{id}/cells/{cell}", s.handle(s.assignCell))
+	mux.HandleFunc("DELETE "+AdminEdges+"/{id}/cells/{cell}", s.handle(s.unassignCell))
+	mux.HandleFunc("POST "+AdminDomains+"/{name}/move", s.handle(s.startMove))
+	mux.HandleFunc("DELETE "+AdminDomains+"/{name}/move", s.handle(s.cancelMove))
+	mux.HandleFunc("GET "+AdminRouting+"/{name}", s.handle(s.routing))
 	mux.HandleFunc("GET "+AdminDomains, s.handle(s.listDomains))
 	mux.HandleFunc("GET "+AdminDomains+"/{name}", s.handle(s.showDomain))
 	mux.HandleFunc("PUT "+AdminDomains+"/{name}", s.handle(s.publishDomain))

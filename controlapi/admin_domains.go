@@ -38,7 +38,24 @@ func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
 	if d.Deleted {
 		return errorf(http.StatusNotFound, "domain %s was deleted", d.Name)
 	}
-	writeJSON(w, http.StatusOK, domainView(d))
+	v := domainView(d)
+	ps, err := s.st.Placements(r.Context(), d.Name)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		v.Placements = append(v.Placements, PlacementView{EdgeID: p.EdgeID, Cell: p.Cell, Pool: p.Pool, Role: p.Role})
+	}
+	m, err := s.st.Move(r.Context(), d.Name)
+	if err == nil {
+		v.Move = moveView(m)
+		if v.Move.WaitingFor, err = s.st.WaitingFor(r.Context(), m); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	writeJSON(w, http.StatusOK, v)
 	return nil
 }
 
@@ -97,12 +114,15 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.refresh(r.Context())
 	s.log.Info("domain published", zap.String("domain", name), zap.String("pool", req.Pool), zap.Int64("revision", p.Domain.Revision), zap.Int("edges", len(p.Edges)))
+	for edge, why := range p.Skipped {
+		s.log.Warn("domain not placed on an edge", zap.String("domain", name), zap.String("edge", edge), zap.String("reason", why))
+	}
 	writeJSON(w, http.StatusOK, publishedView(p))
 	return nil
 }
 
 func publishedView(p store.Published) PublishedView {
-	v := PublishedView{Domain: domainView(p.Domain), Edges: map[string]int64{}}
+	v := PublishedView{Domain: domainView(p.Domain), Edges: map[string]int64{}, Skipped: p.Skipped}
 	for _, e := range p.Edges {
 		v.Edges[e.EdgeID] = e.Sequence
 	}

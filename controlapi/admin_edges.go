@@ -4,7 +4,9 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"maps"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -79,6 +81,19 @@ func (s *Server) showEdge(w http.ResponseWriter, r *http.Request) error {
 	}
 	v := s.view(e, assign)
 	v.Status = e.Status
+	byPool := map[string][]string{}
+	for c, p := range assign {
+		byPool[p] = append(byPool[p], c)
+	}
+	for _, name := range slices.Sorted(maps.Keys(byPool)) {
+		p, err := s.st.Pool(r.Context(), name)
+		if err != nil {
+			return err
+		}
+		cells := byPool[name]
+		slices.Sort(cells)
+		v.Pools = append(v.Pools, poolHealth(p, e, cells))
+	}
 	if v.Acks, err = s.st.Acks(r.Context(), e.ID, 20); err != nil {
 		return err
 	}

@@ -151,10 +151,74 @@ func (c *AdminClient) Pools(ctx context.Context) ([]PoolView, error) {
 	return out, err
 }
 
-// CreatePool creates a pool.
+// CreatePool creates a pool with the class's defaults.
 func (c *AdminClient) CreatePool(ctx context.Context, name string) (PoolView, error) {
+	return c.CreatePoolWith(ctx, PoolRequest{Name: name})
+}
+
+// CreatePoolWith creates a pool with the settings r gives.
+func (c *AdminClient) CreatePoolWith(ctx context.Context, r PoolRequest) (PoolView, error) {
 	var out PoolView
-	err := c.do(ctx, http.MethodPost, AdminPools, PoolRequest{Name: name}, &out)
+	err := c.do(ctx, http.MethodPost, AdminPools, r, &out)
+	return out, err
+}
+
+// Pool shows a pool and its cells on every edge.
+func (c *AdminClient) Pool(ctx context.Context, name string) (PoolView, error) {
+	var out PoolView
+	err := c.do(ctx, http.MethodGet, AdminPools+"/"+url.PathEscape(name), nil, &out)
+	return out, err
+}
+
+// UpdatePool changes a pool's bound, minimum, drain interval or limits.
+func (c *AdminClient) UpdatePool(ctx context.Context, name string, r PoolRequest) (PoolView, error) {
+	var out PoolView
+	err := c.do(ctx, http.MethodPatch, AdminPools+"/"+url.PathEscape(name), r, &out)
+	return out, err
+}
+
+// DeletePool deletes a pool without domains or cells.
+func (c *AdminClient) DeletePool(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, AdminPools+"/"+url.PathEscape(name), nil, nil)
+}
+
+// AssignCell assigns an edge's cell to a pool; pool "" unassigns it.
+func (c *AdminClient) AssignCell(ctx context.Context, edge, cell, pool string) (CellAssignment, error) {
+	var out CellAssignment
+	path := AdminEdges + "/" + url.PathEscape(edge) + "/cells/" + url.PathEscape(cell)
+	if pool == "" {
+		err := c.do(ctx, http.MethodDelete, path, nil, &out)
+		return out, err
+	}
+	err := c.do(ctx, http.MethodPut, path, CellRequest{Pool: pool}, &out)
+	return out, err
+}
+
+// Domain shows a domain, its cells and its latest move.
+func (c *AdminClient) Domain(ctx context.Context, name string) (DomainView, error) {
+	var out DomainView
+	err := c.do(ctx, http.MethodGet, AdminDomains+"/"+url.PathEscape(name), nil, &out)
+	return out, err
+}
+
+// Move starts moving a domain to pool to.
+func (c *AdminClient) Move(ctx context.Context, name, to string) (MoveView, error) {
+	var out MoveView
+	err := c.do(ctx, http.MethodPost, AdminDomains+"/"+url.PathEscape(name)+"/move", MoveRequest{To: to}, &out)
+	return out, err
+}
+
+// CancelMove ends a domain's move that has not switched.
+func (c *AdminClient) CancelMove(ctx context.Context, name string) (MoveView, error) {
+	var out MoveView
+	err := c.do(ctx, http.MethodDelete, AdminDomains+"/"+url.PathEscape(name)+"/move", nil, &out)
+	return out, err
+}
+
+// Routing is what DNS would publish for a domain.
+func (c *AdminClient) Routing(ctx context.Context, name string) (RoutingView, error) {
+	var out RoutingView
+	err := c.do(ctx, http.MethodGet, AdminRouting+"/"+url.PathEscape(name), nil, &out)
 	return out, err
 }
 

@@ -58,6 +58,13 @@ type Options struct {
 	// SnapshotDownloads bounds the recovery snapshots served at a time;
 	// zero means DefaultSnapshotDownloads.
 	SnapshotDownloads int
+	// MoveTick is how often the move loop looks at the moves under way
+	// (it also runs on every ack and status report); zero means 2s.
+	MoveTick time.Duration
+	// MoveReadyWithin bounds how long a move waits for its target cells
+	// to apply the domain and report ready before it fails; zero means
+	// 5 minutes.
+	MoveReadyWithin time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Now is the clock, or nil for time.Now.
@@ -80,6 +87,8 @@ type Server struct {
 	// store.Signer), so that a rotation on any replica holds on all.
 	keys  map[string]ed25519.PrivateKey
 	snaps *snapshots
+	// moveNudge wakes the move loop (acks, status reports, new moves).
+	moveNudge chan struct{}
 }
 
 // New loads the control plane's keys from the store, creating them on
@@ -118,7 +127,13 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if o.SnapshotDownloads <= 0 {
 		o.SnapshotDownloads = DefaultSnapshotDownloads
 	}
-	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store}
+	if o.MoveTick <= 0 {
+		o.MoveTick = 2 * time.Second
+	}
+	if o.MoveReadyWithin <= 0 {
+		o.MoveReadyWithin = 5 * time.Minute
+	}
+	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1)}
 	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, s.log)
 	var err error
 	if s.ca, err = s.loadCA(ctx); err != nil {
@@ -264,9 +279,15 @@ func (s *Server) EdgeTLSConfig() *tls.Config {
 // listener served over TLS.
 func (s *Server) ServerCertificate() tls.Certificate { return s.cert }
 
-// Run keeps the poll cache current and writes last-seen times until ctx
-// ends, then writes them a last time.
+// Run keeps the poll cache current, writes last-seen times and drives the
+// moves under way until ctx ends, then writes last-seen times a last time.
 func (s *Server) Run(ctx context.Context) {
+	moves := make(chan struct{})
+	go func() {
+		defer close(moves)
+		s.runMoves(ctx)
+	}()
+	defer func() { <-moves }()
 	refresh := time.NewTicker(s.o.Refresh)
 	defer refresh.Stop()
 	touch := time.NewTicker(s.o.TouchInterval)

@@ -209,14 +209,14 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 	if err != nil {
 		return err
 	}
-	h, sig, err := s.st.Header(r.Context(), st.ID, seq)
+	h, sig, assign, err := s.st.HeaderAssignments(r.Context(), st.ID, seq)
 	if errors.Is(err, store.ErrNotFound) {
 		return errorf(http.StatusGone, "manifest sequence %d is no longer served; start again from the first page", seq)
 	}
 	if err != nil {
 		return err
 	}
-	p := manifest.Page{EdgeID: st.ID, Sequence: seq, Entries: entries, Header: h, HeaderSignature: sig}
+	p := manifest.Page{EdgeID: st.ID, Sequence: seq, Entries: entries, Header: h, HeaderSignature: sig, Assignments: assign}
 	if len(entries) > manifest.MaxEntries {
 		p.Entries = entries[:manifest.MaxEntries]
 		p.Next = fmt.Sprintf("%d:%s", seq, p.Entries[len(p.Entries)-1].Domain)
@@ -267,6 +267,7 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState)
 	if a.Status != manifest.AckApplied {
 		log = s.log.Warn
 	}
+	s.nudgeMoves()
 	log("ack", zap.String("edge", st.ID), zap.Int64("sequence", a.Sequence), zap.String("status", a.Status), zap.String("reason", a.Reason))
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -285,6 +286,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 	if err := s.st.PutStatus(r.Context(), st.ID, rep.Status, rep.At); err != nil {
 		return err
 	}
+	s.nudgeMoves()
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

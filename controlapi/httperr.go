@@ -48,8 +48,10 @@ func (s *Server) handle(h handlerFunc) http.HandlerFunc {
 		case errors.As(err, &ae):
 		case errors.Is(err, store.ErrNotFound):
 			ae = &apiError{Status: http.StatusNotFound, Message: err.Error()}
-		case errors.Is(err, store.ErrConflict):
+		case errors.Is(err, store.ErrConflict), errors.Is(err, store.ErrUnavailable):
 			ae = &apiError{Status: http.StatusConflict, Message: err.Error()}
+		case errors.Is(err, store.ErrInvalid):
+			ae = &apiError{Status: http.StatusBadRequest, Message: err.Error()}
 		case r.Context().Err() != nil:
 			return // the client went away
 		default:

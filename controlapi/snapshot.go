@@ -231,11 +231,11 @@ var errSnapshotTooBig = errorf(http.StatusInsufficientStorage, "snapshot over %d
 func (s *Server) buildSnapshot(ctx context.Context, f *os.File, edge string, seq int64) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	h, sig, err := s.st.Header(ctx, edge, seq)
+	h, sig, assign, err := s.st.HeaderAssignments(ctx, edge, seq)
 	if err != nil {
 		return 0, err
 	}
-	m := manifest.Manifest{EdgeID: edge, Sequence: seq, Header: h, HeaderSignature: sig}
+	m := manifest.Manifest{EdgeID: edge, Sequence: seq, Header: h, HeaderSignature: sig, Assignments: assign}
 	var artifacts int64
 	for from := ""; ; {
 		entries, err := s.st.Entries(ctx, edge, seq, from, manifest.MaxEntries)

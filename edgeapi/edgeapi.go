@@ -182,6 +182,8 @@ type Summary struct {
 		Reason   string `json:"reason"`
 		Drained  bool   `json:"drained"`
 		Sequence int64  `json:"sequence"`
+		// HTTPPort is the cell's HTTP listener (the routing view's port).
+		HTTPPort int `json:"http_port"`
 		Cell     *struct {
 			Security struct {
 				AuthFailures int64   `json:"auth_failures"`

@@ -16,29 +16,6 @@ import (
 	"cellvisor/internal/cli"
 )
 
-func (c *app) poolList() *cobra.Command {
-	return listCmd(c, &cobra.Command{Use: "list", Short: "list the pools", Args: cli.ExactArgs(0)},
-		func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.PoolView, error) {
-			return ac.Pools(ctx)
-		}, "NAME\tCLASS\tCREATED", func(p controlapi.PoolView, now time.Time) string {
-			return fmt.Sprintf("%s\t%s\t%s", p.Name, p.Class, age(&p.CreatedAt, now))
-		})
-}
-
-func (c *app) poolCreate() *cobra.Command {
-	return oneCmd(c, &cobra.Command{
-		Use:     "create NAME",
-		Short:   "create a pool: NAME is shared-, reserved-, dedicated- or quarantine- and a name",
-		Example: "  cellvisor-control pool create reserved-gold",
-		Args:    cli.ExactArgs(1),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.PoolView, error) {
-		return ac.CreatePool(ctx, args[0])
-	}, func(w io.Writer, p controlapi.PoolView, _ time.Time) error {
-		_, err := fmt.Fprintf(w, "pool %s created (class %s)\n", p.Name, p.Class)
-		return err
-	})
-}
-
 // maxConfig bounds a domain configuration read from a file or stdin; the
 // control API refuses far smaller ones.
 const maxConfig = 16 << 20

@@ -113,6 +113,7 @@ func printEdge(w io.Writer, e controlapi.EdgeView, now time.Time) error {
 		}
 		fmt.Fprintf(w, "  assignments: %s\n", strings.Join(cells, ", "))
 	}
+	printPoolHealth(w, e.Pools)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if len(e.Cells) > 0 {
 		fmt.Fprintf(tw, "\ncells, as reported %s:\n", age(e.StatusAt, now))

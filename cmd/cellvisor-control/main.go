@@ -50,12 +50,14 @@ command.`,
 	edge.AddCommand(c.edgeCreate(), c.edgeList(), c.edgeShow(), c.edgeRotate(), c.edgeDelete())
 	task := &cobra.Command{Use: "task", Short: "drain, undrain or restart an edge's cell (delivered by its next poll)"}
 	task.AddCommand(c.taskCreate(), c.taskList())
-	pool := &cobra.Command{Use: "pool", Short: "list and create pools"}
-	pool.AddCommand(c.poolList(), c.poolCreate())
+	pool := &cobra.Command{Use: "pool", Short: "create, show, list, update and delete pools"}
+	pool.AddCommand(c.poolList(), c.poolCreate(), c.poolShow(), c.poolUpdate(), c.poolDelete())
+	cell := &cobra.Command{Use: "cell", Short: "assign an edge's cells to pools"}
+	cell.AddCommand(c.cellAssign(), c.cellUnassign())
 	domain := &cobra.Command{Use: "domain", Short: "publish, list, delete and roll back domains"}
-	domain.AddCommand(c.domainPublish(), c.domainList(), c.domainDelete(), c.domainRollback())
+	domain.AddCommand(c.domainPublish(), c.domainList(), c.domainShow(), c.domainDelete(), c.domainRollback(), c.domainMove(), c.domainRouting())
 	key := &cobra.Command{Use: "key", Short: "rotate the control plane's signing key"}
 	key.AddCommand(c.keyRotate())
-	root.AddCommand(serveCmd(), edge, task, pool, domain, key, c.ca())
+	root.AddCommand(serveCmd(), edge, task, pool, cell, domain, key, c.ca())
 	return root
 }

@@ -305,7 +305,7 @@ func TestCA(t *testing.T) {
 
 func TestPool(t *testing.T) {
 	ep := startControl(t)
-	if out := mustCtl(t, ep, "pool", "create", "reserved-gold"); out != "pool reserved-gold created (class reserved)\n" {
+	if out := mustCtl(t, ep, "pool", "create", "reserved-gold"); !strings.HasPrefix(out, "pool reserved-gold created (class reserved)\n") {
 		t.Errorf("pool create printed %q", out)
 	}
 	pools := decodeJSON[[]controlapi.PoolView](t, mustCtl(t, ep, "pool", "list", "-o", "json"))

@@ -13,46 +13,6 @@ import (
 	"cellvisor/manifest"
 )
 
-// Pool is a service class's pool.
-type Pool struct {
-	Name      string
-	Class     string
-	CreatedAt time.Time
-}
-
-// CreatePool creates a pool; ErrConflict when it exists.
-func (s *Store) CreatePool(ctx context.Context, name, class string) (Pool, error) {
-	now := s.Now()
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO pools (name, class, created_at) VALUES (?, ?, ?)`), name, class, ms(now))
-	if isUnique(err) {
-		return Pool{}, fmt.Errorf("pool %s: %w", name, ErrConflict)
-	}
-	if err != nil {
-		return Pool{}, fmt.Errorf("create pool %s: %w", name, err)
-	}
-	return Pool{Name: name, Class: class, CreatedAt: fromMS(ms(now))}, nil
-}
-
-// Pools returns every pool, by name.
-func (s *Store) Pools(ctx context.Context) ([]Pool, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, class, created_at FROM pools ORDER BY name`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []Pool
-	for rows.Next() {
-		var p Pool
-		var at int64
-		if err := rows.Scan(&p.Name, &p.Class, &at); err != nil {
-			return nil, err
-		}
-		p.CreatedAt = fromMS(at)
-		out = append(out, p)
-	}
-	return out, rows.Err()
-}
-
 // Domain is a domain's current revision.
 type Domain struct {
 	Name      string
@@ -75,6 +35,10 @@ type EdgeSequence struct {
 type Published struct {
 	Domain Domain
 	Edges  []EdgeSequence
+	// Skipped are the edges of the pool where the domain is not placed
+	// (yet), each with the reason: too few ready cells, or no room. The
+	// domain's next publish places it there if they have recovered.
+	Skipped map[string]string
 }
 
 // Builder makes a domain revision's artifact bytes.
@@ -97,12 +61,9 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 		if err != nil {
 			return err
 		}
-		var n int
-		if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM pools WHERE name = ?`), pool).Scan(&n); err != nil {
+		p, err := s.pool(ctx, tx, pool)
+		if err != nil {
 			return err
-		}
-		if n == 0 {
-			return fmt.Errorf("pool %s: %w", pool, ErrNotFound)
 		}
 		lock := ""
 		if s.dialect == Postgres {
@@ -119,6 +80,9 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 		}
 		if deleted != 0 {
 			oldPool = ""
+		}
+		if oldPool != "" && oldPool != pool {
+			return fmt.Errorf("domain %s is in pool %s: publish it there, or move it (domain move) first: %w", domain, oldPool, ErrConflict)
 		}
 		if err := s.claim(ctx, tx, domain, hostnames); err != nil {
 			return err
@@ -150,8 +114,13 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 			return fmt.Errorf("store revision: %w", err)
 		}
 		out.Domain = d
-		entry := manifest.Entry{Domain: domain, Pool: pool, Revision: d.Revision, Size: d.Size, SHA256: d.SHA256}
-		out.Edges, err = s.advance(ctx, tx, gen, domain, pool, oldPool, pool, entry, sign)
+		// Placed where the pool has cells (kept where it was placed); a
+		// move's target cells were placed when it started. Every edge with
+		// a cell of the domain gets the revision: both sides of a move.
+		if _, out.Skipped, err = s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
+			return err
+		}
+		out.Edges, err = s.reemit(ctx, tx, gen, domain, nil, sign)
 		return err
 	})
 	if err != nil {
@@ -183,7 +152,16 @@ func (s *Store) DeleteDomain(ctx context.Context, domain string, sign Signer) (P
 			return err
 		}
 		out.Domain = d
-		out.Edges, err = s.advance(ctx, tx, gen, domain, d.Pool, d.Pool, "", manifest.Entry{}, sign)
+		ids, err := s.strings(ctx, tx, `SELECT DISTINCT edge_id FROM placements WHERE domain = ?`, domain)
+		if err != nil {
+			return err
+		}
+		for _, q := range []string{`DELETE FROM placements WHERE domain = ?`, `DELETE FROM moves WHERE domain = ?`} {
+			if _, err := tx.ExecContext(ctx, s.q(q), domain); err != nil {
+				return err
+			}
+		}
+		out.Edges, err = s.reemit(ctx, tx, gen, domain, ids, sign)
 		return err
 	})
 	if err != nil {
@@ -217,63 +195,6 @@ func (s *Store) claim(ctx context.Context, tx *sql.Tx, domain string, hostnames 
 		}
 	}
 	return nil
-}
-
-// advance gives every edge with a cell in poolA or poolB a new sequence in
-// which domain's entry is closed and, for edges in newPool, replaced by
-// entry signed for that edge, and signs each new sequence's header.
-func (s *Store) advance(ctx context.Context, tx *sql.Tx, gen int64, domain, poolA, poolB, newPool string, entry manifest.Entry, sign Signer) ([]EdgeSequence, error) {
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT DISTINCT edge_id, pool FROM assignments WHERE pool = ? OR pool = ? ORDER BY edge_id`), poolA, poolB)
-	if err != nil {
-		return nil, err
-	}
-	in := map[string]bool{}
-	var edges []string
-	for rows.Next() {
-		var id, pool string
-		if err := rows.Scan(&id, &pool); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		if _, seen := in[id]; !seen {
-			edges = append(edges, id)
-			in[id] = false
-		}
-		if pool == newPool {
-			in[id] = true
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	var out []EdgeSequence
-	if len(edges) == 0 {
-		return nil, nil
-	}
-	k, err := s.keyring(ctx, tx, sign)
-	if err != nil {
-		return nil, err
-	}
-	for _, id := range edges {
-		seq, err := s.bump(ctx, tx, gen, id)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := tx.ExecContext(ctx, s.q(`UPDATE manifest_entries SET to_seq = ? WHERE edge_id = ? AND domain = ? AND to_seq = 0`), seq, id, domain); err != nil {
-			return nil, err
-		}
-		if in[id] {
-			if err := s.insertEntry(ctx, tx, id, seq, k.entry(id, entry)); err != nil {
-				return nil, err
-			}
-		}
-		if err := s.finishSequence(ctx, tx, k, id, seq); err != nil {
-			return nil, err
-		}
-		out = append(out, EdgeSequence{EdgeID: id, Sequence: seq})
-	}
-	return out, nil
 }
 
 func (s *Store) domain(ctx context.Context, q interface {
@@ -334,7 +255,7 @@ func (s *Store) Entries(ctx context.Context, edgeID string, seq int64, after str
 	if seq < 1 || seq > current || seq <= current-keepSequences {
 		return nil, fmt.Errorf("edge %s manifest sequence %d (current %d): %w", edgeID, seq, current, ErrNotFound)
 	}
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT domain, pool, revision, size, sha256, rollback, signature FROM manifest_entries
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT domain, pool, revision, size, sha256, rollback, signature, cells FROM manifest_entries
 		WHERE edge_id = ? AND from_seq <= ? AND (to_seq = 0 OR to_seq > ?) AND domain > ? ORDER BY domain LIMIT ?`),
 		edgeID, seq, seq, after, limit)
 	if err != nil {

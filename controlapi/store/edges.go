@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"cellvisor/manifest"
@@ -109,34 +110,57 @@ func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, e
 				return fmt.Errorf("assign %s to %s: %w", cell, pool, err)
 			}
 		}
-		rows, err := tx.QueryContext(ctx, s.q(`SELECT d.name, d.pool, d.revision, d.size, d.sha256 FROM domains d
+		// The domains of its pools are placed on it, each in its active
+		// pool (a move's target reaches it when the move is started again).
+		rows, err := tx.QueryContext(ctx, s.q(`SELECT d.name, d.pool FROM domains d
 			WHERE d.deleted = 0 AND d.pool IN (SELECT pool FROM assignments WHERE edge_id = ?) ORDER BY d.name`), n.ID)
 		if err != nil {
 			return err
 		}
-		var entries []manifest.Entry
+		var names, pools []string
 		for rows.Next() {
-			var e manifest.Entry
-			if err := rows.Scan(&e.Domain, &e.Pool, &e.Revision, &e.Size, &e.SHA256); err != nil {
+			var d, p string
+			if err := rows.Scan(&d, &p); err != nil {
 				rows.Close()
 				return err
 			}
-			entries = append(entries, e)
+			names, pools = append(names, d), append(pools, p)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return err
 		}
-		if len(entries) == 0 {
+		if len(names) == 0 {
 			return nil
+		}
+		byName := map[string]Pool{}
+		for i, d := range names {
+			p, ok := byName[pools[i]]
+			if !ok {
+				if p, err = s.pool(ctx, tx, pools[i]); err != nil {
+					return err
+				}
+				byName[p.Name] = p
+			}
+			// A domain with no room on the new edge's cells stays off it,
+			// as it would if the cells were assigned later.
+			if err := s.place(ctx, tx, d, p, n.ID, RoleActive); err != nil && !errors.Is(err, ErrUnavailable) {
+				return err
+			}
 		}
 		k, err := s.keyring(ctx, tx, sign)
 		if err != nil {
 			return err
 		}
-		for _, e := range entries {
-			if err := s.insertEntry(ctx, tx, n.ID, 1, k.entry(n.ID, e)); err != nil {
+		for _, d := range names {
+			e, ok, err := s.entryFor(ctx, tx, d, n.ID)
+			if err != nil {
 				return err
+			}
+			if ok {
+				if err := s.insertEntry(ctx, tx, n.ID, 1, k.entry(n.ID, e)); err != nil {
+					return err
+				}
 			}
 		}
 		if _, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET sequence = 1 WHERE id = ?`), n.ID); err != nil {
@@ -155,8 +179,8 @@ func (s *Store) insertEntry(ctx context.Context, tx *sql.Tx, edgeID string, seq 
 	if e.Rollback {
 		rollback = 1
 	}
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO manifest_entries (edge_id, domain, from_seq, pool, revision, size, sha256, rollback, signature)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`), edgeID, e.Domain, seq, e.Pool, e.Revision, e.Size, e.SHA256, rollback, e.Signature)
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO manifest_entries (edge_id, domain, from_seq, pool, revision, size, sha256, rollback, signature, cells)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`), edgeID, e.Domain, seq, e.Pool, e.Revision, e.Size, e.SHA256, rollback, e.Signature, strings.Join(e.Cells, ","))
 	return err
 }
 

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-
-	"cellvisor/manifest"
 )
 
 // Revision returns revision rev of a domain as it was published, with its
@@ -53,6 +51,13 @@ func (s *Store) RollbackDomain(ctx context.Context, domain string, rev int64, ho
 		if err != nil {
 			return err
 		}
+		if !cur.Deleted && old.Pool != cur.Pool {
+			return fmt.Errorf("revision %d is pool %s's, the domain is in %s: move it back first: %w", rev, old.Pool, cur.Pool, ErrConflict)
+		}
+		p, err := s.pool(ctx, tx, old.Pool)
+		if err != nil {
+			return err
+		}
 		if err := s.claim(ctx, tx, domain, hostnames); err != nil {
 			return err
 		}
@@ -61,13 +66,12 @@ func (s *Store) RollbackDomain(ctx context.Context, domain string, rev int64, ho
 			d.Pool, d.Revision, d.SHA256, d.Size, ms(d.UpdatedAt), domain); err != nil {
 			return fmt.Errorf("store domain: %w", err)
 		}
-		oldPool := cur.Pool
-		if cur.Deleted {
-			oldPool = ""
-		}
 		out.Domain = d
-		entry := manifest.Entry{Domain: domain, Pool: d.Pool, Revision: rev, Size: d.Size, SHA256: d.SHA256, Rollback: true}
-		out.Edges, err = s.advance(ctx, tx, gen, domain, d.Pool, oldPool, d.Pool, entry, sign)
+		if _, out.Skipped, err = s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
+			return err
+		}
+		// The entries are marked rollback: the revision is below the top.
+		out.Edges, err = s.reemit(ctx, tx, gen, domain, nil, sign)
 		return err
 	})
 	if err != nil {

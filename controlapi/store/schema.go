@@ -169,4 +169,42 @@ ALTER TABLE edges ADD COLUMN pending_cert_pem TEXT NOT NULL DEFAULT '';
 ALTER TABLE edges ADD COLUMN pending_serial TEXT NOT NULL DEFAULT '';
 UPDATE edges SET token_expires_at = {{now_ms}} + 86400000;
 `,
+	// 6: placement. Pools carry their placement numbers and the limits
+	// their cells enforce; a domain's cells on each edge are stored, as
+	// placed (role active, target during a move, leaving while draining);
+	// an entry names its cells; a header keeps the assignments it signs; a
+	// domain's move between pools, with its steps.
+	`
+ALTER TABLE pools ADD COLUMN replicas INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE pools ADD COLUMN bound INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN min_ready INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN drain_ms {{bigint}} NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN max_conns INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN rate INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN burst INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE manifest_entries ADD COLUMN cells TEXT NOT NULL DEFAULT '';
+ALTER TABLE manifest_headers ADD COLUMN assignments TEXT NOT NULL DEFAULT '';
+CREATE TABLE placements (
+	domain     TEXT NOT NULL,
+	edge_id    TEXT NOT NULL REFERENCES edges (id) ON DELETE CASCADE,
+	cell       TEXT NOT NULL,
+	pool       TEXT NOT NULL,
+	role       TEXT NOT NULL,
+	created_at {{bigint}} NOT NULL,
+	PRIMARY KEY (domain, edge_id, cell)
+);
+CREATE INDEX placements_edge_pool ON placements (edge_id, pool, cell);
+CREATE TABLE moves (
+	domain      TEXT PRIMARY KEY,
+	from_pool   TEXT NOT NULL,
+	to_pool     TEXT NOT NULL,
+	state       TEXT NOT NULL,
+	reason      TEXT NOT NULL DEFAULT '',
+	steps       TEXT NOT NULL,
+	started_at  {{bigint}} NOT NULL,
+	deadline    {{bigint}} NOT NULL,
+	drain_until {{bigint}} NOT NULL DEFAULT 0
+);
+CREATE INDEX moves_state ON moves (state);
+`,
 }

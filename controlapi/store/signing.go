@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"cellvisor/manifest"
 )
@@ -75,14 +76,22 @@ func (s *Store) signHeader(ctx context.Context, tx *sql.Tx, k keyring, edgeID st
 	if err != nil {
 		return err
 	}
-	m := manifest.Sign(k.priv, manifest.Manifest{EdgeID: edgeID, Sequence: seq, Entries: entries}, k.rotations)
+	assign, err := s.assignmentsAt(ctx, tx, edgeID)
+	if err != nil {
+		return err
+	}
+	m := manifest.Sign(k.priv, manifest.Manifest{EdgeID: edgeID, Sequence: seq, Entries: entries, Assignments: assign}, k.rotations)
 	doc, err := json.Marshal(m.Header)
 	if err != nil {
 		return err
 	}
-	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO manifest_headers (edge_id, sequence, header, signature) VALUES (?, ?, ?, ?)
-		ON CONFLICT (edge_id, sequence) DO UPDATE SET header = excluded.header, signature = excluded.signature`),
-		edgeID, seq, string(doc), m.HeaderSignature)
+	adoc, err := json.Marshal(assign)
+	if err != nil {
+		return err
+	}
+	_, err = tx.ExecContext(ctx, s.q(`INSERT INTO manifest_headers (edge_id, sequence, header, signature, assignments) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (edge_id, sequence) DO UPDATE SET header = excluded.header, signature = excluded.signature, assignments = excluded.assignments`),
+		edgeID, seq, string(doc), m.HeaderSignature, string(adoc))
 	if err != nil {
 		return fmt.Errorf("store header of edge %s sequence %d: %w", edgeID, seq, err)
 	}
@@ -92,7 +101,7 @@ func (s *Store) signHeader(ctx context.Context, tx *sql.Tx, k keyring, edgeID st
 
 // entriesAt reads every entry of an edge's manifest at seq, by domain.
 func (s *Store) entriesAt(ctx context.Context, q querier, edgeID string, seq int64) ([]manifest.Entry, error) {
-	rows, err := q.QueryContext(ctx, s.q(`SELECT domain, pool, revision, size, sha256, rollback, signature FROM manifest_entries
+	rows, err := q.QueryContext(ctx, s.q(`SELECT domain, pool, revision, size, sha256, rollback, signature, cells FROM manifest_entries
 		WHERE edge_id = ? AND from_seq <= ? AND (to_seq = 0 OR to_seq > ?) ORDER BY domain`), edgeID, seq, seq)
 	if err != nil {
 		return nil, err
@@ -117,27 +126,46 @@ type querier interface {
 func scanEntry(r scanner) (manifest.Entry, error) {
 	var e manifest.Entry
 	var rollback int
-	err := r.Scan(&e.Domain, &e.Pool, &e.Revision, &e.Size, &e.SHA256, &rollback, &e.Signature)
+	var cells string
+	err := r.Scan(&e.Domain, &e.Pool, &e.Revision, &e.Size, &e.SHA256, &rollback, &e.Signature, &cells)
 	e.Rollback = rollback != 0
+	if cells != "" {
+		e.Cells = strings.Split(cells, ",")
+	}
 	return e, err
 }
 
 // Header returns the signed header of an edge's manifest at seq, or
 // ErrNotFound.
 func (s *Store) Header(ctx context.Context, edgeID string, seq int64) (manifest.Header, string, error) {
-	var doc, sig string
-	err := s.db.QueryRowContext(ctx, s.q(`SELECT header, signature FROM manifest_headers WHERE edge_id = ? AND sequence = ?`), edgeID, seq).Scan(&doc, &sig)
+	h, sig, _, err := s.HeaderAssignments(ctx, edgeID, seq)
+	return h, sig, err
+}
+
+// HeaderAssignments returns the signed header of an edge's manifest at
+// seq and the cell assignments it signs (nil for a header signed before
+// assignments were), or ErrNotFound.
+func (s *Store) HeaderAssignments(ctx context.Context, edgeID string, seq int64) (manifest.Header, string, *manifest.Assignments, error) {
+	var doc, sig, adoc string
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT header, signature, assignments FROM manifest_headers WHERE edge_id = ? AND sequence = ?`), edgeID, seq).Scan(&doc, &sig, &adoc)
 	if errors.Is(err, sql.ErrNoRows) {
-		return manifest.Header{}, "", fmt.Errorf("header of edge %s sequence %d: %w", edgeID, seq, ErrNotFound)
+		return manifest.Header{}, "", nil, fmt.Errorf("header of edge %s sequence %d: %w", edgeID, seq, ErrNotFound)
 	}
 	if err != nil {
-		return manifest.Header{}, "", err
+		return manifest.Header{}, "", nil, err
 	}
 	var h manifest.Header
 	if err := json.Unmarshal([]byte(doc), &h); err != nil {
-		return manifest.Header{}, "", fmt.Errorf("header of edge %s sequence %d: %w", edgeID, seq, err)
+		return manifest.Header{}, "", nil, fmt.Errorf("header of edge %s sequence %d: %w", edgeID, seq, err)
 	}
-	return h, sig, nil
+	var a *manifest.Assignments
+	if adoc != "" && adoc != "null" {
+		a = new(manifest.Assignments)
+		if err := json.Unmarshal([]byte(adoc), a); err != nil {
+			return manifest.Header{}, "", nil, fmt.Errorf("assignments of edge %s sequence %d: %w", edgeID, seq, err)
+		}
+	}
+	return h, sig, a, nil
 }
 
 // SignMissingHeaders signs the header of every edge's current manifest

@@ -21,11 +21,11 @@ func TestHeadersRollbackRotation(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h, sig, err := s.Header(ctx(t), a.ID, seq)
+			h, sig, assign, err := s.HeaderAssignments(ctx(t), a.ID, seq)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return manifest.Manifest{EdgeID: a.ID, Sequence: seq, Entries: es, Header: h, HeaderSignature: sig}
+			return manifest.Manifest{EdgeID: a.ID, Sequence: seq, Entries: es, Header: h, HeaderSignature: sig, Assignments: assign}
 		}
 		for _, body := range []string{`{"v":1}`, `{"v":2}`} {
 			if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte(body)), fakeSign); err != nil {

@@ -216,9 +216,16 @@ func (s *Store) migrate(ctx context.Context) error {
 				return fmt.Errorf("seed counters: %w", err)
 			}
 		}
-		for _, p := range []string{"shared-default", "quarantine-default"} {
-			class, _, _ := strings.Cut(p, "-")
-			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO pools (name, class, created_at) VALUES (?, ?, ?) ON CONFLICT (name) DO NOTHING`), p, class, ms(s.Now())); err != nil {
+		for _, name := range []string{"shared-default", "quarantine-default"} {
+			class, _, _ := strings.Cut(name, "-")
+			p := DefaultPool(name, class)
+			// A pool seeded before pools had settings (schema 5) has them
+			// all zero: it gets the shipped defaults once.
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO pools (name, class, created_at, replicas, bound, min_ready, drain_ms, max_conns, rate, burst)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET bound = excluded.bound, min_ready = excluded.min_ready,
+				drain_ms = excluded.drain_ms, max_conns = excluded.max_conns, rate = excluded.rate, burst = excluded.burst
+				WHERE pools.bound = 0 AND pools.drain_ms = 0 AND pools.max_conns = 0 AND pools.rate = 0`),
+				name, class, ms(s.Now()), p.Replicas, p.Bound, p.MinReady, p.Drain.Milliseconds(), p.MaxConns, p.Rate, p.Burst); err != nil {
 				return fmt.Errorf("seed pools: %w", err)
 			}
 		}

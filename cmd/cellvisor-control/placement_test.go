@@ -1,0 +1,94 @@
+package main
+
+import (
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"cellvisor/controlapi"
+)
+
+func TestPlacementCommands(t *testing.T) {
+	ep := startControl(t)
+	edge := createEdge(t, ep, "fra-1")
+
+	p := decodeJSON[controlapi.PoolView](t, mustCtl(t, ep, "pool", "create", "reserved-eu", "--replicas", "2", "--drain", "2m", "--max-conns", "100", "-o", "json"))
+	if p.Replicas != 2 || p.Drain != "2m0s" || p.MaxConns != 100 || p.Bound != 500 {
+		t.Errorf("pool create: %+v, want 2 replicas, drain 2m, 100 connections and the class's bound 500", p)
+	}
+	_, err := ctl(t, ep, "pool", "create", "shared-two", "--replicas", "2")
+	wantRefused(t, err, http.StatusBadRequest, "one copy per edge")
+
+	for _, c := range []string{"cell-03", "cell-04"} {
+		out := mustCtl(t, ep, "cell", "assign", "fra-1", c, "reserved-eu")
+		if !strings.Contains(out, c+" of edge "+edge.Edge.ID+" assigned to reserved-eu") {
+			t.Errorf("cell assign printed %q", out)
+		}
+	}
+	show := decodeJSON[controlapi.PoolView](t, mustCtl(t, ep, "pool", "show", "reserved-eu", "-o", "json"))
+	if len(show.Edges) != 1 || !slices.Equal(show.Edges[0].Cells, []string{"cell-03", "cell-04"}) || show.Edges[0].Reported {
+		t.Errorf("pool show: %+v", show.Edges)
+	}
+	up := decodeJSON[controlapi.PoolView](t, mustCtl(t, ep, "pool", "update", "reserved-eu", "--rate", "50", "--burst", "100", "-o", "json"))
+	if up.Rate != 50 || up.Burst != 100 || up.MaxConns != 100 || len(up.Sequences) != 1 {
+		t.Errorf("pool update: %+v, want the new rate, the old connections and one edge advanced", up)
+	}
+
+	file := filepath.Join(t.TempDir(), "shop.json")
+	if err := os.WriteFile(file, []byte(`{"hostnames":["shop.example.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":"hi\n"}}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustCtl(t, ep, "domain", "publish", "shop.example.test", "--pool", "shared-default", "--file", file)
+	m := decodeJSON[controlapi.MoveView](t, mustCtl(t, ep, "domain", "move", "shop.example.test", "--to", "reserved-eu", "-o", "json"))
+	if m.State != "waiting" || m.From != "shared-default" || m.To != "reserved-eu" {
+		t.Errorf("domain move: %+v", m)
+	}
+	d := decodeJSON[controlapi.DomainView](t, mustCtl(t, ep, "domain", "show", "shop.example.test", "-o", "json"))
+	roles := map[string]string{}
+	for _, p := range d.Placements {
+		roles[p.Cell] = p.Role
+	}
+	if roles["cell-01"] != "active" || roles["cell-03"] != "target" || roles["cell-04"] != "target" || d.Move == nil {
+		t.Errorf("domain show during the move: %+v", d)
+	}
+	// Routing still publishes the source: nothing acknowledged the target.
+	if out := mustCtl(t, ep, "domain", "routing", "shop.example.test", "-o", "json"); !strings.Contains(out, `"cell": "cell-01"`) || strings.Contains(out, "cell-03") {
+		t.Errorf("routing during the move:\n%s", out)
+	}
+	_, err = ctl(t, ep, "cell", "unassign", "fra-1", "cell-03")
+	wantRefused(t, err, http.StatusConflict, "holds 1 domain")
+	_, err = ctl(t, ep, "pool", "delete", "reserved-eu")
+	wantRefused(t, err, http.StatusConflict, "still has")
+	if out := mustCtl(t, ep, "domain", "move", "shop.example.test", "--cancel"); !strings.Contains(out, "cancelled") {
+		t.Errorf("move --cancel printed %q", out)
+	}
+	text := mustCtl(t, ep, "domain", "show", "shop.example.test")
+	for _, step := range []string{"started", "placed", "delivering", "cancelled"} {
+		if !strings.Contains(text, step) {
+			t.Errorf("domain show lacks the step %q:\n%s", step, text)
+		}
+	}
+	for _, c := range []string{"cell-03", "cell-04"} {
+		mustCtl(t, ep, "cell", "unassign", edge.Edge.ID, c)
+	}
+	if out := mustCtl(t, ep, "pool", "delete", "reserved-eu"); out != "pool reserved-eu deleted\n" {
+		t.Errorf("pool delete printed %q", out)
+	}
+}
+
+// wantRefused checks an admin API refusal's status and that its message
+// says why.
+func wantRefused(t *testing.T, err error, status int, why string) {
+	t.Helper()
+	var ae *controlapi.AdminError
+	if !errors.As(err, &ae) {
+		t.Fatalf("error %v: want a *controlapi.AdminError", err)
+	}
+	if ae.Status != status || !strings.Contains(ae.Message, why) {
+		t.Errorf("error %q (HTTP %d): want HTTP %d saying %q", ae.Message, ae.Status, status, why)
+	}
+}

@@ -1,0 +1,73 @@
+package controlapi
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/controlapi/store"
+)
+
+// nudgeMoves wakes the move loop without waiting for it.
+func (s *Server) nudgeMoves() {
+	select {
+	case s.moveNudge <- struct{}{}:
+	default:
+	}
+}
+
+// runMoves drives every move under way one step at a time, on a ticker
+// and whenever an ack or a status report arrives. The store is the source
+// of truth and every step is a compare-and-set in a transaction, so any
+// number of replicas may run it at once.
+func (s *Server) runMoves(ctx context.Context) {
+	tick := time.NewTicker(s.o.MoveTick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-s.moveNudge:
+		}
+		s.stepMoves(ctx)
+	}
+}
+
+// stepMoves takes every step the moves under way can take now.
+func (s *Server) stepMoves(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	domains, err := s.st.ActiveMoves(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("list moves", zap.Error(err))
+		}
+		return
+	}
+	changed := false
+	for _, d := range domains {
+		before, _ := s.st.Move(ctx, d)
+		m, waiting, err := s.st.StepMove(ctx, d, s.sign)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("move step", zap.String("domain", d), zap.Error(err))
+			}
+			continue
+		}
+		if m.State == before.State {
+			continue
+		}
+		changed = true
+		log := s.log.Info
+		if m.State == store.MoveFailed {
+			log = s.log.Warn
+		}
+		log("move", zap.String("domain", d), zap.String("from", m.From), zap.String("to", m.To), zap.String("state", m.State),
+			zap.String("reason", m.Reason), zap.String("waiting_for", waiting))
+	}
+	if changed {
+		s.refresh(ctx)
+	}
+}
