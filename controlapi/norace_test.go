@@ -1,5 +1,0 @@
-//go:build !race
-
-package controlapi_test
-
-const raceDetector = false
