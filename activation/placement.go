@@ -23,9 +23,10 @@ type placement struct {
 
 // placementOf checks the manifest's assignments against the slots of this
 // edge and its entries against the assignments in force once it is applied
-// (its own, or the current ones when it carries none): every entry's pool
-// must have a cell here, and the cells an entry names must be cells of its
-// pool. It changes nothing.
+// (its own, or the current ones when it carries none): an entry without
+// cells is for every cell of its pool, which must have a cell here; the
+// cells an entry names serve it, whatever their pool, and must all be
+// assigned. It changes nothing.
 func (a *Activator) placementOf(m manifest.Manifest) (placement, error) {
 	a.mu.Lock()
 	pl := placement{assign: maps.Clone(a.assign), limits: maps.Clone(a.limits)}
@@ -48,12 +49,20 @@ func (a *Activator) placementOf(m manifest.Manifest) (placement, error) {
 		assigned[pool] = true
 	}
 	for _, e := range m.Entries {
-		if !assigned[e.Pool] {
-			return placement{}, fmt.Errorf("%w: %s is for pool %s", errUnknownPool, e.Domain, e.Pool)
+		if len(e.Cells) == 0 {
+			if !assigned[e.Pool] {
+				return placement{}, fmt.Errorf("%w: %s is for pool %s", errUnknownPool, e.Domain, e.Pool)
+			}
+			continue
 		}
+		// Named cells are authoritative and may be of any pool (a move
+		// serves a domain from cells of two pools): each must be assigned.
 		for _, c := range e.Cells {
-			if pl.assign[c] != e.Pool {
-				return placement{}, fmt.Errorf("%w: %s names %s, which is not a cell of pool %s here", errUnknownPool, e.Domain, c, e.Pool)
+			if _, ok := a.o.Topology.Slot(c); !ok {
+				return placement{}, fmt.Errorf("%w: %s names %s, which is not a cell of this edge", errUnknownPool, e.Domain, c)
+			}
+			if pl.assign[c] == "" {
+				return placement{}, fmt.Errorf("%w: %s names %s, which is not assigned here", errUnknownPool, e.Domain, c)
 			}
 		}
 	}

@@ -161,6 +161,55 @@ func TestEntriesGoOnlyToTheirCells(t *testing.T) {
 	}
 }
 
+// An entry's cells are authoritative, whatever their pool: during a move
+// one domain is served by the source and target cells, each cell keeping
+// its own pool; cells it does not name, of either pool, do not serve it.
+func TestEntryCellsMaySpanPools(t *testing.T) {
+	r := newRig(t)
+	asg := &manifest.Assignments{
+		Cells: map[string]string{"cell-01": domain.PoolSharedDefault, "cell-02": domain.PoolSharedDefault,
+			"cell-03": "reserved-eu"},
+		Pools: map[string]manifest.PoolPolicy{domain.PoolSharedDefault: {Class: "shared"}, "reserved-eu": reservedEU},
+	}
+	r.serve(1, asg,
+		r.entry("m.example.com", domain.PoolSharedDefault, 1, "m", "cell-01", "cell-03"),
+		r.entry("s.example.com", domain.PoolSharedDefault, 1, "s"))
+	r.poll()
+	if a := r.lastAck(); a.Sequence != 1 || a.Status != manifest.AckApplied {
+		t.Fatalf("ack %+v", a)
+	}
+	has := map[string][]string{
+		"cell-01": {"m.example.com", "s.example.com"},
+		"cell-02": {"s.example.com"},
+		"cell-03": {"m.example.com"},
+	}
+	for cell, want := range has {
+		j := r.poolJSON(cell)
+		for _, d := range []string{"m.example.com", "s.example.com"} {
+			if strings.Contains(j, `"`+d+`"`) != contains(want, d) {
+				t.Errorf("%s: holds %s = %v, want %v (%s)", cell, d, !contains(want, d), contains(want, d), j)
+			}
+		}
+	}
+	for cell, pool := range asg.Cells {
+		if m, err := runtime.Current(r.slot(cell)); err != nil || m.Pool != pool {
+			t.Errorf("%s release %+v, %v: want pool %s", cell, m, err, pool)
+		}
+	}
+	// The move ends: the entry names the target cell under the target pool.
+	r.serve(2, asg, r.entry("m.example.com", "reserved-eu", 2, "m2", "cell-03"), r.entry("s.example.com", domain.PoolSharedDefault, 1, "s"))
+	r.poll()
+	if a := r.lastAck(); a.Sequence != 2 || a.Status != manifest.AckApplied {
+		t.Fatalf("ack %+v", a)
+	}
+	if j := r.poolJSON("cell-01"); strings.Contains(j, "m.example.com") {
+		t.Errorf("cell-01 still holds the moved domain: %s", j)
+	}
+	if j := r.poolJSON("cell-03"); !strings.Contains(j, "m.example.com") || !strings.Contains(j, "m2") {
+		t.Errorf("cell-03 lacks the moved domain's new revision: %s", j)
+	}
+}
+
 func contains(s []string, v string) bool {
 	for _, x := range s {
 		if x == v {
@@ -171,7 +220,7 @@ func contains(s []string, v string) bool {
 }
 
 // Refused placements change nothing: an entry for a pool no cell is in, an
-// entry naming a cell outside its pool, assignments of a cell this edge
+// entry naming an unassigned or unknown cell, assignments of a cell this edge
 // does not have.
 func TestPlacementRefusals(t *testing.T) {
 	r := newRig(t)
@@ -191,9 +240,12 @@ func TestPlacementRefusals(t *testing.T) {
 		{"an entry for a pool with no cell here", nil, func(seq int64) []manifest.Entry {
 			return []manifest.Entry{r.entry("r.example.com", "reserved-eu", seq, "r")}
 		}, "is for pool reserved-eu"},
-		{"an entry for a cell of another pool", eu, func(seq int64) []manifest.Entry {
-			return []manifest.Entry{r.entry("r.example.com", "reserved-eu", seq, "r", "cell-01")}
-		}, "names cell-01, which is not a cell of pool reserved-eu"},
+		{"an entry naming an unassigned cell", eu, func(seq int64) []manifest.Entry {
+			return []manifest.Entry{r.entry("r.example.com", "reserved-eu", seq, "r", "cell-02", "cell-03")}
+		}, "names cell-02, which is not assigned here"},
+		{"an entry naming a cell this edge lacks", eu, func(seq int64) []manifest.Entry {
+			return []manifest.Entry{r.entry("r.example.com", "reserved-eu", seq, "r", "cell-03", "cell-09")}
+		}, "names cell-09, which is not a cell of this edge"},
 		{"assignments of a cell this edge lacks", &manifest.Assignments{
 			Cells: map[string]string{"cell-09": domain.PoolSharedDefault},
 			Pools: map[string]manifest.PoolPolicy{domain.PoolSharedDefault: {Class: "shared"}},

@@ -2,12 +2,33 @@ package controlapi
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 
 	"cellvisor/controlapi/store"
+	"cellvisor/domain"
 )
+
+// retarget is the store's Rebuilder: a domain's artifact for another pool
+// at a new revision, its configuration unchanged, validated as a publish
+// is.
+func retarget(artifact []byte, pool string, revision int64) ([]byte, error) {
+	d, err := domain.Decode(artifact)
+	if err != nil {
+		return nil, fmt.Errorf("current artifact: %w", err)
+	}
+	name := d.Domain
+	d.Pool, d.Revision = "", 0
+	config, err := json.Marshal(d)
+	if err != nil {
+		return nil, err
+	}
+	_, data, err := domainArtifact(name, pool, config, revision)
+	return data, err
+}
 
 // nudgeMoves wakes the move loop without waiting for it.
 func (s *Server) nudgeMoves() {
@@ -49,7 +70,7 @@ func (s *Server) stepMoves(ctx context.Context) {
 	changed := false
 	for _, d := range domains {
 		before, _ := s.st.Move(ctx, d)
-		m, waiting, err := s.st.StepMove(ctx, d, s.sign)
+		m, waiting, err := s.st.StepMove(ctx, d, s.sign, retarget)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("move step", zap.String("domain", d), zap.Error(err))

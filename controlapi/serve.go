@@ -42,6 +42,8 @@ type Config struct {
 	// AdminTokenFile holds the admin token, created when absent; empty
 	// means <Data>/admin.token.
 	AdminTokenFile string
+	// MoveTick and MoveReadyWithin are Options' (zero: their defaults).
+	MoveTick, MoveReadyWithin time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
 }
@@ -136,7 +138,8 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	}
 	defer st.Close()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log})
+	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log,
+		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin})
 	cancel()
 	if err != nil {
 		return err

@@ -154,17 +154,46 @@ func (p *PoolRuntime) cacheTTLs() []int {
 	return out
 }
 
-// CompileSlots gives every assigned slot its own pool runtime: the domains
-// of its pool, less those restricted (by cells, keyed by domain name) to
-// other cells. Slots whose selection is the same share one runtime, and so
-// its content hash; a pool without restricted domains is shared whole.
+// CompileSlots gives every assigned slot its own pool runtime. A domain
+// restricted by cells (keyed by domain name) is served by exactly those
+// cells, whatever their pool: a move serves one domain from cells of two
+// pools. Every other domain is served by every cell of its pool. Unassigned
+// cells named in cells get nothing; the caller refuses them. A slot keeps
+// its own pool (and so its pool's limits) whatever it serves. Slots whose
+// selection is the same share one runtime, and so its content hash; a pool
+// without restricted domains is shared whole.
 func CompileSlots(pools map[string]*PoolRuntime, assign Assignments, cells map[string][]string) map[string]*PoolRuntime {
+	var docs func(*domain.Domain) ([]byte, error)
+	restricted := map[string]*domain.Domain{} // by name
+	for _, p := range pools {
+		if docs == nil {
+			docs = p.Docs
+		}
+		for _, d := range p.Hosts {
+			if _, ok := cells[d.Domain]; ok {
+				restricted[d.Domain] = d
+			}
+		}
+	}
+	// foreign are the restricted domains each slot serves outside its pool.
+	foreign := map[string][]string{}
+	for name, cs := range cells {
+		d := restricted[name]
+		if d == nil {
+			continue
+		}
+		for _, c := range cs {
+			if pool, ok := assign[c]; ok && pool != d.Pool {
+				foreign[c] = append(foreign[c], name)
+			}
+		}
+	}
 	out := map[string]*PoolRuntime{}
 	byKey := map[string]*PoolRuntime{}
 	for slot, pool := range assign {
 		p := pools[pool]
 		if p == nil {
-			p = &PoolRuntime{Pool: pool, Hosts: map[string]*domain.Domain{}}
+			p = &PoolRuntime{Pool: pool, Hosts: map[string]*domain.Domain{}, Docs: docs}
 			pools[pool] = p
 		}
 		var dropped []string
@@ -173,20 +202,32 @@ func CompileSlots(pools map[string]*PoolRuntime, assign Assignments, cells map[s
 				dropped = append(dropped, d.Domain)
 			}
 		}
-		if len(dropped) == 0 {
+		added := foreign[slot]
+		if len(dropped) == 0 && len(added) == 0 {
 			out[slot] = p
 			continue
 		}
 		sort.Strings(dropped)
 		dropped = slices.Compact(dropped)
-		key := pool + "\x00" + strings.Join(dropped, "\x00")
+		sort.Strings(added)
+		added = slices.Compact(added)
+		key := pool + "\x00-" + strings.Join(dropped, "\x00") + "\x00+" + strings.Join(added, "\x00")
 		if q := byKey[key]; q != nil {
 			out[slot] = q
 			continue
 		}
 		q := &PoolRuntime{Pool: pool, Hosts: map[string]*domain.Domain{}, Docs: p.Docs}
+		if q.Docs == nil {
+			q.Docs = docs
+		}
 		for h, d := range p.Hosts {
 			if _, drop := slices.BinarySearch(dropped, d.Domain); !drop {
+				q.Hosts[h] = d
+			}
+		}
+		for _, name := range added {
+			d := restricted[name]
+			for _, h := range d.Hostnames {
 				q.Hosts[h] = d
 			}
 		}

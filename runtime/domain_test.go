@@ -3,6 +3,7 @@ package runtime
 import (
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -64,5 +65,44 @@ func TestPoolJSONIsTheValidatedDomain(t *testing.T) {
 	}
 	if strings.Contains(string(out), "smuggled") || !strings.Contains(string(out), `"routes":[{"prefix":"/"`) {
 		t.Errorf("pool JSON carries what was not validated:\n%s", out)
+	}
+}
+
+// A domain restricted to cells is served by exactly those cells, of any
+// pool; each slot keeps its own pool; unrestricted domains go to every cell
+// of their pool; equal selections share one runtime.
+func TestCompileSlotsCellsSpanPools(t *testing.T) {
+	mk := func(name, pool string) domain.Domain {
+		return domain.Domain{Domain: name, Pool: pool, Revision: 1, Hostnames: []string{name}}
+	}
+	pools, err := CompilePools([]domain.Domain{mk("m.test", "shared-default"), mk("s.test", "shared-default"), mk("r.test", "reserved-eu")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assign := Assignments{"cell-01": "shared-default", "cell-02": "shared-default", "cell-03": "reserved-eu", "cell-04": "reserved-eu", "cell-05": "reserved-x"}
+	slots := CompileSlots(pools, assign, map[string][]string{"m.test": {"cell-01", "cell-03", "cell-05", "cell-07"}})
+	want := map[string][]string{
+		"cell-01": {"m.test", "s.test"},
+		"cell-02": {"s.test"},
+		"cell-03": {"m.test", "r.test"},
+		"cell-04": {"r.test"},
+		"cell-05": {"m.test"},
+	}
+	for slot, hosts := range want {
+		p := slots[slot]
+		if p == nil || p.Pool != assign[slot] {
+			t.Fatalf("%s: runtime %+v, want pool %s", slot, p, assign[slot])
+		}
+		var got []string
+		for h := range p.Hosts {
+			got = append(got, h)
+		}
+		sort.Strings(got)
+		if strings.Join(got, ",") != strings.Join(hosts, ",") {
+			t.Errorf("%s serves %v, want %v", slot, got, hosts)
+		}
+	}
+	if len(slots) != len(assign) {
+		t.Errorf("%d slots compiled, want %d (cell-07 is unassigned)", len(slots), len(assign))
 	}
 }

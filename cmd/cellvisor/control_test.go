@@ -32,14 +32,17 @@ type control struct {
 	stop   func()
 }
 
-func startControl(t *testing.T, data, listen string) *control {
+func startControl(t *testing.T, data, listen string, opts ...func(*controlapi.Config)) *control {
 	t.Helper()
+	cfg := controlapi.Config{Data: data, Listen: listen, AdminListen: "127.0.0.1:0", Logger: zap.NewNop()}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan controlapi.Endpoints, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- controlapi.Serve(ctx, controlapi.Config{Data: data, Listen: listen, AdminListen: "127.0.0.1:0", Logger: zap.NewNop()},
-			func(ep controlapi.Endpoints) { ready <- ep })
+		done <- controlapi.Serve(ctx, cfg, func(ep controlapi.Endpoints) { ready <- ep })
 	}()
 	c := &control{t: t, data: data}
 	stopped := false

@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -215,8 +217,9 @@ func (s *Store) endMove(ctx context.Context, domain, want, state, reason string,
 // switches when every target cell applied the domain's current entry and
 // is ready, and fails when one refused it or the deadline passed; a
 // draining move finishes when the drain interval passed. It returns the
-// move as it is after, and what it still waits for.
-func (s *Store) StepMove(ctx context.Context, domain string, sign Signer) (Move, string, error) {
+// move as it is after, and what it still waits for. rebuild makes the
+// revision for the target pool that finishing a move publishes.
+func (s *Store) StepMove(ctx context.Context, domain string, sign Signer, rebuild Rebuilder) (Move, string, error) {
 	m, err := s.Move(ctx, domain)
 	if err != nil {
 		return Move{}, "", err
@@ -246,7 +249,7 @@ func (s *Store) StepMove(ctx context.Context, domain string, sign Signer) (Move,
 		if now.Before(m.DrainUntil) {
 			return m, "the drain interval", nil
 		}
-		m, err = s.finishMove(ctx, domain, sign)
+		m, err = s.finishMove(ctx, domain, sign, rebuild)
 		if errors.Is(err, ErrConflict) {
 			m, err = s.Move(ctx, domain)
 		}
@@ -373,8 +376,17 @@ func (s *Store) switchMove(ctx context.Context, domain string) (Move, error) {
 	return m, err
 }
 
-// finishMove removes the domain from the source cells once drained.
-func (s *Store) finishMove(ctx context.Context, domain string, sign Signer) (Move, error) {
+// Rebuilder makes a domain's artifact for another pool at a new revision
+// from its current artifact: the same configuration, the pool and revision
+// it names changed.
+type Rebuilder func(artifact []byte, pool string, revision int64) ([]byte, error)
+
+// finishMove removes the domain from the source cells once drained and,
+// unless a revision was published for the target pool during the drain,
+// publishes the current configuration as a new revision built for the
+// target pool (rebuild), in the same sequence: the entry the edges get
+// names the target pool and so does its artifact.
+func (s *Store) finishMove(ctx context.Context, domain string, sign Signer, rebuild Rebuilder) (Move, error) {
 	var m Move
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		gen, err := s.next(ctx, tx, "gen")
@@ -394,8 +406,16 @@ func (s *Store) finishMove(ctx context.Context, domain string, sign Signer) (Mov
 		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM placements WHERE domain = ? AND role = 'leaving'`), domain); err != nil {
 			return err
 		}
+		rev, err := s.retarget(ctx, tx, domain, m.To, rebuild)
+		if err != nil {
+			return fmt.Errorf("publish %s for %s: %w", domain, m.To, err)
+		}
 		m.State = MoveDone
-		m.step(s.Now(), "drained", "removed from the source cells")
+		detail := "removed from the source cells"
+		if rev > 0 {
+			detail += fmt.Sprintf("; revision %d published for %s", rev, m.To)
+		}
+		m.step(s.Now(), "drained", detail)
 		if err := s.saveMove(ctx, tx, m); err != nil {
 			return err
 		}
@@ -403,6 +423,49 @@ func (s *Store) finishMove(ctx context.Context, domain string, sign Signer) (Mov
 		return err
 	})
 	return m, err
+}
+
+// retarget publishes domain's current configuration as a new revision
+// built for pool, unless its current revision is pool's already (0).
+func (s *Store) retarget(ctx context.Context, tx *sql.Tx, domain, pool string, rebuild Rebuilder) (int64, error) {
+	lock := ""
+	if s.dialect == Postgres {
+		lock = " FOR UPDATE OF d"
+	}
+	var cur string
+	var top int64
+	var data []byte
+	err := tx.QueryRowContext(ctx, s.q(`SELECT r.pool, d.top_revision, a.data FROM domains d
+		JOIN domain_revisions r ON r.domain = d.name AND r.revision = d.revision
+		JOIN artifacts a ON a.sha256 = d.sha256 WHERE d.name = ?`+lock), domain).Scan(&cur, &top, &data)
+	if err != nil {
+		return 0, err
+	}
+	if cur == pool {
+		return 0, nil
+	}
+	if rebuild == nil {
+		return 0, errors.New("no rebuilder")
+	}
+	artifact, err := rebuild(data, pool, top+1)
+	if err != nil {
+		return 0, err
+	}
+	sum := sha256.Sum256(artifact)
+	d := Domain{Name: domain, Pool: pool, Revision: top + 1, SHA256: hex.EncodeToString(sum[:]), Size: int64(len(artifact)), UpdatedAt: fromMS(ms(s.Now()))}
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO artifacts (sha256, data, created_at) VALUES (?, ?, ?) ON CONFLICT (sha256) DO NOTHING`),
+		d.SHA256, artifact, ms(d.UpdatedAt)); err != nil {
+		return 0, fmt.Errorf("store artifact: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE domains SET pool = ?, revision = ?, top_revision = ?, sha256 = ?, size = ?, updated_at = ? WHERE name = ?`),
+		d.Pool, d.Revision, d.Revision, d.SHA256, d.Size, ms(d.UpdatedAt), domain); err != nil {
+		return 0, fmt.Errorf("store domain: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO domain_revisions (domain, revision, pool, sha256, size, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
+		domain, d.Revision, pool, d.SHA256, d.Size, ms(d.UpdatedAt)); err != nil {
+		return 0, fmt.Errorf("store revision: %w", err)
+	}
+	return d.Revision, nil
 }
 
 // WaitingFor says what a waiting move waits for now: empty when nothing

@@ -219,14 +219,12 @@ func (s *Store) entryFor(ctx context.Context, tx *sql.Tx, domain, edgeID string)
 	if err != nil || len(cells) == 0 {
 		return manifest.Entry{}, false, err
 	}
-	// Until a move finishes, the entry names the pool it leaves: the
-	// switch is routing's, and the edges see one change, at the end.
-	var from string
-	err = tx.QueryRowContext(ctx, s.q(`SELECT from_pool FROM moves WHERE domain = ? AND state IN ('waiting', 'draining')`), domain).Scan(&from)
-	if err == nil {
-		d.Pool = from
-	} else if !errors.Is(err, sql.ErrNoRows) {
-		return manifest.Entry{}, false, err
+	// The entry names its artifact's pool (the current revision's), which
+	// is the pool the domain leaves until a move finishes, whatever cells
+	// serve it: the cells it names are the edge's to serve it with.
+	err = tx.QueryRowContext(ctx, s.q(`SELECT pool FROM domain_revisions WHERE domain = ? AND revision = ?`), domain, d.Revision).Scan(&d.Pool)
+	if err != nil {
+		return manifest.Entry{}, false, fmt.Errorf("revision %d of %s: %w", d.Revision, domain, err)
 	}
 	sort.Strings(cells)
 	return manifest.Entry{Domain: domain, Pool: d.Pool, Revision: d.Revision, Size: d.Size, SHA256: d.SHA256,

@@ -35,6 +35,13 @@ func reserved(t *testing.T, s *Store, name string, replicas, bound int) Pool {
 // cellsOn returns the cells domain's current entry names on an edge.
 func cellsOn(t *testing.T, s *Store, edge, domain string) []string {
 	t.Helper()
+	return entryOn(t, s, edge, domain).Cells
+}
+
+// entryOn is the signed entry of domain in edge's latest manifest (zero
+// when none), with its artifact checked to be the one it names.
+func entryOn(t *testing.T, s *Store, edge, domain string) manifest.Entry {
+	t.Helper()
 	e, err := s.Edge(ctx(t), edge)
 	if err != nil {
 		t.Fatal(err)
@@ -48,10 +55,20 @@ func cellsOn(t *testing.T, s *Store, edge, domain string) []string {
 			if !signedFor(edge, x) {
 				t.Fatalf("entry %+v is not signed for %s", x, edge)
 			}
-			return x.Cells
+			return x
 		}
 	}
-	return nil
+	return manifest.Entry{}
+}
+
+// artifactOf is the artifact an entry names, as the edge downloads it.
+func artifactOf(t *testing.T, s *Store, edge string, e manifest.Entry) string {
+	t.Helper()
+	data, err := s.Artifact(ctx(t), edge, e.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
 }
 
 func TestPoolRulesAndDefaults(t *testing.T) {
@@ -285,6 +302,11 @@ func report(t *testing.T, s *Store, edge string, cells ...string) int64 {
 	return seq
 }
 
+// fakeRebuild marks the artifact with the pool and revision it is for.
+func fakeRebuild(artifact []byte, pool string, rev int64) ([]byte, error) {
+	return fmt.Appendf(artifact, "@%s/%d", pool, rev), nil
+}
+
 func TestMoveTargetFirst(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		a := newEdge(t, s, "a")
@@ -302,7 +324,7 @@ func TestMoveTargetFirst(t *testing.T) {
 			t.Fatalf("during the move the entry names %v, want source and target cells", got)
 		}
 		// Not applied yet: it waits, the source stays active.
-		if m, waiting, err := s.StepMove(ctx(t), "m.example", fakeSign); err != nil || m.State != MoveWaiting || waiting == "" {
+		if m, waiting, err := s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild); err != nil || m.State != MoveWaiting || waiting == "" {
 			t.Fatalf("before the ack: %+v, %q, %v", m, waiting, err)
 		}
 		// A revision published during the move goes to both sides.
@@ -313,11 +335,11 @@ func TestMoveTargetFirst(t *testing.T) {
 			t.Fatalf("revision 2 went to %v", got)
 		}
 		report(t, s, a.ID, "cell-01", "cell-03") // cell-04 not ready
-		if m, waiting, _ := s.StepMove(ctx(t), "m.example", fakeSign); m.State != MoveWaiting || waiting == "" {
+		if m, waiting, _ := s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild); m.State != MoveWaiting || waiting == "" {
 			t.Fatalf("one target not ready: %+v %q", m, waiting)
 		}
 		report(t, s, a.ID, "cell-01", "cell-03", "cell-04")
-		m, _, err = s.StepMove(ctx(t), "m.example", fakeSign)
+		m, _, err = s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild)
 		if err != nil || m.State != MoveDraining {
 			t.Fatalf("switch: %+v, %v", m, err)
 		}
@@ -328,14 +350,27 @@ func TestMoveTargetFirst(t *testing.T) {
 		if got := cellsOn(t, s, a.ID, "m.example"); len(got) != 3 {
 			t.Fatalf("the source let go before draining: %v", got)
 		}
+		// Until the move finishes, the entry names its artifact's pool.
+		if e := entryOn(t, s, a.ID, "m.example"); e.Pool != "shared-default" || e.Revision != 2 || artifactOf(t, s, a.ID, e) != "2" {
+			t.Fatalf("while draining the entry is %+v", e)
+		}
 		// shared-default drains for a minute: fast-forward the clock.
 		s.Now = func() time.Time { return time.Now().Add(2 * time.Minute) }
-		m, _, err = s.StepMove(ctx(t), "m.example", fakeSign)
+		m, _, err = s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild)
 		if err != nil || m.State != MoveDone {
 			t.Fatalf("finish: %+v, %v", m, err)
 		}
 		if got := cellsOn(t, s, a.ID, "m.example"); !slices.Equal(got, []string{"cell-03", "cell-04"}) {
 			t.Fatalf("after the move the entry names %v", got)
+		}
+		// The current configuration was published again, built for the
+		// target pool: entry and artifact agree on it.
+		e := entryOn(t, s, a.ID, "m.example")
+		if e.Pool != "reserved-eu" || e.Revision != 3 || e.Rollback || artifactOf(t, s, a.ID, e) != "2@reserved-eu/3" {
+			t.Fatalf("after the move the entry is %+v, artifact %q", e, artifactOf(t, s, a.ID, e))
+		}
+		if d, _ := s.Domain(ctx(t), "m.example"); d.Pool != "reserved-eu" || d.Revision != 3 {
+			t.Fatalf("after the move the domain is %+v", d)
 		}
 		var steps []string
 		for _, st := range m.Steps {
@@ -343,6 +378,46 @@ func TestMoveTargetFirst(t *testing.T) {
 		}
 		if want := []string{"started", "placed", "delivering", "applied", "switched", "drained"}; !slices.Equal(steps, want) {
 			t.Errorf("steps %v, want %v", steps, want)
+		}
+	})
+}
+
+// A revision published while a move drains is the target pool's, and goes
+// to the source and target cells; finishing the move then publishes
+// nothing more.
+func TestMovePublishWhileDraining(t *testing.T) {
+	eachStore(t, func(t *testing.T, s *Store) {
+		a := newEdge(t, s, "a")
+		reserved(t, s, "reserved-eu", 1, 0)
+		assign(t, s, a.ID, "cell-03", "reserved-eu")
+		if _, err := s.PublishDomain(ctx(t), "d.example", "shared-default", nil, bytes([]byte("1")), fakeSign); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := s.StartMove(ctx(t), "d.example", "reserved-eu", time.Hour, fakeSign); err != nil {
+			t.Fatal(err)
+		}
+		report(t, s, a.ID, "cell-01", "cell-03")
+		if m, _, err := s.StepMove(ctx(t), "d.example", fakeSign, fakeRebuild); err != nil || m.State != MoveDraining {
+			t.Fatalf("switch: %+v, %v", m, err)
+		}
+		if _, err := s.PublishDomain(ctx(t), "d.example", "shared-default", nil, bytes([]byte("x")), fakeSign); !errors.Is(err, ErrConflict) {
+			t.Fatalf("publish to the source pool after the switch: %v, want a conflict", err)
+		}
+		if _, err := s.PublishDomain(ctx(t), "d.example", "reserved-eu", nil, bytes([]byte("2")), fakeSign); err != nil {
+			t.Fatal(err)
+		}
+		e := entryOn(t, s, a.ID, "d.example")
+		if e.Pool != "reserved-eu" || e.Revision != 2 || !slices.Equal(e.Cells, []string{"cell-01", "cell-03"}) {
+			t.Fatalf("revision published while draining: %+v", e)
+		}
+		s.Now = func() time.Time { return time.Now().Add(2 * time.Minute) }
+		m, _, err := s.StepMove(ctx(t), "d.example", fakeSign, fakeRebuild)
+		if err != nil || m.State != MoveDone {
+			t.Fatalf("finish: %+v, %v", m, err)
+		}
+		e = entryOn(t, s, a.ID, "d.example")
+		if e.Pool != "reserved-eu" || e.Revision != 2 || artifactOf(t, s, a.ID, e) != "2" || !slices.Equal(e.Cells, []string{"cell-03"}) {
+			t.Fatalf("after the move: %+v", e)
 		}
 	})
 }
@@ -362,7 +437,7 @@ func TestMoveFailsOnRefusalAndTimeout(t *testing.T) {
 		if err := s.Ack(ctx(t), a.ID, manifest.Ack{Sequence: seq, Status: manifest.AckRefused, Reason: "artifact invalid", At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
-		m, _, err := s.StepMove(ctx(t), "f.example", fakeSign)
+		m, _, err := s.StepMove(ctx(t), "f.example", fakeSign, fakeRebuild)
 		if err != nil || m.State != MoveFailed || m.Reason == "" {
 			t.Fatalf("refused: %+v, %v", m, err)
 		}
@@ -375,7 +450,7 @@ func TestMoveFailsOnRefusalAndTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.Now = func() time.Time { return time.Now().Add(time.Minute) }
-		if m, _, err := s.StepMove(ctx(t), "f.example", fakeSign); err != nil || m.State != MoveFailed {
+		if m, _, err := s.StepMove(ctx(t), "f.example", fakeSign, fakeRebuild); err != nil || m.State != MoveFailed {
 			t.Fatalf("timeout: %+v, %v", m, err)
 		}
 		// Cancel before the switch.
