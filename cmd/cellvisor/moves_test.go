@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/config"
 	"cellvisor/controlapi"
 	"cellvisor/internal/testutil"
 )
@@ -22,6 +23,7 @@ type movesEdge struct {
 	c    *control
 	id   string
 	port map[string]int
+	cfg  config.Agent
 }
 
 func startMovesEdge(t *testing.T, readyWithin time.Duration, started func(port map[string]int)) *movesEdge {
@@ -41,7 +43,7 @@ func startMovesEdge(t *testing.T, readyWithin time.Duration, started func(port m
 	if out, err := runCLI(t, bin, "--config", cfgPath, "enroll", "--control", c.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile); err != nil {
 		t.Fatalf("enroll: %v\n%s", err, out)
 	}
-	e := &movesEdge{c: c, id: created.Edge.ID, port: map[string]int{}}
+	e := &movesEdge{c: c, id: created.Edge.ID, port: map[string]int{}, cfg: cfg}
 	for i := 1; i <= 4; i++ {
 		e.port[fmt.Sprintf("cell-%02d", i)] = cfg.Ports.HTTPBase + i - 1
 	}
@@ -206,6 +208,10 @@ func TestMoveBetweenPoolsOnRealCells(t *testing.T) {
 		t.Fatalf("app.test placed on %v", src)
 	}
 	awaitServed(t, e.port[src[0]], "app.test", "app")
+	// The publish reloaded the source cell: its old worker may take a
+	// request or two until it has taken up its shutdown (a known window
+	// of graceful reloads, apart from the move measured here).
+	awaitReloaded(t, e.cfg, src[0])
 	testutil.Eventually(t, 30*time.Second, func() error {
 		ports, err := e.routed(ctxT(t), "app.test")
 		if err == nil && !slices.Equal(ports, []int{e.port[src[0]]}) {
