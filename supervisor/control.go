@@ -234,6 +234,10 @@ func (s *Supervisor) Reload(name string) error {
 	default:
 	}
 	if pid != 0 {
+		old, _ := children(pid) // none known: nothing to wait for
+		c.mu.Lock()
+		c.preReload = old
+		c.mu.Unlock()
 		if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
 			return fmt.Errorf("reload %s: %w", name, err)
 		}
@@ -242,7 +246,8 @@ func (s *Supervisor) Reload(name string) error {
 }
 
 // Loaded returns the release sequence a running, ready cell reports having
-// loaded from its private status.
+// loaded from its private status; after a reload, only once no worker of
+// before it still listens (settle.go), and 0 until then.
 func (s *Supervisor) Loaded(ctx context.Context, name string) (int64, bool, error) {
 	c, err := s.slotNamed(name)
 	if err != nil {
@@ -254,6 +259,9 @@ func (s *Supervisor) Loaded(ctx context.Context, name string) (int64, bool, erro
 	cs, err := c.cellStatus(ctx)
 	if err != nil || cs == nil {
 		return 0, false, err
+	}
+	if !c.settled() {
+		return 0, true, nil // an old worker may still take a connection
 	}
 	return cs.Sequence, true, nil
 }

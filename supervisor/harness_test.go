@@ -33,6 +33,7 @@ type harness struct {
 	cancel context.CancelFunc
 	done   chan error
 	opts   supervisor.Options
+	cfg    config.Agent // what the releases were rendered from
 }
 
 type harnessOpts struct {
@@ -158,7 +159,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &harness{t: t, bin: bin, ctx: ctx, sup: sup, cg: o.cg, topo: topo, cancel: cancel, opts: opts}
+	return &harness{t: t, bin: bin, ctx: ctx, sup: sup, cg: o.cg, topo: topo, cancel: cancel, opts: opts, cfg: cfg}
 }
 
 // restart stops the supervisor and starts a new one on the same state, as

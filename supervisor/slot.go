@@ -47,6 +47,9 @@ type slot struct {
 	opRestartsTotal int
 	secSeen         int64 // refused private calls already reported
 	live            LivenessStatus
+	// preReload are the master's children before its last reload: the
+	// cell has loaded the new release once none of them listens (settle.go).
+	preReload []procID
 }
 
 // restartReq is an operator restart; done receives nil once the new cell is

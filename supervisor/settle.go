@@ -1,0 +1,142 @@
+package supervisor
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// A graceful reload (SIGHUP) starts new workers with the new release and
+// tells the old ones to quit: each old worker closes its listening sockets
+// when it takes up the signal, then finishes its connections. Until it has,
+// it may still accept a new connection and answer it from the old release
+// (a domain just added answers 404 there). So a cell has loaded a release
+// only once its new workers report it AND no worker of before the reload
+// still listens: Loaded waits for both, so that an "applied" ack, and the
+// routing a control plane switches on it, mean what they say.
+
+// proc is one process as /proc shows it.
+type procID struct {
+	pid   int
+	start uint64 // start time in clock ticks since boot: a recycled pid differs
+}
+
+// procRoot is where /proc is; a field so tests could point elsewhere.
+const procRoot = "/proc"
+
+// children lists the child processes of pid with their start times.
+func children(pid int) ([]procID, error) {
+	b, err := os.ReadFile(fmt.Sprintf("%s/%d/task/%d/children", procRoot, pid, pid))
+	if err != nil {
+		return nil, err
+	}
+	var out []procID
+	for _, f := range strings.Fields(string(b)) {
+		c, err := strconv.Atoi(f)
+		if err != nil {
+			continue
+		}
+		if st, ok := startTime(c); ok {
+			out = append(out, procID{c, st})
+		}
+	}
+	return out, nil
+}
+
+// startTime reads field 22 of /proc/pid/stat (after the parenthesised
+// command name, which may hold spaces).
+func startTime(pid int) (uint64, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("%s/%d/stat", procRoot, pid))
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 { // state is field 3, starttime field 22
+		return 0, false
+	}
+	v, err := strconv.ParseUint(f[19], 10, 64)
+	return v, err == nil
+}
+
+// listeningInodes returns the socket inodes listening on any of ports
+// (TCP, IPv4 and IPv6).
+func listeningInodes(ports []int) map[string]bool {
+	want := map[string]bool{}
+	for _, p := range ports {
+		want[fmt.Sprintf("%04X", p)] = true
+	}
+	out := map[string]bool{}
+	for _, f := range []string{"net/tcp", "net/tcp6"} {
+		file, err := os.Open(filepath.Join(procRoot, f))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(file)
+		for sc.Scan() {
+			// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 10 || fields[3] != "0A" {
+				continue
+			}
+			if _, port, ok := strings.Cut(fields[1], ":"); ok && want[port] {
+				out[fields[9]] = true
+			}
+		}
+		file.Close()
+	}
+	return out
+}
+
+// stillListening tells whether any of procs, if still the same process,
+// holds one of the listening sockets.
+func stillListening(procs []procID, inodes map[string]bool) bool {
+	if len(inodes) == 0 {
+		return false
+	}
+	for _, p := range procs {
+		if st, ok := startTime(p.pid); !ok || st != p.start {
+			continue // gone, or its pid is another process's now
+		}
+		dir := fmt.Sprintf("%s/%d/fd", procRoot, p.pid)
+		fds, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			l, err := os.Readlink(filepath.Join(dir, fd.Name()))
+			if err != nil || !strings.HasPrefix(l, "socket:[") {
+				continue
+			}
+			if inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// settled tells whether the workers the cell had before its last reload
+// have all stopped listening (or there was no reload).
+func (c *slot) settled() bool {
+	c.mu.Lock()
+	old := c.preReload
+	c.mu.Unlock()
+	if len(old) == 0 {
+		return true
+	}
+	if stillListening(old, listeningInodes([]int{c.spec.HTTPPort, c.spec.HTTPSPort})) {
+		return false
+	}
+	c.mu.Lock()
+	c.preReload = nil
+	c.mu.Unlock()
+	return true
+}
