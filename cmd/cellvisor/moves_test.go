@@ -345,9 +345,12 @@ func TestMoveToTargetThatCannotServeFails(t *testing.T) {
 		t.Cleanup(func() { held.Close() })
 	})
 	e.pool(t, "reserved-eu", 1, "1s")
-	e.assign(t, "cell-03", "reserved-eu")
+	// The domain first: the manifest that assigns cell-03 (which cannot
+	// start) is acked only after apply_timeout, and a publish behind it
+	// would wait as long.
 	e.publish(t, "app.test", "shared-default", "app")
 	awaitServed(t, e.port["cell-01"], "app.test", "app")
+	e.assign(t, "cell-03", "reserved-eu")
 	if _, err := e.c.admin.Move(ctxT(t), "app.test", "reserved-eu"); err != nil {
 		t.Fatal(err)
 	}
