@@ -48,10 +48,13 @@ type env struct {
 	ep       controlapi.Endpoints
 	admin    *controlapi.AdminClient
 	edgeID   string
+	edgeName string
 	cli      agentCLI
 	agent    *agentProc
 	cellURL  string
 	tokenRel string
+	// body is what the sample domain's latest revision answers.
+	body string
 }
 
 func demo(ctx context.Context, o options) error {
@@ -115,7 +118,9 @@ func demo(ctx context.Context, o options) error {
 	ready := make(chan controlapi.Endpoints, 1)
 	ctlDone := make(chan error, 1)
 	go func() {
+		// A short move tick and ready bound: the demo's move takes seconds.
 		ctlDone <- controlapi.Serve(ctlCtx, controlapi.Config{Data: data, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0",
+			MoveTick: moveTick, MoveReadyWithin: moveReadyWithin,
 			Logger: log.Named("cellvisor-control")}, func(ep controlapi.Endpoints) { ready <- ep })
 	}()
 	select {
@@ -196,12 +201,22 @@ func (e *env) steps(ctx context.Context) error {
 	fmt.Fprintf(out, "\n$ ./bin/cellvisor status --config %s\n%s", relPath(e.cfgPath), table)
 	fmt.Fprintf(out, "\n$ curl -H 'Host: %s' %s\n%s", demoHost, e.cellURL, demoBody)
 	fmt.Fprintf(out, "\ncontrol API says: edge %s %s, sequence %d, active (acked) %d\n", view.Name, view.Enrollment, view.Sequence, view.ActiveSequence)
-	fmt.Fprintf(out, "\nTry it:   curl -H 'Host: %s' %s\n", demoHost, e.cellURL)
+	if e.o.check {
+		if err := e.check(ctx); err != nil {
+			return err
+		}
+	}
+	if err := e.placement(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "\nTry it:   curl -H 'Host: %s' %s\n", demoHost, e.cellAddr(reservedCells[0]))
+	fmt.Fprintf(out, "          curl -H 'Host: %s' %s\n", reservedHost, e.cellAddr(reservedCells[1]))
 	fmt.Fprintf(out, "Status:   ./bin/cellvisor --config %s status -o json\n", relPath(e.cfgPath))
 	fmt.Fprintf(out, "Control:  ./bin/cellvisor-control --admin %s --token-file %s edge list\n", e.ep.AdminURL, e.tokenRel)
+	fmt.Fprintf(out, "          $CTL domain show %s; $CTL domain routing %s; $CTL pool list\n", demoHost, demoHost)
 	fmt.Fprintf(out, "Edge id:  %s\n", e.edgeID)
 	if e.o.check {
-		return e.check(ctx)
+		return nil
 	}
 	fmt.Fprintln(out, "Running; press Ctrl-C to stop and clean up.")
 	select {
@@ -220,11 +235,11 @@ func (e *env) enroll(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	created, err := e.admin.CreateEdge(ctx, controlapi.EdgeRequest{Name: "demo-edge", Org: "demo", Country: "DE", Continent: "EU",
-		MgmtIPv4: "192.0.2.10", Slots: e.cfg.Slots})
+		MgmtIPv4: "127.0.0.1", Slots: e.cfg.Slots})
 	if err != nil {
 		return fmt.Errorf("create edge: %w", err)
 	}
-	e.edgeID = created.Edge.ID
+	e.edgeID, e.edgeName = created.Edge.ID, created.Edge.Name
 	out := e.o.out
 	fmt.Fprintf(out, "\ncontrol API: edge-control %s, admin %s\n", e.ep.EdgeURL, e.ep.AdminURL)
 	fmt.Fprintf(out, "created edge %s (%s, %d slots); one-time token issued\n", created.Edge.ID, created.Edge.Name, created.Edge.Slots)
@@ -245,15 +260,21 @@ func (e *env) enroll(ctx context.Context) error {
 	return nil
 }
 
-// publish publishes the sample domain answering body; it returns the
-// revision.
+// publish publishes the sample domain answering body to shared-default; it
+// returns the revision.
 func (e *env) publish(ctx context.Context, body string) (int64, error) {
-	p, err := e.admin.Publish(ctx, demoHost, controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(fmt.Sprintf(
-		`{"hostnames":[%q],"routes":[{"prefix":"/","respond":{"status":200,"body":%q,"content_type":"text/plain"}}]}`, demoHost, body))})
+	p, err := e.admin.Publish(ctx, demoHost, controlapi.DomainRequest{Pool: "shared-default", Config: domainConfig(demoHost, body)})
 	if err != nil {
 		return 0, fmt.Errorf("publish %s: %w", demoHost, err)
 	}
+	e.body = body
 	return p.Domain.Revision, nil
+}
+
+// domainConfig is a domain answering body on every path.
+func domainConfig(host, body string) json.RawMessage {
+	return json.RawMessage(fmt.Sprintf(
+		`{"hostnames":[%q],"routes":[{"prefix":"/","respond":{"status":200,"body":%q,"content_type":"text/plain"}}]}`, host, body))
 }
 
 // awaitServing waits until cell-01 answers body for the sample domain.

@@ -61,7 +61,9 @@ func demoArgs(t *testing.T, dir string) []string {
 }
 
 // TestDemoCheck runs the README's scenario: start, drain, undrain, publish,
-// restart and the rate limit; then nothing of the demo is left running.
+// restart and the rate limit, then placement: a reserved pool on cell-03
+// and cell-04 serving its own domain, and the sample domain moved into it
+// with no failed request; then nothing of the demo is left running.
 func TestDemoCheck(t *testing.T) {
 	testutil.RequireOpenResty(t)
 	bin := buildDemo(t)
@@ -76,6 +78,16 @@ func TestDemoCheck(t *testing.T) {
 		"hello from cellvisor", "status -o json", "enrolled as edge",
 		"check 1/5: drain cell-01", "check 3/5: publish revision 2", "master pid",
 		"restart refused by the rate limit: cell-01 had 3 restarts",
+		"$CTL pool create reserved-demo --replicas 2 --drain 2s",
+		"$CTL cell assign ", "cell-03 reserved-demo", "cell-04 reserved-demo",
+		"$CTL domain publish reserved.cellvisor.test --pool reserved-demo",
+		"placed on cell-03, cell-04",
+		"is not reserved-demo's: HTTP 404",
+		"$CTL domain move demo.cellvisor.test --to reserved-demo",
+		"switched", "drained",
+		"move shared-default → reserved-demo: done",
+		"during the move, 0 failed",
+		"demo.cellvisor.test: pool reserved-demo, revision 3 (was 2 in shared-default), served by cell-03 and cell-04",
 		"demo check: every step worked",
 	} {
 		if !strings.Contains(string(out), want) {

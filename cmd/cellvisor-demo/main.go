@@ -39,12 +39,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 runs the agent (bin/cellvisor, found beside this executable, or --agent) as a child
 process, enrolls it with the edge's one-time token, and publishes the sample domain
 demo.cellvisor.test to shared-default, which cell-01 then serves on loopback port 18080.
-It prints how to reach the cell, the agent and the control API, and runs until Ctrl-C,
-which stops the agent (every cell gracefully) and the control API.
+Then it shows placement, printing the cellvisor-control line of each step: the pool
+reserved-demo with 2 replicas on cell-03 and cell-04 serves reserved.cellvisor.test from
+both, and demo.cellvisor.test moves from shared-default into it, step by step, while a
+client requests it through the routing view every 50 ms. It prints how to reach the
+cells, the agent and the control API, and runs until Ctrl-C, which stops the agent
+(every cell gracefully) and the control API.
 
-With --check it runs the README's scenario instead of waiting: drain, undrain, a publish
-of revision 2, an operator restart and the restart rate limit's refusal; it exits
-non-zero unless every step worked.
+With --check it runs the README's scenario first: drain, undrain, a publish of revision
+2, an operator restart and the restart rate limit's refusal; then the placement steps,
+checked (no request failed during the move, the domain ends on cell-03 and cell-04 at a
+new revision); it exits non-zero unless every step worked.
 
 One demo runs per directory: a second one is refused. Cells left running by a demo that
 was killed (SIGKILL) are found through their pid files and stopped first.`,
