@@ -56,6 +56,9 @@ type EdgeView struct {
 	Status json.RawMessage `json:"status,omitempty"`
 	Acks   []manifest.Ack  `json:"acks,omitempty"`
 	Tasks  []TaskView      `json:"tasks,omitempty"`
+	// Drains are the edge's cell drains, the latest of each cell (one
+	// edge only).
+	Drains []DrainView `json:"drains,omitempty"`
 }
 
 // Enrollment states.
@@ -176,12 +179,33 @@ type CellRequest struct {
 	Pool string `json:"pool"`
 }
 
-// CellAssignment is the outcome of assigning or unassigning a cell.
+// CellAssignment is the outcome of assigning or unassigning a cell: done
+// in Sequence (200), or, for a cell that holds domains, a drain started
+// (202) that moves them to the pool's other cells first and changes the
+// assignment when they serve there (edge show follows it).
 type CellAssignment struct {
-	EdgeID   string `json:"edge_id"`
-	Cell     string `json:"cell"`
-	Pool     string `json:"pool,omitempty"`
-	Sequence int64  `json:"sequence"`
+	EdgeID   string     `json:"edge_id"`
+	Cell     string     `json:"cell"`
+	Pool     string     `json:"pool,omitempty"`
+	Sequence int64      `json:"sequence"`
+	Drain    *DrainView `json:"drain,omitempty"`
+}
+
+// DrainView is a cell's drain ahead of its unassignment (To empty) or
+// reassignment, with its steps.
+type DrainView struct {
+	Cell       string           `json:"cell"`
+	From       string           `json:"from"`
+	To         string           `json:"to,omitempty"`
+	State      string           `json:"state"`
+	Reason     string           `json:"reason,omitempty"`
+	Domains    []string         `json:"domains"`
+	StartedAt  time.Time        `json:"started_at"`
+	Deadline   time.Time        `json:"deadline"`
+	DrainUntil *time.Time       `json:"drain_until,omitempty"`
+	Steps      []store.MoveStep `json:"steps"`
+	// WaitingFor says what a drain under way waits for.
+	WaitingFor string `json:"waiting_for,omitempty"`
 }
 
 // MoveRequest starts a domain's move (POST /v1/domains/{name}/move).

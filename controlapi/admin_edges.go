@@ -104,6 +104,17 @@ func (s *Server) showEdge(w http.ResponseWriter, r *http.Request) error {
 	for _, t := range ts {
 		v.Tasks = append(v.Tasks, taskView(t))
 	}
+	ds, err := s.st.Drains(r.Context(), e.ID)
+	if err != nil {
+		return err
+	}
+	for _, d := range ds {
+		dv := drainView(d)
+		if dv.WaitingFor, err = s.st.DrainWaitingFor(r.Context(), d); err != nil {
+			return err
+		}
+		v.Drains = append(v.Drains, *dv)
+	}
 	writeJSON(w, http.StatusOK, v)
 	return nil
 }

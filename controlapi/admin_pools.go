@@ -200,14 +200,28 @@ func (s *Server) setCell(w http.ResponseWriter, r *http.Request, pool string) er
 		return err
 	}
 	cell := r.PathValue("cell")
-	es, err := s.st.AssignCell(r.Context(), id, cell, pool, s.sign)
+	es, d, err := s.st.ChangeCell(r.Context(), id, cell, pool, s.o.MoveReadyWithin, s.sign)
 	if err != nil {
 		return err
 	}
 	s.refresh(r.Context())
+	out := CellAssignment{EdgeID: id, Cell: cell, Pool: pool, Sequence: es.Sequence}
+	if d != nil {
+		s.nudgeMoves()
+		s.log.Info("cell drain started", zap.String("edge", id), zap.String("cell", cell), zap.String("from", d.From), zap.String("to", pool),
+			zap.Strings("domains", d.Domains), zap.Int64("sequence", es.Sequence))
+		out.Drain = drainView(*d)
+		writeJSON(w, http.StatusAccepted, out)
+		return nil
+	}
 	s.log.Info("cell assignment changed", zap.String("edge", id), zap.String("cell", cell), zap.String("pool", pool), zap.Int64("sequence", es.Sequence))
-	writeJSON(w, http.StatusOK, CellAssignment{EdgeID: id, Cell: cell, Pool: pool, Sequence: es.Sequence})
+	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+func drainView(d store.Drain) *DrainView {
+	return &DrainView{Cell: d.Cell, From: d.From, To: d.To, State: d.State, Reason: d.Reason, Domains: d.Domains,
+		StartedAt: d.StartedAt, Deadline: d.Deadline, DrainUntil: ptime(d.DrainUntil), Steps: d.Steps}
 }
 
 func moveView(m store.Move) *MoveView {

@@ -56,18 +56,22 @@ func (s *Server) runMoves(ctx context.Context) {
 	}
 }
 
-// stepMoves takes every step the moves under way can take now.
+// stepMoves takes every step the moves and cell drains under way can take
+// now.
 func (s *Server) stepMoves(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	changed := s.stepDrains(ctx)
 	domains, err := s.st.ActiveMoves(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Warn("list moves", zap.Error(err))
 		}
+		if changed {
+			s.refresh(ctx)
+		}
 		return
 	}
-	changed := false
 	for _, d := range domains {
 		before, _ := s.st.Move(ctx, d)
 		m, waiting, err := s.st.StepMove(ctx, d, s.sign, retarget)
@@ -91,4 +95,39 @@ func (s *Server) stepMoves(ctx context.Context) {
 	if changed {
 		s.refresh(ctx)
 	}
+}
+
+// stepDrains takes every step the cell drains under way can take now and
+// reports whether one changed state.
+func (s *Server) stepDrains(ctx context.Context) bool {
+	keys, err := s.st.ActiveDrains(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("list cell drains", zap.Error(err))
+		}
+		return false
+	}
+	changed := false
+	for _, k := range keys {
+		edge, cell := k[0], k[1]
+		before, _ := s.st.Drain(ctx, edge, cell)
+		d, waiting, err := s.st.StepDrain(ctx, edge, cell, s.sign)
+		if err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("cell drain step", zap.String("edge", edge), zap.String("cell", cell), zap.Error(err))
+			}
+			continue
+		}
+		if d.State == before.State {
+			continue
+		}
+		changed = true
+		log := s.log.Info
+		if d.State == store.MoveFailed {
+			log = s.log.Warn
+		}
+		log("cell drain", zap.String("edge", edge), zap.String("cell", cell), zap.String("from", d.From), zap.String("to", d.To),
+			zap.String("state", d.State), zap.String("reason", d.Reason), zap.String("waiting_for", waiting))
+	}
+	return changed
 }

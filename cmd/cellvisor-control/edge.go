@@ -129,6 +129,13 @@ func printEdge(w io.Writer, e controlapi.EdgeView, now time.Time) error {
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", s.Cell, s.AuthFailures, age(s.LastAt, now), s.LastReason)
 		}
 	}
+	if len(e.Drains) > 0 {
+		fmt.Fprintln(tw, "\ncell drains (domains moved off before a cell is unassigned or reassigned):")
+		fmt.Fprintln(tw, "CELL\tFROM\tTO\tSTATE\tDOMAINS\tSTARTED\tWAITING FOR / REASON")
+		for _, d := range e.Drains {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", d.Cell, d.From, dash(d.To), d.State, len(d.Domains), age(&d.StartedAt, now), dash(d.WaitingFor+d.Reason))
+		}
+	}
 	if len(e.Acks) > 0 {
 		fmt.Fprintln(tw, "\nacks:")
 		fmt.Fprintln(tw, "SEQUENCE\tSTATUS\tAT\tCELLS\tREASON")

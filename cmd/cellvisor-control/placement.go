@@ -163,6 +163,9 @@ func (c *app) cellAssign() *cobra.Command {
 	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.CellAssignment, error) {
 		return ac.AssignCell(ctx, args[0], args[1], args[2])
 	}, func(w io.Writer, a controlapi.CellAssignment, _ time.Time) error {
+		if a.Drain != nil {
+			return printDrain(w, a)
+		}
 		_, err := fmt.Fprintf(w, "%s of edge %s assigned to %s (manifest sequence %d)\n", a.Cell, a.EdgeID, a.Pool, a.Sequence)
 		return err
 	})
@@ -177,9 +180,30 @@ func (c *app) cellUnassign() *cobra.Command {
 	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.CellAssignment, error) {
 		return ac.AssignCell(ctx, args[0], args[1], "")
 	}, func(w io.Writer, a controlapi.CellAssignment, _ time.Time) error {
+		if a.Drain != nil {
+			return printDrain(w, a)
+		}
 		_, err := fmt.Fprintf(w, "%s of edge %s unassigned (manifest sequence %d)\n", a.Cell, a.EdgeID, a.Sequence)
 		return err
 	})
+}
+
+// printDrain says that a cell holding domains drains before it changes.
+func printDrain(w io.Writer, a controlapi.CellAssignment) error {
+	change := "unassigned"
+	if a.Pool != "" {
+		change = "assigned to " + a.Pool
+	}
+	if _, err := fmt.Fprintf(w, "%s of edge %s holds %d domain(s) of %s: they move to the pool's other cells first (manifest sequence %d); the cell is %s once they serve there (edge show %s)\n",
+		a.Cell, a.EdgeID, len(a.Drain.Domains), a.Drain.From, a.Sequence, change, a.EdgeID); err != nil {
+		return err
+	}
+	for _, st := range a.Drain.Steps {
+		if _, err := fmt.Fprintf(w, "  %s  %s  %s\n", st.At.Format(time.RFC3339), st.Step, st.Detail); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *app) domainShow() *cobra.Command {

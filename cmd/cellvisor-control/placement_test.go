@@ -60,7 +60,7 @@ func TestPlacementCommands(t *testing.T) {
 		t.Errorf("routing during the move:\n%s", out)
 	}
 	_, err = ctl(t, ep, "cell", "unassign", "fra-1", "cell-03")
-	wantRefused(t, err, http.StatusConflict, "holds 1 domain")
+	wantRefused(t, err, http.StatusConflict, "is moving to reserved-eu")
 	_, err = ctl(t, ep, "pool", "delete", "reserved-eu")
 	wantRefused(t, err, http.StatusConflict, "still has")
 	if out := mustCtl(t, ep, "domain", "move", "shop.example.test", "--cancel"); !strings.Contains(out, "cancelled") {

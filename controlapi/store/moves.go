@@ -127,6 +127,11 @@ func (s *Store) StartMove(ctx context.Context, domain, to string, readyWithin ti
 		} else if err != nil && !errors.Is(err, ErrNotFound) {
 			return err
 		}
+		if n, err := s.count(ctx, tx, `SELECT COUNT(*) FROM placements WHERE domain = ? AND role <> 'active'`, domain); err != nil {
+			return err
+		} else if n > 0 {
+			return fmt.Errorf("domain %s is leaving a cell being unassigned (edge show): %w", domain, ErrConflict)
+		}
 		p, err := s.pool(ctx, tx, to)
 		if err != nil {
 			return err
@@ -227,7 +232,7 @@ func (s *Store) StepMove(ctx context.Context, domain string, sign Signer, rebuil
 	now := s.Now()
 	switch m.State {
 	case MoveWaiting:
-		waiting, refused, err := s.targetsReady(ctx, domain)
+		waiting, refused, err := s.targetsReady(ctx, domain, "")
 		if err != nil {
 			return m, "", err
 		}
@@ -258,9 +263,10 @@ func (s *Store) StepMove(ctx context.Context, domain string, sign Signer, rebuil
 	return m, "", nil
 }
 
-// targetsReady says what a waiting move still waits for (empty: nothing),
-// or why it failed (a refused acknowledgement).
-func (s *Store) targetsReady(ctx context.Context, domain string) (waiting, refused string, err error) {
+// targetsReady says what a domain's target cells (on edgeID only, unless
+// it is empty) still wait for (empty: nothing), or why they failed (a
+// refused acknowledgement).
+func (s *Store) targetsReady(ctx context.Context, domain, edgeID string) (waiting, refused string, err error) {
 	ps, err := s.placements(ctx, s.db, domain)
 	if err != nil {
 		return "", "", err
@@ -272,7 +278,7 @@ func (s *Store) targetsReady(ctx context.Context, domain string) (waiting, refus
 	}
 	edges := map[string]*edgeState{}
 	for _, p := range ps {
-		if p.Role != RoleTarget {
+		if p.Role != RoleTarget || (edgeID != "" && p.EdgeID != edgeID) {
 			continue
 		}
 		es, seen := edges[p.EdgeID]
@@ -473,7 +479,7 @@ func (s *Store) retarget(ctx context.Context, tx *sql.Tx, domain, pool string, r
 func (s *Store) WaitingFor(ctx context.Context, m Move) (string, error) {
 	switch m.State {
 	case MoveWaiting:
-		waiting, refused, err := s.targetsReady(ctx, m.Domain)
+		waiting, refused, err := s.targetsReady(ctx, m.Domain, "")
 		if refused != "" {
 			return refused, err
 		}

@@ -99,7 +99,9 @@ func ReadyCells(status []byte, pool string) (n int, ok bool) {
 // pool has fewer ready cells there than its minimum (an edge that never
 // reported is not judged), or when too few cells are below the bound.
 func (s *Store) place(ctx context.Context, tx *sql.Tx, domain string, p Pool, edgeID, role string) error {
-	rows, err := tx.QueryContext(ctx, s.q(`SELECT cell FROM assignments WHERE edge_id = ? AND pool = ?`), edgeID, p.Name)
+	// A cell draining for its unassignment takes no new domains.
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT a.cell FROM assignments a WHERE a.edge_id = ? AND a.pool = ? AND NOT EXISTS
+		(SELECT 1 FROM cell_drains d WHERE d.edge_id = a.edge_id AND d.cell = a.cell AND d.state IN ('waiting', 'draining'))`), edgeID, p.Name)
 	if err != nil {
 		return err
 	}
@@ -282,8 +284,8 @@ func (s *Store) reemit(ctx context.Context, tx *sql.Tx, gen int64, domain string
 
 // AssignCell assigns an edge's cell to pool ("" unassigns it) and
 // advances the edge's manifest, whose signed assignments carry the change.
-// A cell that holds domains is refused (ErrConflict, with how many): move
-// them first (see docs/placement.md).
+// A cell that holds domains is refused (ErrConflict, with how many):
+// ChangeCell moves them first.
 func (s *Store) AssignCell(ctx context.Context, edgeID, cell, pool string, sign Signer) (EdgeSequence, error) {
 	var out EdgeSequence
 	err := s.tx(ctx, func(tx *sql.Tx) error {
@@ -291,56 +293,106 @@ func (s *Store) AssignCell(ctx context.Context, edgeID, cell, pool string, sign 
 		if err != nil {
 			return err
 		}
-		var slots int
-		if err := tx.QueryRowContext(ctx, s.q(`SELECT slots FROM edges WHERE id = ?`), edgeID).Scan(&slots); errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("edge %s: %w", edgeID, ErrNotFound)
-		} else if err != nil {
-			return err
-		}
-		var n int
-		if _, err := fmt.Sscanf(cell, "cell-%02d", &n); err != nil || len(cell) != 7 || n < 1 || n > slots {
-			return fmt.Errorf("cell %q: the edge has cell-01 to cell-%02d: %w", cell, slots, ErrInvalid)
-		}
-		if pool != "" {
-			if _, err := s.pool(ctx, tx, pool); err != nil {
-				return err
-			}
-		}
-		var old string
-		err = tx.QueryRowContext(ctx, s.q(`SELECT pool FROM assignments WHERE edge_id = ? AND cell = ?`), edgeID, cell).Scan(&old)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return err
-		}
-		switch {
-		case old == pool && pool == "":
-			return fmt.Errorf("%s is not assigned: %w", cell, ErrConflict)
-		case old == pool:
-			return fmt.Errorf("%s is already assigned to %s: %w", cell, pool, ErrConflict)
-		}
-		var held int
-		if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM placements WHERE edge_id = ? AND cell = ?`), edgeID, cell).Scan(&held); err != nil {
-			return err
-		}
-		if held > 0 {
-			return fmt.Errorf("%s holds %d domain(s) of %s: move them to the pool's other cells first (cell release): %w", cell, held, old, ErrConflict)
-		}
-		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM assignments WHERE edge_id = ? AND cell = ?`), edgeID, cell); err != nil {
-			return err
-		}
-		if pool != "" {
-			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO assignments (edge_id, cell, pool) VALUES (?, ?, ?)`), edgeID, cell, pool); err != nil {
-				return err
-			}
-		}
-		es, err := s.reemit(ctx, tx, gen, "", []string{edgeID}, sign)
+		old, err := s.checkCell(ctx, tx, edgeID, cell, pool)
 		if err != nil {
 			return err
 		}
-		out = es[0]
-		return nil
+		held, err := s.count(ctx, tx, `SELECT COUNT(*) FROM placements WHERE edge_id = ? AND cell = ?`, edgeID, cell)
+		if err != nil {
+			return err
+		}
+		if held > 0 {
+			return fmt.Errorf("%s holds %d domain(s) of %s: unassign it through the admin API, which moves them first: %w", cell, held, old, ErrConflict)
+		}
+		out, err = s.setAssignment(ctx, tx, gen, edgeID, cell, pool, nil, sign)
+		return err
 	})
 	if err != nil {
 		return EdgeSequence{}, fmt.Errorf("assign %s of edge %s to %q: %w", cell, edgeID, pool, err)
 	}
 	return out, nil
+}
+
+// checkCell checks that cell is one of the edge's, that pool ("" for
+// none) exists and differs from the cell's, and that no drain of the cell
+// is under way; it returns the cell's pool now ("" when unassigned).
+func (s *Store) checkCell(ctx context.Context, tx *sql.Tx, edgeID, cell, pool string) (string, error) {
+	var slots int
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT slots FROM edges WHERE id = ?`), edgeID).Scan(&slots); errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("edge %s: %w", edgeID, ErrNotFound)
+	} else if err != nil {
+		return "", err
+	}
+	var n int
+	if _, err := fmt.Sscanf(cell, "cell-%02d", &n); err != nil || len(cell) != 7 || n < 1 || n > slots {
+		return "", fmt.Errorf("cell %q: the edge has cell-01 to cell-%02d: %w", cell, slots, ErrInvalid)
+	}
+	if pool != "" {
+		if _, err := s.pool(ctx, tx, pool); err != nil {
+			return "", err
+		}
+	}
+	var old string
+	err := tx.QueryRowContext(ctx, s.q(`SELECT pool FROM assignments WHERE edge_id = ? AND cell = ?`), edgeID, cell).Scan(&old)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", err
+	}
+	if d, err := s.drain(ctx, tx, edgeID, cell, true); err == nil && d.Active() {
+		return "", fmt.Errorf("%s is draining already, for %s (%s): %w", cell, d.target(), d.State, ErrConflict)
+	} else if err != nil && !errors.Is(err, ErrNotFound) {
+		return "", err
+	}
+	switch {
+	case old == pool && pool == "":
+		return "", fmt.Errorf("%s is not assigned: %w", cell, ErrConflict)
+	case old == pool:
+		return "", fmt.Errorf("%s is already assigned to %s: %w", cell, pool, ErrConflict)
+	}
+	return old, nil
+}
+
+// setAssignment assigns cell to pool ("" unassigns it) and gives the edge
+// a new sequence carrying it, with domains' entries made again.
+func (s *Store) setAssignment(ctx context.Context, tx *sql.Tx, gen int64, edgeID, cell, pool string, domains []string, sign Signer) (EdgeSequence, error) {
+	if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM assignments WHERE edge_id = ? AND cell = ?`), edgeID, cell); err != nil {
+		return EdgeSequence{}, err
+	}
+	if pool != "" {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO assignments (edge_id, cell, pool) VALUES (?, ?, ?)`), edgeID, cell, pool); err != nil {
+			return EdgeSequence{}, err
+		}
+	}
+	return s.reemitEdge(ctx, tx, gen, edgeID, domains, sign)
+}
+
+// reemitEdge gives one edge a new sequence: each of domains' entries
+// replaced by the one entryFor makes (or none), every other entry carried
+// over, the header signed again with the edge's assignments as they are.
+func (s *Store) reemitEdge(ctx context.Context, tx *sql.Tx, gen int64, edgeID string, domains []string, sign Signer) (EdgeSequence, error) {
+	k, err := s.keyring(ctx, tx, sign)
+	if err != nil {
+		return EdgeSequence{}, err
+	}
+	seq, err := s.bump(ctx, tx, gen, edgeID)
+	if err != nil {
+		return EdgeSequence{}, err
+	}
+	for _, d := range domains {
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE manifest_entries SET to_seq = ? WHERE edge_id = ? AND domain = ? AND to_seq = 0`), seq, edgeID, d); err != nil {
+			return EdgeSequence{}, err
+		}
+		e, ok, err := s.entryFor(ctx, tx, d, edgeID)
+		if err != nil {
+			return EdgeSequence{}, err
+		}
+		if ok {
+			if err := s.insertEntry(ctx, tx, edgeID, seq, k.entry(edgeID, e)); err != nil {
+				return EdgeSequence{}, err
+			}
+		}
+	}
+	if err := s.finishSequence(ctx, tx, k, edgeID, seq); err != nil {
+		return EdgeSequence{}, err
+	}
+	return EdgeSequence{EdgeID: edgeID, Sequence: seq}, nil
 }

@@ -207,4 +207,25 @@ CREATE TABLE moves (
 );
 CREATE INDEX moves_state ON moves (state);
 `,
+	// 7: a cell unassigned or reassigned while it holds domains drains
+	// first: its domains are placed on the pool's other cells and
+	// delivered there before the cell lets them go (a cell drain, with its
+	// steps, per edge and cell).
+	`
+CREATE TABLE cell_drains (
+	edge_id     TEXT NOT NULL REFERENCES edges (id) ON DELETE CASCADE,
+	cell        TEXT NOT NULL,
+	from_pool   TEXT NOT NULL,
+	to_pool     TEXT NOT NULL,
+	state       TEXT NOT NULL,
+	reason      TEXT NOT NULL DEFAULT '',
+	domains     TEXT NOT NULL,
+	steps       TEXT NOT NULL,
+	started_at  {{bigint}} NOT NULL,
+	deadline    {{bigint}} NOT NULL,
+	drain_until {{bigint}} NOT NULL DEFAULT 0,
+	PRIMARY KEY (edge_id, cell)
+);
+CREATE INDEX cell_drains_state ON cell_drains (state);
+`,
 }
