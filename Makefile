@@ -186,9 +186,13 @@ bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the r
 	@mkdir -p bench
 	@$(WITH_PG) \
 	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ ./cmd/cellvisor/ | tee bench/latest.txt; \
-	$(GO) test -run '^$$' -bench . -benchtime 3x -count 5 ./activation/ | tee -a bench/latest.txt; \
-	$(GO) test -run '^$$' -bench . -benchtime 20000x -count 5 ./controlapi/ | tee -a bench/latest.txt; \
-	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 -timeout 30m ./controlapi/store/ | tee -a bench/latest.txt
+	$(GO) test -run '^$$' -bench 'Activation(PerCell)?$$' -benchtime 3x -count 5 ./activation/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench SnapshotActivationRSS -benchtime 1x -count 1 ./activation/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench Poll -benchtime 20000x -count 5 ./controlapi/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench SnapshotDownloads16 -benchtime 1x -count 3 ./controlapi/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 -timeout 30m ./controlapi/store/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench 'Choose|Bare' -benchtime 1000000x -count 5 ./placement/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench MovedFraction -benchtime 1x -count 1 ./placement/ | tee -a bench/latest.txt
 	@if [ -f bench/base.txt ] && [ -x "$(TOOLBIN)/benchstat" ]; then \
 	  "$(TOOLBIN)/benchstat" bench/base.txt bench/latest.txt; \
 	elif [ -f bench/base.txt ]; then \
