@@ -180,6 +180,7 @@ func (s *Supervisor) Restart(ctx context.Context, name string) (SlotStatus, erro
 	if err := c.admitRestart(c.s.clk.Now()); err != nil {
 		return SlotStatus{}, err
 	}
+	c.saveCounters()
 	req := &restartReq{done: make(chan error, 1)}
 	select {
 	case c.restartCh <- req:

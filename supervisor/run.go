@@ -82,6 +82,7 @@ func (c *slot) serve(ctx context.Context) bool {
 		c.restarts++
 		reason := c.lastExit
 		c.mu.Unlock()
+		c.saveCounters()
 		c.on(evExit, fmt.Sprintf("%s; restart in %s", reason, delay.Round(time.Millisecond)))
 		if act != actBackoff {
 			continue
@@ -152,7 +153,14 @@ func (c *slot) awaitRelease(ctx context.Context) bool {
 // again at once (an operator restart), back off (an exit or a failed start;
 // the tracker has recorded it), or shut down.
 func (c *slot) runOnce(ctx context.Context, tr *tracker, pending **restartReq) action {
-	p, err := c.start()
+	c.mu.Lock()
+	p := c.adopted
+	c.adopted = nil
+	c.mu.Unlock()
+	var err error
+	if p == nil {
+		p, err = c.start()
+	}
 	if err != nil {
 		c.mu.Lock()
 		c.lastExit = "start failed: " + err.Error()
@@ -254,7 +262,11 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 		case <-p.done:
 			return finish()
 		case <-ctx.Done():
-			c.stop(p, c.s.o.StopTimeout)
+			if c.s.leave.Load() {
+				p.release() // left running for the next agent
+			} else {
+				c.stop(p, c.s.o.StopTimeout)
+			}
 			out.stopped = true
 			return finish()
 		}
