@@ -398,12 +398,12 @@ func (c *slot) loadCounters() {
 	now := c.s.clk.Now()
 	var times []time.Time
 	for _, t := range k.OperatorRestartTimes {
-		if t.Sub(now) <= c.s.o.RestartWindow && now.Sub(t) < c.s.o.RestartWindow {
+		if t.Sub(now) <= c.s.settings().RestartWindow && now.Sub(t) < c.s.settings().RestartWindow {
 			times = append(times, t)
 		}
 	}
-	if len(times) > c.s.o.RestartLimit {
-		times = times[len(times)-c.s.o.RestartLimit:]
+	if len(times) > c.s.settings().RestartLimit {
+		times = times[len(times)-c.s.settings().RestartLimit:]
 	}
 	c.restarts, c.opRestartsTotal, c.opRestarts = k.Restarts, k.OperatorRestarts, times
 }

@@ -153,3 +153,28 @@ func BenchmarkAdopt8(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// Update gives running cells' cgroups new limits without restarting them.
+func TestUpdateLimitsOfRunningCells(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1})
+	before := h.waitReady("cell-01", 0)
+	l := h.opts.Limits
+	l.PIDs, l.MemoryBytes = l.PIDs+7, l.MemoryBytes+(1<<20)
+	if err := h.sup.Update(context.Background(), supervisor.Settings{Limits: l}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := h.cg.Open("cell-01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := g.Limits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.PIDs != l.PIDs || got.MemoryBytes != l.MemoryBytes {
+		t.Errorf("cgroup limits %+v, want pids %d memory %d", got, l.PIDs, l.MemoryBytes)
+	}
+	if after := h.slot("cell-01"); after.PID != before.PID || after.Restarts != 0 {
+		t.Errorf("pid %d (was %d), restarts %d: the cell restarted", after.PID, before.PID, after.Restarts)
+	}
+}

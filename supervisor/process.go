@@ -17,7 +17,7 @@ import (
 
 // ensureGroup creates (or updates) the slot's cgroup with its limits.
 func (c *slot) ensureGroup() (cgroup.Group, error) {
-	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, c.s.o.Limits)
+	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, c.s.settings().Limits)
 	if err != nil {
 		return nil, err
 	}

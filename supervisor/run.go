@@ -64,7 +64,7 @@ func (c *slot) serve(ctx context.Context) bool {
 	if !c.awaitRelease(ctx) {
 		return ctx.Err() == nil
 	}
-	tr := newTracker(c.s.o.Policy, c.s.o.Jitter)
+	tr := newTracker(c.s.settings().Policy, c.s.o.Jitter)
 	var pending *restartReq // an operator restart waiting for the new cell
 	defer func() { answer(&pending, errors.New("cell stopped")) }()
 	for {

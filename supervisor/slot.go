@@ -147,7 +147,7 @@ func (c *slot) status() SlotStatus {
 	c.mu.Unlock()
 	if pool != "" {
 		st.Assignment = Assigned
-		st.Limits = c.s.o.Limits
+		st.Limits = c.s.settings().Limits
 	}
 	if g != nil && g.Path() != "" {
 		st.Cgroup, st.CgroupPaths = g.Path(), g.Paths()

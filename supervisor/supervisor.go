@@ -93,6 +93,9 @@ type Supervisor struct {
 	// leave makes Run return leaving the cells running, for the next agent
 	// to adopt (tests of adoption use it; an agent that is killed does it).
 	leave atomic.Bool
+	// live are the settings that may change while cells run (Update); the
+	// same fields of o are only their initial values.
+	live atomic.Pointer[Settings]
 }
 
 // New validates options and prepares the slots; it starts nothing.
@@ -115,29 +118,19 @@ func New(o Options) (*Supervisor, error) {
 	if o.ProbeHost == "" {
 		o.ProbeHost = "127.0.0.1"
 	}
-	if o.Policy == (Policy{}) {
-		o.Policy = Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Minute, HealthyAfter: 30 * time.Second}
-	}
-	if o.RestartLimit == 0 {
-		o.RestartLimit = 3
-	}
-	if o.RestartWindow == 0 {
-		o.RestartWindow = 10 * time.Minute
-	}
-	if o.DrainTimeout == 0 {
-		o.DrainTimeout = 30 * time.Second
-	}
 	if o.LogBudget == 0 {
 		o.LogBudget = 16 << 20
 	}
 	if o.MonitorInterval == 0 {
 		o.MonitorInterval = 10 * time.Second
 	}
-	o.Liveness = o.Liveness.withDefaults()
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
 	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), clk: clock.Or(o.Clock), ready: make(chan struct{}), binary: o.Binary}
+	live := Settings{Limits: o.Limits, Policy: o.Policy, Liveness: o.Liveness, RestartLimit: o.RestartLimit,
+		RestartWindow: o.RestartWindow, DrainTimeout: o.DrainTimeout}.withDefaults()
+	s.live.Store(&live)
 	if resolved, err := filepath.EvalSymlinks(o.Binary); err == nil {
 		s.binary = resolved
 	}
