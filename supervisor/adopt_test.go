@@ -3,13 +3,18 @@ package supervisor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
+	"cellvisor/agent"
+	"cellvisor/domain"
 	"cellvisor/internal/testutil"
+	"cellvisor/runtime"
 	"cellvisor/supervisor"
 )
 
@@ -176,5 +181,49 @@ func TestUpdateLimitsOfRunningCells(t *testing.T) {
 	}
 	if after := h.slot("cell-01"); after.PID != before.PID || after.Restarts != 0 {
 		t.Errorf("pid %d (was %d), restarts %d: the cell restarted", after.PID, before.PID, after.Restarts)
+	}
+}
+
+// An adopted cell that runs an older release than the slot's active one (the
+// killed agent switched it but never reloaded the cell) is reloaded, not
+// restarted, before it counts as ready.
+func TestAdoptedCellLoadsTheActiveRelease(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1, assign: allAssigned(1)})
+	before := h.waitReady("cell-01", 0)
+	supervisor.Leave(h.sup)
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	s := h.slotSpec("cell-01")
+	pools, err := runtime.CompilePools([]domain.Domain{{
+		Domain: testHost, Pool: domain.PoolSharedDefault, Revision: 2, Hostnames: []string{testHost},
+		Routes: []domain.Route{{Prefix: "/", Respond: &domain.Response{Status: 200, Body: "two"}}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := runtime.BuildRelease(agent.RenderParams(h.cfg, s, domain.PoolSharedDefault, 2), pools[domain.PoolSharedDefault])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runtime.Activate(s, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, body, err := get(s.HTTPPort, "/"); err != nil || body != "hello" {
+		t.Fatalf("before the new agent: %q %v, want the old release's answer", body, err)
+	}
+	h.restart()
+	testutil.Eventually(t, 30*time.Second, func() error {
+		seq, _, err := h.sup.Loaded(context.Background(), "cell-01")
+		if err != nil || seq != 2 {
+			return fmt.Errorf("loaded %d (%v), want 2", seq, err)
+		}
+		return nil
+	})
+	if _, body, err := get(s.HTTPPort, "/"); err != nil || body != "two" {
+		t.Errorf("after adoption: %q %v, want the active release's answer", body, err)
+	}
+	if after := h.slot("cell-01"); after.PID != before.PID {
+		t.Errorf("pid %d, was %d: the adopted cell was restarted, not reloaded", after.PID, before.PID)
 	}
 }

@@ -277,6 +277,9 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 // it reports whether the cell is ready, or why the agent stopped it.
 func (c *slot) probed(ctx context.Context, p *proc, err error, pending **restartReq) (ready bool, why string) {
 	if err == nil {
+		if p.adopted {
+			c.resyncAdopted(ctx)
+		}
 		c.onReady()
 		answer(pending, nil)
 		return true, ""

@@ -90,8 +90,8 @@ type Supervisor struct {
 	// binary is Options.Binary with its links resolved, as /proc/<pid>/exe
 	// names it.
 	binary string
-	// leave makes Run return leaving the cells running, for the next agent
-	// to adopt (tests of adoption use it; an agent that is killed does it).
+	// leave makes Run return leaving the cells running, for the next
+	// supervisor to adopt: what a killed agent leaves (tests of adoption).
 	leave atomic.Bool
 	// live are the settings that may change while cells run (Update); the
 	// same fields of o are only their initial values.
