@@ -55,8 +55,9 @@ func (c *slot) running() (pid int, st State) {
 // in flight up to the drain timeout, then stop (SIGQUIT, SIGKILL past what is
 // left of the timeout).
 func (c *slot) gracefulStop(ctx context.Context, p *proc, why string) {
-	deadline := c.s.clk.Now().Add(c.s.o.DrainTimeout)
-	dctx, cancel := context.WithTimeout(ctx, c.s.o.DrainTimeout)
+	drain := c.s.settings().DrainTimeout
+	deadline := c.s.clk.Now().Add(drain)
+	dctx, cancel := context.WithTimeout(ctx, drain)
 	defer cancel()
 	if api, err := c.client(); err == nil {
 		if _, err := api.Drain(dctx); err != nil {
@@ -180,6 +181,7 @@ func (s *Supervisor) Restart(ctx context.Context, name string) (SlotStatus, erro
 	if err := c.admitRestart(c.s.clk.Now()); err != nil {
 		return SlotStatus{}, err
 	}
+	c.saveCounters()
 	req := &restartReq{done: make(chan error, 1)}
 	select {
 	case c.restartCh <- req:
@@ -203,8 +205,9 @@ func (s *Supervisor) Restart(ctx context.Context, name string) (SlotStatus, erro
 func (c *slot) admitRestart(now time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	window := c.s.o.RestartWindow
-	kept, retryIn, ok := admit(c.opRestarts, now, c.s.o.RestartLimit, window)
+	st := c.s.settings()
+	window := st.RestartWindow
+	kept, retryIn, ok := admit(c.opRestarts, now, st.RestartLimit, window)
 	c.opRestarts = kept
 	if !ok {
 		return fmt.Errorf("%w: %s had %d restarts in the last %s; the next is allowed in %s",

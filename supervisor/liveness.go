@@ -74,7 +74,7 @@ func livenessEvent(before, after int, p LivenessPolicy) (event, bool) {
 // stop is called (or ctx ends); results arrive on the channel, one check at
 // a time. Checks are off (a nil channel) when the interval is negative.
 func (c *slot) startLiveness(ctx context.Context) (<-chan error, func()) {
-	p := c.s.o.Liveness
+	p := c.s.settings().Liveness
 	if p.Interval < 0 {
 		return nil, func() {}
 	}
@@ -132,7 +132,7 @@ func checkAlive(ctx context.Context, hc *http.Client, url string, timeout time.D
 // onLiveness records a check's result and executes the machine's decision:
 // it returns why the agent stops the cell when it is to be restarted.
 func (c *slot) onLiveness(err error) (restartWhy string) {
-	p := c.s.o.Liveness
+	p := c.s.settings().Liveness
 	c.mu.Lock()
 	before := c.live.Failures
 	c.live.Checks++

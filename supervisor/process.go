@@ -1,15 +1,12 @@
 package supervisor
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -20,7 +17,7 @@ import (
 
 // ensureGroup creates (or updates) the slot's cgroup with its limits.
 func (c *slot) ensureGroup() (cgroup.Group, error) {
-	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, c.s.o.Limits)
+	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, c.s.settings().Limits)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +63,8 @@ func (c *slot) start() (*proc, error) {
 	if err := cgroup.Start(g, cmd); err != nil {
 		return nil, fmt.Errorf("start %s: %w", c.s.o.Binary, err)
 	}
-	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: c.s.clk.Now(), logs: logs}
+	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: c.s.clk.Now(), logs: logs, pidfd: -1, wake: -1}
+	c.writeRecord(p.pid, g)
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -82,17 +80,22 @@ func (c *slot) start() (*proc, error) {
 // wait up to grace, SIGKILL the process group, then kill whatever is left in
 // the cgroup and wait for the master to be reaped.
 func (c *slot) stop(p *proc, grace time.Duration) {
-	_ = syscall.Kill(p.pid, syscall.SIGQUIT)
+	_ = p.signal(syscall.SIGQUIT)
 	t := c.s.clk.NewTimer(grace)
 	select {
 	case <-p.done:
 		t.Stop()
 	case <-t.C():
 		c.log.Warn("cell did not stop in time; killing it", zap.Duration("grace", grace))
-		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		if p.adopted {
+			_ = p.signal(syscall.SIGKILL) // its group is killed below, by cgroup
+		} else {
+			_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+		}
 	}
 	c.killLeftovers()
-	<-p.done // the master is dead or was SIGKILLed: Wait returns
+	<-p.done // the master is dead or was SIGKILLed: Wait returns, or its pidfd is readable
+	c.removeRecord()
 	c.mu.Lock()
 	c.pid = 0
 	c.mu.Unlock()
@@ -103,6 +106,7 @@ func (c *slot) stop(p *proc, grace time.Duration) {
 // otherwise).
 func (c *slot) afterExit(p *proc, forced string) {
 	c.killLeftovers()
+	c.removeRecord()
 	why := describeExit(p.err)
 	if forced != "" {
 		why = forced
@@ -154,26 +158,6 @@ func (c *slot) removeGroup() error {
 		return fmt.Errorf("remove cgroup of %s: %w", c.spec.Name, err)
 	}
 	return nil
-}
-
-// killStalePidfile stops a master named by the slot's pid file that runs this
-// slot's configuration (so a recycled pid is never touched).
-func (c *slot) killStalePidfile() {
-	data, err := os.ReadFile(c.spec.PidFile())
-	if err != nil {
-		return
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 1 {
-		return
-	}
-	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || !bytes.Contains(cmdline, []byte(c.spec.ConfPath())) {
-		return
-	}
-	c.log.Warn("stopping a cell master left by a previous agent", zap.Int("pid", pid))
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	_ = syscall.Kill(pid, syscall.SIGKILL)
 }
 
 func describeExit(err error) string {

@@ -64,7 +64,7 @@ func (c *slot) serve(ctx context.Context) bool {
 	if !c.awaitRelease(ctx) {
 		return ctx.Err() == nil
 	}
-	tr := newTracker(c.s.o.Policy, c.s.o.Jitter)
+	tr := newTracker(c.s.settings().Policy, c.s.o.Jitter)
 	var pending *restartReq // an operator restart waiting for the new cell
 	defer func() { answer(&pending, errors.New("cell stopped")) }()
 	for {
@@ -82,6 +82,7 @@ func (c *slot) serve(ctx context.Context) bool {
 		c.restarts++
 		reason := c.lastExit
 		c.mu.Unlock()
+		c.saveCounters()
 		c.on(evExit, fmt.Sprintf("%s; restart in %s", reason, delay.Round(time.Millisecond)))
 		if act != actBackoff {
 			continue
@@ -152,7 +153,14 @@ func (c *slot) awaitRelease(ctx context.Context) bool {
 // again at once (an operator restart), back off (an exit or a failed start;
 // the tracker has recorded it), or shut down.
 func (c *slot) runOnce(ctx context.Context, tr *tracker, pending **restartReq) action {
-	p, err := c.start()
+	c.mu.Lock()
+	p := c.adopted
+	c.adopted = nil
+	c.mu.Unlock()
+	var err error
+	if p == nil {
+		p, err = c.start()
+	}
 	if err != nil {
 		c.mu.Lock()
 		c.lastExit = "start failed: " + err.Error()
@@ -254,7 +262,11 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 		case <-p.done:
 			return finish()
 		case <-ctx.Done():
-			c.stop(p, c.s.o.StopTimeout)
+			if c.s.leave.Load() {
+				p.release() // left running for the next agent
+			} else {
+				c.stop(p, c.s.o.StopTimeout)
+			}
 			out.stopped = true
 			return finish()
 		}
@@ -265,6 +277,9 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 // it reports whether the cell is ready, or why the agent stopped it.
 func (c *slot) probed(ctx context.Context, p *proc, err error, pending **restartReq) (ready bool, why string) {
 	if err == nil {
+		if p.adopted {
+			c.resyncAdopted(ctx)
+		}
 		c.onReady()
 		answer(pending, nil)
 		return true, ""

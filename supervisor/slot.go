@@ -42,14 +42,20 @@ type slot struct {
 	seq        int64
 	drained    bool
 	opRestarts []time.Time // accepted operator restarts, for the rate limit
-	// opRestartsTotal counts accepted operator restarts since the agent
-	// started; restarts counts the crash restarts.
+	// opRestartsTotal counts accepted operator restarts; restarts counts
+	// the crash restarts. Both, and opRestarts, outlive agent restarts
+	// (saveCounters).
 	opRestartsTotal int
 	secSeen         int64 // refused private calls already reported
 	live            LivenessStatus
 	// preReload are the master's children before its last reload: the
 	// cell has loaded the new release once none of them listens (settle.go).
 	preReload []procID
+	// adopted is the running master of a previous agent, verified and
+	// watched, that the slot's routine supervises instead of starting one.
+	adopted *proc
+
+	saveMu sync.Mutex // serialises saveCounters
 }
 
 // restartReq is an operator restart; done receives nil once the new cell is
@@ -59,7 +65,7 @@ type restartReq struct {
 }
 
 func newSlot(s *Supervisor, spec runtime.Slot, pool string) *slot {
-	return &slot{
+	c := &slot{
 		s: s, spec: spec, pool: pool, state: StateStopped,
 		log:       s.log.With(zap.String("cell", spec.Name)),
 		restartCh: make(chan *restartReq),
@@ -67,16 +73,24 @@ func newSlot(s *Supervisor, spec runtime.Slot, pool string) *slot {
 		assignCh:  make(chan struct{}, 1),
 		drained:   spec.Drained(),
 	}
+	c.loadCounters()
+	return c
 }
 
-// proc is one started cell master.
+// proc is one cell master: started by this agent (cmd, reaped by Wait), or
+// adopted from a previous one (watched through a pidfd, not our child).
 type proc struct {
-	cmd     *exec.Cmd
+	cmd     *exec.Cmd // nil when adopted
 	pid     int
 	done    chan struct{}
 	err     error // valid once done is closed
 	started time.Time
 	logs    logMark // where the cell's logs ended at its start
+	adopted bool
+
+	mu    sync.Mutex // guards the following fields, of an adopted master
+	pidfd int        // -1 once the master exited
+	wake  int        // eventfd that ends the watch; -1 once it ended
 }
 
 // firstOutcome counts this slot towards the supervisor's Ready once.
@@ -133,7 +147,7 @@ func (c *slot) status() SlotStatus {
 	c.mu.Unlock()
 	if pool != "" {
 		st.Assignment = Assigned
-		st.Limits = c.s.o.Limits
+		st.Limits = c.s.settings().Limits
 	}
 	if g != nil && g.Path() != "" {
 		st.Cgroup, st.CgroupPaths = g.Path(), g.Paths()

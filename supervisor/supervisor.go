@@ -1,7 +1,8 @@
 // Package supervisor is the agent's core: it runs one goroutine per cell slot
-// that starts the slot's OpenResty inside its cgroup, waits for its listener,
-// reaps it, kills whatever it leaves behind and restarts it with bounded
-// backoff; it reports every slot's state and serves that on the local admin
+// that starts the slot's OpenResty inside its cgroup (or adopts the one a
+// previous agent left running, once verified as that slot's), waits for its
+// listener, reaps or watches it, kills whatever it leaves behind and restarts
+// it with bounded backoff; it reports every slot's state and serves that on the local admin
 // socket. Deciding (the restart tracker, the state of a slot) is kept apart
 // from doing (processes, cgroups) so the first can be tested fast.
 package supervisor
@@ -11,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,6 +87,15 @@ type Supervisor struct {
 	ready     chan struct{}
 	pending   sync.WaitGroup
 	beat      atomic.Int64 // the monitor loop's latest turn, unix ns (Heartbeat)
+	// binary is Options.Binary with its links resolved, as /proc/<pid>/exe
+	// names it.
+	binary string
+	// leave makes Run return leaving the cells running, for the next
+	// supervisor to adopt: what a killed agent leaves (tests of adoption).
+	leave atomic.Bool
+	// live are the settings that may change while cells run (Update); the
+	// same fields of o are only their initial values.
+	live atomic.Pointer[Settings]
 }
 
 // New validates options and prepares the slots; it starts nothing.
@@ -107,29 +118,22 @@ func New(o Options) (*Supervisor, error) {
 	if o.ProbeHost == "" {
 		o.ProbeHost = "127.0.0.1"
 	}
-	if o.Policy == (Policy{}) {
-		o.Policy = Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Minute, HealthyAfter: 30 * time.Second}
-	}
-	if o.RestartLimit == 0 {
-		o.RestartLimit = 3
-	}
-	if o.RestartWindow == 0 {
-		o.RestartWindow = 10 * time.Minute
-	}
-	if o.DrainTimeout == 0 {
-		o.DrainTimeout = 30 * time.Second
-	}
 	if o.LogBudget == 0 {
 		o.LogBudget = 16 << 20
 	}
 	if o.MonitorInterval == 0 {
 		o.MonitorInterval = 10 * time.Second
 	}
-	o.Liveness = o.Liveness.withDefaults()
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), clk: clock.Or(o.Clock), ready: make(chan struct{})}
+	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), clk: clock.Or(o.Clock), ready: make(chan struct{}), binary: o.Binary}
+	live := Settings{Limits: o.Limits, Policy: o.Policy, Liveness: o.Liveness, RestartLimit: o.RestartLimit,
+		RestartWindow: o.RestartWindow, DrainTimeout: o.DrainTimeout}.withDefaults()
+	s.live.Store(&live)
+	if resolved, err := filepath.EvalSymlinks(o.Binary); err == nil {
+		s.binary = resolved
+	}
 	for _, spec := range o.Topology.Slots {
 		s.slots = append(s.slots, newSlot(s, spec, o.Assignments[spec.Name]))
 	}
@@ -157,12 +161,13 @@ func checkBinary(path string) error {
 // ready, failed its first start, or is not to be run.
 func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
 
-// Run cleans up what a previous agent left, runs every slot until ctx is
-// cancelled, then stops every cell gracefully and removes their cgroups. It
-// returns once no cell process is left.
+// Run adopts the cells a previous agent left running (and stops what it
+// cannot verify as its own), runs every slot until ctx is cancelled, then
+// stops every cell gracefully and removes their cgroups. It returns once no
+// cell process is left.
 func (s *Supervisor) Run(ctx context.Context) error {
 	s.started = s.clk.Now()
-	s.cleanupStale(ctx)
+	s.recoverAll(ctx)
 	s.pending.Add(len(s.slots))
 	go func() {
 		s.pending.Wait()
@@ -200,6 +205,10 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	wg.Wait()
 	stopSide()
 	sideWG.Wait()
+	if s.leave.Load() {
+		s.log.Info("left the cells running")
+		return nil
+	}
 	var errs []error
 	for _, c := range s.slots {
 		c.closeClient()
@@ -209,40 +218,6 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 	s.log.Info("all cells stopped")
 	return errors.Join(errs...)
-}
-
-// cleanupStale kills processes a previous agent left in cell cgroups or pid
-// files, and removes cell cgroups that no slot owns. Adopting running cells
-// instead is future work; identifying them (pid file, cgroup, start time) is
-// already done here.
-func (s *Supervisor) cleanupStale(ctx context.Context) {
-	names, err := s.o.Cgroups.List()
-	if err != nil {
-		s.log.Warn("list cell cgroups", zap.Error(err))
-	}
-	for _, name := range names {
-		g, err := s.o.Cgroups.Open(name)
-		if err != nil {
-			continue
-		}
-		kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if pids, _ := g.Procs(); len(pids) > 0 {
-			s.log.Warn("stopping cell processes left by a previous agent", zap.String("cell", name), zap.Ints("pids", pids))
-		}
-		if _, ok := s.o.Topology.Slot(name); ok {
-			err = g.Kill(kctx)
-		} else {
-			s.log.Info("removing stale cell cgroup", zap.String("cell", name))
-			err = g.Delete(kctx)
-		}
-		cancel()
-		if err != nil {
-			s.log.Warn("clean up stale cell cgroup", zap.String("cell", name), zap.Error(err))
-		}
-	}
-	for _, c := range s.slots {
-		c.killStalePidfile()
-	}
 }
 
 // Status reports the agent and every slot.

@@ -211,8 +211,10 @@ func TestCrashLoopStaysDegradedAndRetries(t *testing.T) {
 	})
 }
 
-// A restarted agent kills what a previous agent left in its cell cgroups and
-// removes cell cgroups no slot owns, then runs its cells normally.
+// A restarted agent adopts only a master it can verify as its own: anything
+// else a previous agent left in a slot's cgroup (here a sleep, named by no pid
+// file) is killed by the cgroup, cell cgroups no slot owns are removed, and
+// the cells start normally.
 func TestStaleCgroupsAndLeftoversCleanedUp(t *testing.T) {
 	cg := testutil.RequireCgroups(t)
 	var leftovers []*exec.Cmd

@@ -94,6 +94,7 @@ log:
 // runningAgent is a cellvisor run process started by a test.
 type runningAgent struct {
 	cmd    *exec.Cmd
+	log    string        // the file its output goes to
 	exited chan struct{} // closed once reaped; cmd.ProcessState is valid then
 }
 
@@ -125,7 +126,7 @@ func startAgent(t testing.TB, bin, cfgPath string, cfg config.Agent, env ...stri
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	a := &runningAgent{cmd: cmd, exited: make(chan struct{})}
+	a := &runningAgent{cmd: cmd, log: logf.Name(), exited: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(a.exited) }()
 	t.Cleanup(func() {
 		select {

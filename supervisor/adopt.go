@@ -1,0 +1,505 @@
+package supervisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"cellvisor/cgroup"
+	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/safefile"
+	"cellvisor/runtime"
+)
+
+// A cell outlives the agent that started it. On start the agent adopts each
+// slot's running master, but only once it has proved the master is the
+// process an agent started for this slot: the pid file and the master
+// record written at its start name the same pid, that pid is in the slot's
+// cgroup, and its executable, command line and kernel start time are the
+// recorded ones. A recycled pid, another slot's master or an unrelated
+// process is never adopted nor signalled; the slot's cgroup is killed and the
+// cell started fresh instead.
+
+// masterRecord identifies a started master; it is written atomically beside
+// the slot's pid file when the master starts.
+type masterRecord struct {
+	PID int `json:"pid"`
+	// StartTicks is the process's start time in clock ticks since boot
+	// (/proc/<pid>/stat field 22): a recycled pid has another.
+	StartTicks uint64 `json:"start_ticks"`
+	Binary     string `json:"binary"`
+	Conf       string `json:"conf"`
+	Cgroup     string `json:"cgroup"`
+}
+
+// maxSmallFile bounds the pid file and the records read at start.
+const maxSmallFile = 64 << 10
+
+func (c *slot) recordPath() string {
+	return filepath.Join(filepath.Dir(c.spec.PidFile()), "master.json")
+}
+
+// writeRecord records the master just started (our child: its pid cannot be
+// recycled before we reap it).
+func (c *slot) writeRecord(pid int, g cgroup.Group) {
+	id, err := identify(pid)
+	if err == nil {
+		rec := masterRecord{PID: pid, StartTicks: id.startTicks, Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: g.Path()}
+		var b []byte
+		if b, err = json.Marshal(rec); err == nil {
+			err = atomicfile.WriteFile(c.recordPath(), append(b, '\n'), 0o600)
+		}
+	}
+	if err != nil {
+		c.log.Warn("record cell master: it cannot be adopted after an agent restart", zap.Int("pid", pid), zap.Error(err))
+	}
+}
+
+func (c *slot) removeRecord() {
+	if err := os.Remove(c.recordPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		c.log.Warn("remove cell master record", zap.Error(err))
+	}
+}
+
+// procIdentity is what /proc says about a process.
+type procIdentity struct {
+	exe        string
+	args       []string // the command line, split on NULs and spaces (nginx rewrites its title)
+	startTicks uint64
+	pgid       int
+}
+
+// identify reads a process's identity from /proc.
+func identify(pid int) (procIdentity, error) {
+	var id procIdentity
+	dir := "/proc/" + strconv.Itoa(pid)
+	stat, err := os.ReadFile(dir + "/stat")
+	if err != nil {
+		return id, err
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return id, fmt.Errorf("%s/stat: malformed", dir)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	// After the command name: state (3), ppid, pgrp (5), ..., starttime (22).
+	if len(f) < 20 {
+		return id, fmt.Errorf("%s/stat: %d fields", dir, len(f))
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return id, fmt.Errorf("process %d is dead", pid)
+	}
+	if id.pgid, err = strconv.Atoi(f[2]); err != nil {
+		return id, fmt.Errorf("%s/stat: pgrp: %w", dir, err)
+	}
+	if id.startTicks, err = strconv.ParseUint(f[19], 10, 64); err != nil {
+		return id, fmt.Errorf("%s/stat: starttime: %w", dir, err)
+	}
+	if id.exe, err = os.Readlink(dir + "/exe"); err != nil {
+		return id, err
+	}
+	cmdline, err := os.ReadFile(dir + "/cmdline")
+	if err != nil {
+		return id, err
+	}
+	id.args = strings.FieldsFunc(string(cmdline), func(r rune) bool { return r == 0 || r == ' ' })
+	return id, nil
+}
+
+// mismatch says why a process named by a slot's pid file is not the master
+// recorded for it ("" when it is). It is pure: want is what this agent
+// would have started, rec what was recorded at start, pidFile the pid the
+// pid file names, members the pids in the slot's cgroup, id what /proc says.
+func mismatch(want, rec masterRecord, pidFile int, members []int, id procIdentity) string {
+	switch {
+	case pidFile != rec.PID:
+		return fmt.Sprintf("the pid file names %d, the master record %d", pidFile, rec.PID)
+	case !slices.Contains(members, pidFile):
+		return fmt.Sprintf("pid %d is not in the cell's cgroup", pidFile)
+	case rec.Binary != want.Binary || rec.Conf != want.Conf || rec.Cgroup != want.Cgroup:
+		return fmt.Sprintf("the master record (%s -c %s in %s) is not this slot's (%s -c %s in %s)",
+			rec.Binary, rec.Conf, rec.Cgroup, want.Binary, want.Conf, want.Cgroup)
+	case id.startTicks != rec.StartTicks:
+		return fmt.Sprintf("pid %d started at tick %d, the recorded master at %d: the pid was recycled", pidFile, id.startTicks, rec.StartTicks)
+	case id.exe != want.Binary:
+		return fmt.Sprintf("pid %d runs %s, not %s", pidFile, id.exe, want.Binary)
+	case !namesConf(id.args, want.Conf):
+		return fmt.Sprintf("pid %d's command line does not name %s", pidFile, want.Conf)
+	}
+	return ""
+}
+
+// namesConf reports whether args hold "-c conf".
+func namesConf(args []string, conf string) bool {
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-c" && args[i+1] == conf {
+			return true
+		}
+	}
+	return false
+}
+
+// readPid reads a pid file: a positive decimal pid, nothing else.
+func readPid(ctx context.Context, path string) (int, error) {
+	b, err := safefile.ReadFile(ctx, path, maxSmallFile)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return 0, fmt.Errorf("%s: not a pid: %q", path, bytes.TrimSpace(b))
+	}
+	return pid, nil
+}
+
+// readRecord reads the slot's master record.
+func (c *slot) readRecord(ctx context.Context) (masterRecord, error) {
+	var rec masterRecord
+	b, err := safefile.ReadFile(ctx, c.recordPath(), maxSmallFile)
+	if err != nil {
+		return rec, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rec); err != nil {
+		return rec, fmt.Errorf("%s: %w", c.recordPath(), err)
+	}
+	return rec, nil
+}
+
+// adopt verifies the master named by the slot's pid file and returns it
+// watched through a pidfd, or why it is not this slot's master.
+func (c *slot) adopt(ctx context.Context, g cgroup.Group, members []int) (*proc, string) {
+	pid, err := readPid(ctx, c.spec.PidFile())
+	if err != nil {
+		return nil, "pid file: " + err.Error()
+	}
+	rec, err := c.readRecord(ctx)
+	if err != nil {
+		return nil, "master record: " + err.Error()
+	}
+	// Open the pidfd before verifying: once the identity is checked, the
+	// descriptor refers to that process whatever becomes of the pid.
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Sprintf("pidfd of %d: %v", pid, err)
+	}
+	id, err := identify(pid)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Sprintf("identify %d: %v", pid, err)
+	}
+	want := masterRecord{Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: g.Path()}
+	if why := mismatch(want, rec, pid, members, id); why != "" {
+		unix.Close(fd)
+		return nil, why
+	}
+	p, err := watchPidfd(pid, fd)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err.Error()
+	}
+	p.started = c.s.clk.Now()
+	p.logs = markLogs(c.spec.LogsDir())
+	return p, ""
+}
+
+// recover runs before the slot's routine: it adopts the slot's running
+// master, or stops whatever runs in the slot's cgroup and says why.
+func (c *slot) recover(ctx context.Context, g cgroup.Group) {
+	members, err := g.Procs()
+	if err != nil {
+		c.log.Warn("list cell processes left by a previous agent", zap.Error(err))
+	}
+	if len(members) == 0 {
+		c.removeRecord()
+		return
+	}
+	why := ""
+	switch {
+	case c.s.o.Refusal != nil:
+		why = "cells are refused: " + c.s.o.Refusal.Error()
+	case c.poolName() == "":
+		why = "the slot is unassigned"
+	default:
+		if _, err := runtime.Current(c.spec); err != nil {
+			why = "no active release: " + err.Error()
+			break
+		}
+		p, reason := c.adopt(ctx, g, members)
+		if p != nil {
+			c.mu.Lock()
+			c.adopted, c.group, c.pid = p, g, p.pid
+			c.mu.Unlock()
+			c.log.Info("adopted running cell", zap.Int("pid", p.pid))
+			return
+		}
+		why = reason
+	}
+	c.log.Warn("not adopting the processes left in the cell's cgroup; stopping them", zap.String("why", why), zap.Ints("pids", members))
+	kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := g.Kill(kctx); err != nil {
+		c.log.Warn("stop processes left by a previous agent", zap.Error(err))
+	}
+	c.removeRecord()
+}
+
+// recoverUngrouped handles a master left by a previous agent where cells
+// have no cgroup (limits not enforced): without a group its leftovers could
+// not be cleaned up after an exit, so a verified master is stopped by its
+// process group and started fresh; anything else is left alone.
+func (c *slot) recoverUngrouped(ctx context.Context) {
+	defer c.removeRecord()
+	pid, err := readPid(ctx, c.spec.PidFile())
+	if err != nil {
+		return
+	}
+	rec, err := c.readRecord(ctx)
+	if err != nil {
+		return
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	id, err := identify(pid)
+	if err != nil {
+		return
+	}
+	want := masterRecord{Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: ""}
+	if why := mismatch(want, rec, pid, []int{pid}, id); why != "" || id.pgid != pid {
+		c.log.Info("the pid file names no master of this slot; leaving it alone", zap.Int("pid", pid), zap.String("why", why))
+		return
+	}
+	c.log.Warn("stopping a cell master left by a previous agent (no cgroup to adopt it in)", zap.Int("pid", pid))
+	_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+	_ = unix.Kill(-pid, unix.SIGKILL)
+}
+
+// watchPidfd returns a proc for a master that is not our child, whose done
+// closes when the pidfd becomes readable (the process exited). The watching
+// goroutine ends then, or when release is called.
+func watchPidfd(pid, fd int) (*proc, error) {
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	p := &proc{pid: pid, done: make(chan struct{}), pidfd: fd, wake: wake, adopted: true}
+	go p.watch()
+	return p, nil
+}
+
+func (p *proc) watch() {
+	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}, {Fd: int32(p.wake), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			p.err = fmt.Errorf("watch adopted master: %w", err)
+			break
+		}
+		if fds[0].Revents != 0 {
+			p.err = errAdoptedExit
+			break
+		}
+		if fds[1].Revents != 0 {
+			p.err = errReleased
+			break
+		}
+	}
+	p.mu.Lock()
+	unix.Close(p.pidfd)
+	unix.Close(p.wake)
+	p.pidfd, p.wake = -1, -1
+	p.mu.Unlock()
+	close(p.done)
+}
+
+var (
+	// errAdoptedExit is the exit of a master that is not our child: its
+	// status went to its new parent.
+	errAdoptedExit = errors.New("adopted master exited (its exit status went to its new parent)")
+	errReleased    = errors.New("no longer watched")
+)
+
+// signal sends sig to the master: through its pidfd when adopted, so a
+// recycled pid is never signalled.
+func (p *proc) signal(sig unix.Signal) error {
+	if !p.adopted {
+		return p.cmd.Process.Signal(sig)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pidfd < 0 {
+		return os.ErrProcessDone
+	}
+	return unix.PidfdSendSignal(p.pidfd, sig, nil, 0)
+}
+
+// release stops watching an adopted master that is left running.
+func (p *proc) release() {
+	if !p.adopted {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.wake >= 0 {
+		_, _ = unix.Write(p.wake, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	}
+}
+
+// counters are a slot's restart counts and operator-restart times, kept
+// across agent restarts.
+type counters struct {
+	Restarts             int         `json:"restarts"`
+	OperatorRestarts     int         `json:"operator_restarts"`
+	OperatorRestartTimes []time.Time `json:"operator_restart_times"`
+}
+
+func (c *slot) countersPath() string { return filepath.Join(c.spec.Dir, "supervision.json") }
+
+// loadCounters resumes what a previous agent counted. Times further ahead
+// than a window (a clock that was ahead, or a forged file) are dropped, so
+// they cannot block restarts.
+func (c *slot) loadCounters() {
+	b, err := safefile.ReadFile(context.Background(), c.countersPath(), maxSmallFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	var k counters
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&k)
+	}
+	if err == nil && (k.Restarts < 0 || k.OperatorRestarts < 0) {
+		err = errors.New("negative count")
+	}
+	if err != nil {
+		c.log.Warn("restart counts of a previous agent unreadable; starting from zero", zap.Error(err))
+		return
+	}
+	now := c.s.clk.Now()
+	var times []time.Time
+	for _, t := range k.OperatorRestartTimes {
+		if t.Sub(now) <= c.s.settings().RestartWindow && now.Sub(t) < c.s.settings().RestartWindow {
+			times = append(times, t)
+		}
+	}
+	if len(times) > c.s.settings().RestartLimit {
+		times = times[len(times)-c.s.settings().RestartLimit:]
+	}
+	c.restarts, c.opRestartsTotal, c.opRestarts = k.Restarts, k.OperatorRestarts, times
+}
+
+// saveCounters persists the slot's counts; snapshots are taken and written
+// in order under saveMu, so an older one never overwrites a newer one.
+func (c *slot) saveCounters() {
+	c.saveMu.Lock()
+	defer c.saveMu.Unlock()
+	c.mu.Lock()
+	k := counters{Restarts: c.restarts, OperatorRestarts: c.opRestartsTotal, OperatorRestartTimes: slices.Clone(c.opRestarts)}
+	c.mu.Unlock()
+	b, err := json.Marshal(k)
+	if err == nil {
+		err = atomicfile.WriteFile(c.countersPath(), append(b, '\n'), 0o600)
+	}
+	if err != nil {
+		c.log.Warn("persist restart counts", zap.Error(err))
+	}
+}
+
+// recoverAll adopts or cleans up every slot's cell left by a previous agent,
+// in parallel, and removes cell cgroups no slot owns.
+func (s *Supervisor) recoverAll(ctx context.Context) {
+	start := s.clk.Now()
+	names, err := s.o.Cgroups.List()
+	if err != nil {
+		s.log.Warn("list cell cgroups", zap.Error(err))
+	}
+	var wg sync.WaitGroup
+	for _, name := range names {
+		if _, ok := s.o.Topology.Slot(name); ok {
+			continue
+		}
+		s.log.Info("removing stale cell cgroup", zap.String("cell", name))
+		if g, err := s.o.Cgroups.Open(name); err == nil {
+			kctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if err := g.Delete(kctx); err != nil {
+				s.log.Warn("remove stale cell cgroup", zap.String("cell", name), zap.Error(err))
+			}
+			cancel()
+		}
+	}
+	for _, c := range s.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
+				c.recoverUngrouped(ctx)
+				return
+			}
+			if !slices.Contains(names, c.spec.Name) {
+				c.removeRecord()
+				return
+			}
+			g, err := s.o.Cgroups.Open(c.spec.Name)
+			if err != nil {
+				c.log.Warn("open cell cgroup", zap.Error(err))
+				return
+			}
+			c.recover(ctx, g)
+		}()
+	}
+	wg.Wait()
+	adopted := 0
+	for _, c := range s.slots {
+		if c.adopted != nil {
+			adopted++
+		}
+	}
+	s.log.Info("recovered cells of a previous agent", zap.Int("adopted", adopted), zap.Duration("took", s.clk.Since(start)))
+}
+
+// resyncAdopted reloads an adopted cell that runs another release than the
+// slot's active one: the previous agent switched the release and was killed
+// before it reloaded the cell. Until the cell is ready nothing else sees
+// what it runs, so this happens before it is marked ready; a cell whose
+// status cannot be read is reloaded too (a graceful reload drops nothing).
+func (c *slot) resyncAdopted(ctx context.Context) {
+	meta, err := runtime.Current(c.spec)
+	if err != nil {
+		return // no release: the slot's routine stops it
+	}
+	sctx, cancel := context.WithTimeout(ctx, cellStatusTimeout)
+	cs, err := c.cellStatus(sctx)
+	cancel()
+	if err == nil && cs != nil && cs.Sequence == meta.Sequence {
+		return
+	}
+	var running int64
+	if cs != nil {
+		running = cs.Sequence
+	}
+	c.log.Info("adopted cell does not run the active release; reloading it",
+		zap.Int64("running", running), zap.Int64("active", meta.Sequence), zap.NamedError("status", err))
+	if err := c.s.Reload(c.spec.Name); err != nil {
+		c.log.Warn("reload adopted cell", zap.Error(err))
+	}
+}
