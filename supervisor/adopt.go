@@ -84,19 +84,10 @@ type procIdentity struct {
 // identify reads a process's identity from /proc.
 func identify(pid int) (procIdentity, error) {
 	var id procIdentity
-	dir := "/proc/" + strconv.Itoa(pid)
-	stat, err := os.ReadFile(dir + "/stat")
+	dir := procRoot + "/" + strconv.Itoa(pid)
+	f, err := statFields(pid)
 	if err != nil {
 		return id, err
-	}
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return id, fmt.Errorf("%s/stat: malformed", dir)
-	}
-	f := strings.Fields(string(stat[i+1:]))
-	// After the command name: state (3), ppid, pgrp (5), ..., starttime (22).
-	if len(f) < 20 {
-		return id, fmt.Errorf("%s/stat: %d fields", dir, len(f))
 	}
 	if f[0] == "Z" || f[0] == "X" {
 		return id, fmt.Errorf("process %d is dead", pid)

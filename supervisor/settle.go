@@ -19,13 +19,13 @@ import (
 // still listens: Loaded waits for both, so that an "applied" ack, and the
 // routing a control plane switches on it, mean what they say.
 
-// proc is one process as /proc shows it.
+// procID is one process, told apart from a later one with its pid.
 type procID struct {
 	pid   int
 	start uint64 // start time in clock ticks since boot: a recycled pid differs
 }
 
-// procRoot is where /proc is; a field so tests could point elsewhere.
+// procRoot is where /proc is.
 const procRoot = "/proc"
 
 // children lists the child processes of pid with their start times.
@@ -47,19 +47,30 @@ func children(pid int) ([]procID, error) {
 	return out, nil
 }
 
-// startTime reads field 22 of /proc/pid/stat (after the parenthesised
-// command name, which may hold spaces).
-func startTime(pid int) (uint64, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("%s/%d/stat", procRoot, pid))
+// statFields returns the fields of /proc/pid/stat after the parenthesised
+// command name (which may hold spaces): the first is the state (field 3),
+// f[2] the process group (field 5), f[19] the start time (field 22).
+func statFields(pid int) ([]string, error) {
+	path := fmt.Sprintf("%s/%d/stat", procRoot, pid)
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0, false
+		return nil, err
 	}
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, false
+		return nil, fmt.Errorf("%s: malformed", path)
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 { // state is field 3, starttime field 22
+	if len(f) < 20 {
+		return nil, fmt.Errorf("%s: %d fields", path, len(f))
+	}
+	return f, nil
+}
+
+// startTime is a process's start time in clock ticks since boot.
+func startTime(pid int) (uint64, bool) {
+	f, err := statFields(pid)
+	if err != nil {
 		return 0, false
 	}
 	v, err := strconv.ParseUint(f[19], 10, 64)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/config"
 	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
@@ -38,6 +39,21 @@ func readyPIDs(st supervisor.Status) map[string]int {
 		}
 	}
 	return pids
+}
+
+// twoCellAgent starts the real agent with two slots, both assigned, and
+// returns it with its ready masters by cell.
+func twoCellAgent(t *testing.T) (bin, cfgPath string, cfg config.Agent, a *runningAgent, st supervisor.Status, pids map[string]int) {
+	t.Helper()
+	testutil.RequireCgroups(t)
+	bin = buildAgent(t)
+	cfgPath, cfg = agentConfig(t, 2, "")
+	a, st = startAgent(t, bin, cfgPath, cfg)
+	pids = readyPIDs(st)
+	if len(pids) != 2 {
+		t.Fatalf("ready cells %v, want cell-01 and cell-02", pids)
+	}
+	return bin, cfgPath, cfg, a, st, pids
 }
 
 // stream sends a request to every port every 10ms until ctx ends, and
@@ -84,14 +100,7 @@ func (s *stream) run(ctx context.Context, ports []int) {
 // agent adopts the same masters; a cell killed while the agent is down is
 // restarted once it is back, while the other is adopted.
 func TestCellsOutliveAgentSIGKILL(t *testing.T) {
-	testutil.RequireCgroups(t)
-	bin := buildAgent(t)
-	cfgPath, cfg := agentConfig(t, 2, "")
-	a, st := startAgent(t, bin, cfgPath, cfg)
-	pids := readyPIDs(st)
-	if len(pids) != 2 {
-		t.Fatalf("ready cells %v, want cell-01 and cell-02", pids)
-	}
+	bin, cfgPath, cfg, a, st, pids := twoCellAgent(t)
 	var ports []int
 	for _, s := range st.Slots {
 		ports = append(ports, s.HTTPPort)
@@ -159,14 +168,7 @@ func equalPIDs(a, b map[string]int) bool {
 // signalled, and one naming another slot's master is not adopted for this
 // slot: those slots get fresh cells, the other slot's master is adopted.
 func TestAgentPidFileForgedNotAdopted(t *testing.T) {
-	testutil.RequireCgroups(t)
-	bin := buildAgent(t)
-	cfgPath, cfg := agentConfig(t, 2, "")
-	a, st := startAgent(t, bin, cfgPath, cfg)
-	pids := readyPIDs(st)
-	if len(pids) != 2 {
-		t.Fatalf("ready cells %v, want cell-01 and cell-02", pids)
-	}
+	bin, cfgPath, cfg, a, st, pids := twoCellAgent(t)
 	sleep := exec.Command("sleep", "1000")
 	if err := sleep.Start(); err != nil {
 		t.Fatal(err)

@@ -35,14 +35,7 @@ func awaitLog(t *testing.T, a *runningAgent, offset int, want string) int {
 // lines stop, warnings still come); a changed slot count is refused with
 // the reason, nothing is applied and no cell restarts.
 func TestSIGHUPReload(t *testing.T) {
-	testutil.RequireCgroups(t)
-	bin := buildAgent(t)
-	cfgPath, cfg := agentConfig(t, 2, "")
-	a, st := startAgent(t, bin, cfgPath, cfg)
-	pids := readyPIDs(st)
-	if len(pids) != 2 {
-		t.Fatalf("ready cells %v, want 2", pids)
-	}
+	_, cfgPath, cfg, a, _, pids := twoCellAgent(t)
 	orig, err := os.ReadFile(cfgPath)
 	if err != nil {
 		t.Fatal(err)

@@ -114,19 +114,25 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 			return fmt.Errorf("store revision: %w", err)
 		}
 		out.Domain = d
-		// Placed where the pool has cells (kept where it was placed); a
-		// move's target cells were placed when it started. Every edge with
-		// a cell of the domain gets the revision: both sides of a move.
-		if _, out.Skipped, err = s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
-			return err
-		}
-		out.Edges, err = s.reemit(ctx, tx, gen, domain, nil, sign)
-		return err
+		return s.placeAndEmit(ctx, tx, gen, domain, p, sign, &out)
 	})
 	if err != nil {
 		return Published{}, fmt.Errorf("publish %s to %s: %w", domain, pool, err)
 	}
 	return out, nil
+}
+
+// placeAndEmit places a revision just stored where the pool has cells (kept
+// where it was placed; a move's target cells were placed when it started)
+// and gives it to every edge with a cell of the domain: both sides of a
+// move. Publishes and rollbacks alike.
+func (s *Store) placeAndEmit(ctx context.Context, tx *sql.Tx, gen int64, domain string, p Pool, sign Signer, out *Published) error {
+	var err error
+	if _, out.Skipped, err = s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
+		return err
+	}
+	out.Edges, err = s.reemit(ctx, tx, gen, domain, nil, sign)
+	return err
 }
 
 // DeleteDomain withdraws a domain from every edge's manifest.
@@ -255,22 +261,14 @@ func (s *Store) Entries(ctx context.Context, edgeID string, seq int64, after str
 	if seq < 1 || seq > current || seq <= current-keepSequences {
 		return nil, fmt.Errorf("edge %s manifest sequence %d (current %d): %w", edgeID, seq, current, ErrNotFound)
 	}
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT domain, pool, revision, size, sha256, rollback, signature, cells FROM manifest_entries
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT `+entryColumns+` FROM manifest_entries
 		WHERE edge_id = ? AND from_seq <= ? AND (to_seq = 0 OR to_seq > ?) AND domain > ? ORDER BY domain LIMIT ?`),
 		edgeID, seq, seq, after, limit)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []manifest.Entry
-	for rows.Next() {
-		e, err := scanEntry(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := scanEntries(rows)
+	if err != nil {
 		return nil, err
 	}
 	// Publishes committed meanwhile may have pruned part of seq: then the

@@ -67,12 +67,8 @@ func (s *Store) RollbackDomain(ctx context.Context, domain string, rev int64, ho
 			return fmt.Errorf("store domain: %w", err)
 		}
 		out.Domain = d
-		if _, out.Skipped, err = s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
-			return err
-		}
 		// The entries are marked rollback: the revision is below the top.
-		out.Edges, err = s.reemit(ctx, tx, gen, domain, nil, sign)
-		return err
+		return s.placeAndEmit(ctx, tx, gen, domain, p, sign, &out)
 	})
 	if err != nil {
 		return Published{}, fmt.Errorf("roll %s back to revision %d: %w", domain, rev, err)

@@ -101,11 +101,19 @@ func (s *Store) signHeader(ctx context.Context, tx *sql.Tx, k keyring, edgeID st
 
 // entriesAt reads every entry of an edge's manifest at seq, by domain.
 func (s *Store) entriesAt(ctx context.Context, q querier, edgeID string, seq int64) ([]manifest.Entry, error) {
-	rows, err := q.QueryContext(ctx, s.q(`SELECT domain, pool, revision, size, sha256, rollback, signature, cells FROM manifest_entries
+	rows, err := q.QueryContext(ctx, s.q(`SELECT `+entryColumns+` FROM manifest_entries
 		WHERE edge_id = ? AND from_seq <= ? AND (to_seq = 0 OR to_seq > ?) ORDER BY domain`), edgeID, seq, seq)
 	if err != nil {
 		return nil, err
 	}
+	return scanEntries(rows)
+}
+
+// entryColumns are the manifest_entries columns scanEntry reads, in order.
+const entryColumns = `domain, pool, revision, size, sha256, rollback, signature, cells`
+
+// scanEntries reads every row of rows (entryColumns) and closes them.
+func scanEntries(rows *sql.Rows) ([]manifest.Entry, error) {
 	defer rows.Close()
 	var out []manifest.Entry
 	for rows.Next() {
