@@ -8,10 +8,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -237,7 +239,7 @@ func Default() Agent {
 // Load reads, strictly decodes and validates a configuration file. Fields the
 // file leaves out keep their defaults.
 func Load(path string) (Agent, error) {
-	data, err := os.ReadFile(path)
+	data, err := readConfig(path)
 	if err != nil {
 		return Agent{}, fmt.Errorf("read config: %w", err)
 	}
@@ -246,6 +248,37 @@ func Load(path string) (Agent, error) {
 		return Agent{}, fmt.Errorf("config %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// MaxFileBytes bounds the configuration file.
+const MaxFileBytes = 1 << 20
+
+// readConfig reads a configuration file that must be a regular file (a link
+// to one is followed: configuration management links them) of at most
+// MaxFileBytes: a FIFO or device in its place would hang the start or a
+// SIGHUP reload, a huge file would grow the agent. Opened non-blocking, so
+// that a FIFO is refused instead of waited on.
+func readConfig(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, fi.Mode().Type())
+	case fi.Size() > MaxFileBytes:
+		return nil, fmt.Errorf("%s is %d bytes, over the %d-byte bound", path, fi.Size(), MaxFileBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err == nil && len(data) > MaxFileBytes {
+		err = fmt.Errorf("%s grew over the %d-byte bound while read", path, MaxFileBytes)
+	}
+	return data, err
 }
 
 // Parse decodes YAML over the defaults, refusing unknown fields, then validates.

@@ -2,9 +2,13 @@ package config
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestDefaultsAreValidAndShipTheSeedLimits(t *testing.T) {
@@ -91,5 +95,46 @@ func TestPackagedConfigIsTheDefaults(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("systemd/agent.yaml differs from the defaults:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// The file is read only if it is a regular file within its bound: a FIFO
+// in its place is refused at once (not waited on), a device or a huge
+// sparse file is refused; a link to a good file is followed.
+func TestLoadRefusesAnythingButABoundedRegularFile(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "agent.yaml")
+	if err := os.WriteFile(good, []byte("slots: 4\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link.yaml")
+	if err := os.Symlink(good, link); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := Load(link); err != nil || c.Slots != 4 {
+		t.Errorf("through a link: %v, slots %d", err, c.Slots)
+	}
+	fifo := filepath.Join(dir, "fifo.yaml")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	huge := filepath.Join(dir, "huge.yaml")
+	f, err := os.Create(huge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(64 << 30)
+	f.Close()
+	for path, want := range map[string]string{fifo: "not a regular file", "/dev/zero": "not a regular file", huge: "over the"} {
+		done := make(chan error, 1)
+		go func() { _, err := Load(path); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %v, want %q", path, err, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Load hung", path) // the bug this guards against
+		}
 	}
 }
