@@ -168,7 +168,7 @@ func equalPIDs(a, b map[string]int) bool {
 // signalled, and one naming another slot's master is not adopted for this
 // slot: those slots get fresh cells, the other slot's master is adopted.
 func TestAgentPidFileForgedNotAdopted(t *testing.T) {
-	bin, cfgPath, cfg, a, st, pids := twoCellAgent(t)
+	bin, cfgPath, cfg, a, _, pids := twoCellAgent(t)
 	sleep := exec.Command("sleep", "1000")
 	if err := sleep.Start(); err != nil {
 		t.Fatal(err)
@@ -187,7 +187,7 @@ func TestAgentPidFileForgedNotAdopted(t *testing.T) {
 	// cell-02's pid file names cell-01's master.
 	a.kill9(t)
 	write("cell-02", pids["cell-01"])
-	a, st = startAgent(t, bin, cfgPath, cfg)
+	a, st := startAgent(t, bin, cfgPath, cfg)
 	got := readyPIDs(st)
 	if got["cell-01"] != pids["cell-01"] {
 		t.Errorf("cell-01: pid %d, want %d adopted by its own slot", got["cell-01"], pids["cell-01"])
