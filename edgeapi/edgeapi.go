@@ -175,6 +175,8 @@ type Summary struct {
 	Control    *struct {
 		ActiveSequence int64 `json:"active_sequence"`
 	} `json:"control"`
+	// Egress is the agent's intake address and destination probes.
+	Egress *EgressReport `json:"egress,omitempty"`
 	Slots []struct {
 		Name     string `json:"name"`
 		Pool     string `json:"pool"`
