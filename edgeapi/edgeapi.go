@@ -177,7 +177,7 @@ type Summary struct {
 	} `json:"control"`
 	// Egress is the agent's intake address and destination probes.
 	Egress *EgressReport `json:"egress,omitempty"`
-	Slots []struct {
+	Slots  []struct {
 		Name     string `json:"name"`
 		Pool     string `json:"pool"`
 		State    string `json:"state"`
