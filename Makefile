@@ -182,6 +182,9 @@ units-check: ## systemd-analyze verify both units, and fail if their security ex
 
 # An activation of 20,000 artifacts takes about a second: fewer rounds. A
 # control API poll takes about 50 µs: 20,000 of them (20 per simulated edge).
+# The fleet load runs 10,000 edges in real time for 3 fleet minutes per store
+# (CELLVISOR_FLEET_EDGES, CELLVISOR_FLEET_SPEEDUP, CELLVISOR_FLEET_MINUTES
+# change it; docs/control.md).
 bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
 	@$(WITH_PG) \
@@ -190,6 +193,7 @@ bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the r
 	$(GO) test -run '^$$' -bench SnapshotActivationRSS -benchtime 1x -count 1 ./activation/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench Poll -benchtime 20000x -count 5 ./controlapi/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench SnapshotDownloads16 -benchtime 1x -count 3 ./controlapi/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench FleetLoad -benchtime 1x -count 1 -timeout 60m -v ./controlapi/ | grep -v '^=== ' | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench . -benchtime 3x -count 1 -timeout 30m ./controlapi/store/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench 'Choose|Bare' -benchtime 1000000x -count 5 ./placement/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench MovedFraction -benchtime 1x -count 1 ./placement/ | tee -a bench/latest.txt

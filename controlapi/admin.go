@@ -1,14 +1,13 @@
 package controlapi
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"net/http"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/metrics"
 	"cellvisor/controlapi/store"
 	"cellvisor/manifest"
 )
@@ -317,20 +316,21 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("DELETE "+AdminDomains+"/{name}", s.handle(s.deleteDomain))
 	mux.HandleFunc("POST "+AdminDomains+"/{name}/rollback", s.handle(s.rollbackDomain))
 	mux.HandleFunc("POST "+AdminKeys+"/rotate", s.handle(s.rotateKey))
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.o.AdminToken)) != 1 {
+	mux.Handle("GET "+PathMetrics, s.metrics.Handler())
+	return s.instrument(metrics.Admin, mux, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		given, ok := bearer(r, s.o.AdminToken)
+		if !ok && !s.metricsAllowed(r) {
 			msg := "admin bearer token required"
-			if ok && got != "" {
+			if given {
 				msg = "admin bearer token rejected"
 			}
 			s.log.Warn("security: admin request without the admin token", zap.String("remote", r.RemoteAddr),
-				zap.String("path", r.URL.Path), zap.Bool("token_given", ok && got != ""))
+				zap.String("path", r.URL.Path), zap.Bool("token_given", given))
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": msg})
 			return
 		}
 		mux.ServeHTTP(w, r)
-	})
+	}))
 }
 
 // InitialAssignments are a new edge's: cell-01 → shared-default, cell-02 →

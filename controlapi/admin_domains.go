@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -102,10 +103,12 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err // refused before anything is written
 	}
+	start := time.Now()
 	p, err := s.st.PublishDomain(r.Context(), name, req.Pool, d.Hostnames, func(rev int64) ([]byte, error) {
 		_, data, err := domainArtifact(name, req.Pool, req.Config, rev)
 		return data, err
 	}, s.sign)
+	s.metrics.Publish(time.Since(start))
 	if errors.Is(err, store.ErrNotFound) {
 		return errorf(http.StatusBadRequest, "pool: %q does not exist", req.Pool)
 	}

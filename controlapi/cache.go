@@ -27,11 +27,20 @@ type cache struct {
 	edges map[string]*cached
 }
 
-// cached is one edge: its state, and when this replica last saw it (unix
-// milliseconds, 0 once written), set on the poll path under the read lock.
+// cached is one edge: its state; when this replica last saw it and last
+// wrote that it did (unix milliseconds, 0 for never), set on the poll path
+// under the read lock; and the status report this replica last wrote.
 type cached struct {
-	state store.EdgeState
-	seen  atomic.Int64
+	state   store.EdgeState
+	seen    atomic.Int64
+	written atomic.Int64
+	status  atomic.Pointer[statusMemo]
+}
+
+// statusMemo is a status report written: its digest and when.
+type statusMemo struct {
+	digest [32]byte
+	at     time.Time
 }
 
 func newCache(st *store.Store, log *zap.Logger) *cache {
@@ -99,7 +108,7 @@ func (c *cache) see(id string, at time.Time) {
 	}
 }
 
-// lastSeen is when this replica last saw an edge, if not yet written.
+// lastSeen is when this replica last saw an edge (zero for never).
 func (c *cache) lastSeen(id string) time.Time {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -111,26 +120,75 @@ func (c *cache) lastSeen(id string) time.Time {
 	return time.Time{}
 }
 
-// takeSeen returns the times not yet written and forgets them.
-func (c *cache) takeSeen() map[string]time.Time {
+// allSeen returns when this replica last saw each edge it saw.
+func (c *cache) allSeen() map[string]time.Time {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	out := map[string]time.Time{}
+	out := make(map[string]time.Time, len(c.edges))
 	for id, e := range c.edges {
-		if ms := e.seen.Swap(0); ms != 0 {
+		if ms := e.seen.Load(); ms != 0 {
 			out[id] = time.UnixMilli(ms).UTC()
 		}
 	}
 	return out
 }
 
-// restoreSeen puts back times whose write failed, unless newer ones came.
-func (c *cache) restoreSeen(s map[string]time.Time) {
+// dueSeen returns the last-seen times to write: those that moved by at
+// least bound since this replica last wrote the edge's (all that moved,
+// for 0).
+func (c *cache) dueSeen(bound time.Duration) map[string]time.Time {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := map[string]time.Time{}
+	for id, e := range c.edges {
+		seen, written := e.seen.Load(), e.written.Load()
+		if seen != 0 && seen > written && (written == 0 || seen-written >= bound.Milliseconds()) {
+			out[id] = time.UnixMilli(seen).UTC()
+		}
+	}
+	return out
+}
+
+// wroteSeen records last-seen times written.
+func (c *cache) wroteSeen(s map[string]time.Time) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for id, at := range s {
 		if e := c.edges[id]; e != nil {
-			e.seen.CompareAndSwap(0, at.UnixMilli())
+			ms := at.UnixMilli()
+			for {
+				w := e.written.Load()
+				if w >= ms || e.written.CompareAndSwap(w, ms) {
+					break
+				}
+			}
 		}
+	}
+}
+
+// statusUnchanged reports whether this replica wrote a status report of
+// digest for the edge less than rewrite ago.
+func (c *cache) statusUnchanged(id string, digest [32]byte, now time.Time, rewrite time.Duration) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	e := c.edges[id]
+	if e == nil {
+		return false
+	}
+	m := e.status.Load()
+	return m != nil && m.digest == digest && now.Sub(m.at) < rewrite && !now.Before(m.at)
+}
+
+// wroteStatus records a status report written (forget: one whose write
+// failed, so that the next is written whatever it holds).
+func (c *cache) wroteStatus(id string, digest [32]byte, at time.Time, forget bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if e := c.edges[id]; e != nil {
+		if forget {
+			e.status.Store(nil)
+			return
+		}
+		e.status.Store(&statusMemo{digest: digest, at: at})
 	}
 }

@@ -25,6 +25,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/metrics"
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
 )
@@ -47,6 +48,19 @@ type Options struct {
 	// TouchInterval is how often last-seen times are written; zero means
 	// 10s.
 	TouchInterval time.Duration
+	// LastSeenBound is how far an edge's last-seen time moves before this
+	// replica writes it again; zero means 60s. The database's last-seen
+	// times lag by at most LastSeenBound + TouchInterval (this replica's
+	// own view, in edge show and the metrics, not at all).
+	LastSeenBound time.Duration
+	// StatusRewrite is how long a status report that changes nothing but
+	// its measurements (see statusDigest) is not written again; zero means
+	// 5 minutes.
+	StatusRewrite time.Duration
+	// MetricsToken is a bearer token that reads /metrics on the admin
+	// listener and nothing else (the admin token reads it too); empty
+	// means the admin token only.
+	MetricsToken string
 	// ClientCertTTL is how long the edges' client certificates are valid,
 	// from enrollment or renewal; zero means pki.ClientValidity (a year).
 	// Edges renew theirs between 70 % and 90 % of it.
@@ -80,6 +94,7 @@ type Server struct {
 	cert    tls.Certificate
 	clients *x509.CertPool
 	cache   *cache
+	metrics *metrics.Metrics
 
 	keyMu sync.Mutex // guards the following fields
 	// keys caches opened signing keys by their sealed form: the current
@@ -112,6 +127,12 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if o.TouchInterval <= 0 {
 		o.TouchInterval = 10 * time.Second
 	}
+	if o.LastSeenBound <= 0 {
+		o.LastSeenBound = time.Minute
+	}
+	if o.StatusRewrite <= 0 {
+		o.StatusRewrite = 5 * time.Minute
+	}
 	if o.ClientCertTTL <= 0 {
 		o.ClientCertTTL = pki.ClientValidity
 	}
@@ -135,6 +156,9 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1)}
 	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, s.log)
+	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Now: o.Now, Logger: s.log})
+	// The store is this server's: it reports its writes and placements here.
+	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement}
 	var err error
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
@@ -296,7 +320,7 @@ func (s *Server) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			s.flushSeen(fctx)
+			s.flushSeen(fctx, 0)
 			cancel()
 			s.snaps.close()
 			return
@@ -305,15 +329,42 @@ func (s *Server) Run(ctx context.Context) {
 				s.log.Warn("refresh edge cache", zap.Error(err))
 			}
 		case <-touch.C:
-			s.flushSeen(ctx)
+			s.flushSeen(ctx, s.o.LastSeenBound)
 		}
 	}
 }
 
-func (s *Server) flushSeen(ctx context.Context) {
-	seen := s.cache.takeSeen()
+// flushSeen writes the last-seen times that moved by at least bound.
+func (s *Server) flushSeen(ctx context.Context, bound time.Duration) {
+	seen := s.cache.dueSeen(bound)
+	if len(seen) == 0 {
+		return
+	}
 	if err := s.st.Touch(ctx, seen); err != nil {
 		s.log.Warn("record last seen", zap.Error(err))
-		s.cache.restoreSeen(seen)
+		return
 	}
+	s.cache.wroteSeen(seen)
+	s.metrics.LastSeenRows(len(seen))
 }
+
+// fleetSeen is every edge's last-seen time for the metrics: the
+// database's, or this replica's own when newer.
+func (s *Server) fleetSeen(ctx context.Context) ([]metrics.EdgeSeen, error) {
+	edges, err := s.st.LastSeen(ctx)
+	if err != nil {
+		return nil, err
+	}
+	mine := s.cache.allSeen()
+	out := make([]metrics.EdgeSeen, len(edges))
+	for i, e := range edges {
+		out[i] = metrics.EdgeSeen{ID: e.ID, Enrolled: e.Enrolled, LastSeen: e.LastSeen}
+		if at := mine[e.ID]; at.After(e.LastSeen) {
+			out[i].LastSeen = at
+		}
+	}
+	return out, nil
+}
+
+// Metrics are the control API's series, served on the admin listener.
+func (s *Server) Metrics() *metrics.Metrics { return s.metrics }

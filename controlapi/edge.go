@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/metrics"
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
@@ -33,7 +34,7 @@ func (s *Server) EdgeHandler() http.Handler {
 	mux.HandleFunc("POST "+edgeapi.PathStatus, s.edge(s.status))
 	mux.HandleFunc("GET "+edgeapi.PathTasks, s.edge(s.tasks))
 	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.edge(s.taskAck))
-	return mux
+	return s.instrument(metrics.Edge, mux, mux)
 }
 
 // edgeFunc is a handler for an authenticated edge. Its state's sequence is
@@ -93,17 +94,22 @@ func cheapPoll(r *http.Request, st store.EdgeState) bool {
 
 // enroll exchanges a bootstrap token and a CSR for a client certificate.
 func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
+	outcome := "failed"
+	defer func() { s.metrics.Enrollment(outcome) }()
 	var req edgeapi.EnrollRequest
 	if err := decode(r, edgeapi.MaxEnrollBytes, &req); err != nil {
+		outcome = "invalid"
 		return err
 	}
 	csr, err := pki.ParseCSR(req.CSR)
 	if err != nil {
+		outcome = "invalid"
 		return errorf(http.StatusBadRequest, "%v", err)
 	}
 	tokenHash := hashToken(req.Token)
 	e, err := s.st.EdgeByToken(r.Context(), tokenHash)
 	if errors.Is(err, store.ErrNotFound) || req.Token == "" {
+		outcome = "unknown_token"
 		s.log.Warn("security: enrollment with an unknown, used-up or rotated-away token", zap.String("remote", r.RemoteAddr))
 		return errorf(http.StatusUnauthorized, "unknown bootstrap token (never issued, or replaced by an identity rotation)")
 	}
@@ -114,11 +120,14 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
 	now := s.o.Now()
 	switch {
 	case e.CSRHash == csrHash:
+		outcome = "retried"
 		return s.enrollRetry(w, r, e, csr, now)
 	case e.CSRHash != "":
+		outcome = "token_used"
 		s.log.Warn("security: a different CSR for a consumed bootstrap token", zap.String("edge", e.ID), zap.String("remote", r.RemoteAddr))
 		return errTokenUsed
 	case !e.TokenExpiresAt.IsZero() && !now.Before(e.TokenExpiresAt):
+		outcome = "token_expired"
 		s.log.Warn("security: enrollment with an expired bootstrap token", zap.String("edge", e.ID),
 			zap.Time("expired", e.TokenExpiresAt), zap.String("remote", r.RemoteAddr))
 		return errorf(http.StatusUnauthorized, "bootstrap token expired at %s; rotate the edge for a new one", e.TokenExpiresAt.UTC().Format(time.RFC3339))
@@ -130,10 +139,12 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
 	if err := s.st.Enroll(r.Context(), e.ID, tokenHash, csrHash, certPEM, pki.SerialHex(cert)); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			// Another request consumed the token first: the retry rules apply.
+			outcome = "raced"
 			return s.enrollRaced(w, r, tokenHash, csr)
 		}
 		return err
 	}
+	outcome = "enrolled"
 	s.refresh(r.Context())
 	s.log.Info("edge enrolled", zap.String("edge", e.ID), zap.String("name", e.Name), zap.String("serial", pki.SerialHex(cert)))
 	return s.writeEnrolled(w, e.ID, certPEM, e.Slots)
@@ -191,6 +202,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 		} else {
 			w.WriteHeader(http.StatusNoContent)
 		}
+		s.metrics.Poll(metrics.PollNotModified)
 		return nil
 	}
 	seq, from := st.Sequence, ""
@@ -226,6 +238,7 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 	}
 	w.Header().Set("ETag", etag(seq))
 	writeJSON(w, http.StatusOK, p)
+	s.metrics.Poll(metrics.PollManifest)
 	return nil
 }
 
@@ -245,9 +258,11 @@ func (s *Server) artifact(w http.ResponseWriter, r *http.Request, st store.EdgeS
 func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
 	var a manifest.Ack
 	if err := decode(r, edgeapi.MaxAckBytes, &a); err != nil {
+		s.metrics.Ack("invalid")
 		return err
 	}
 	if a.Sequence == 0 && a.Status == manifest.AckRefused {
+		s.metrics.Ack(manifest.AckRefused)
 		// A refusal of something that had no sequence (a recovery snapshot
 		// that could not be read): logged, nothing to record.
 		s.log.Warn("ack", zap.String("edge", st.ID), zap.String("status", a.Status), zap.String("reason", a.Reason))
@@ -256,13 +271,16 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState)
 	}
 	switch {
 	case a.Sequence < 1 || a.Sequence > manifest.MaxSequence:
+		s.metrics.Ack("invalid")
 		return errorf(http.StatusBadRequest, "sequence: want 1–%d", int64(manifest.MaxSequence))
 	case a.Status != manifest.AckApplied && a.Status != manifest.AckRefused && a.Status != manifest.AckPartial:
+		s.metrics.Ack("invalid")
 		return errorf(http.StatusBadRequest, "status %q: want applied, refused or partial", a.Status)
 	}
 	if err := s.st.Ack(r.Context(), st.ID, a); err != nil {
 		return err
 	}
+	s.metrics.Ack(a.Status)
 	log := s.log.Info
 	if a.Status != manifest.AckApplied {
 		log = s.log.Warn
@@ -283,9 +301,24 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 	if len(rep.Status) == 0 || json.Unmarshal(rep.Status, &sum) != nil {
 		return errorf(http.StatusBadRequest, "status: want the agent's status object")
 	}
+	digest, err := statusDigest(rep.Status)
+	if err != nil {
+		return errorf(http.StatusBadRequest, "status: %v", err)
+	}
+	now := s.o.Now()
+	if s.cache.statusUnchanged(st.ID, digest, now, s.o.StatusRewrite) {
+		// Nothing the control plane reads changed: last seen is the cache's
+		// (edge() saw it), and the stored report stays.
+		s.metrics.Status(metrics.StatusUnchanged)
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	if err := s.st.PutStatus(r.Context(), st.ID, rep.Status, rep.At); err != nil {
+		s.cache.wroteStatus(st.ID, digest, now, true)
 		return err
 	}
+	s.cache.wroteStatus(st.ID, digest, now, false)
+	s.metrics.Status(metrics.StatusWritten)
 	s.nudgeMoves()
 	w.WriteHeader(http.StatusNoContent)
 	return nil

@@ -42,6 +42,9 @@ type Config struct {
 	// AdminTokenFile holds the admin token, created when absent; empty
 	// means <Data>/admin.token.
 	AdminTokenFile string
+	// MetricsTokenFile holds the token that reads /metrics (and nothing
+	// else), created when absent; empty means <Data>/metrics.token.
+	MetricsTokenFile string
 	// MoveTick and MoveReadyWithin are Options' (zero: their defaults).
 	MoveTick, MoveReadyWithin time.Duration
 	// Logger, or nil for none.
@@ -119,6 +122,9 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	if c.AdminTokenFile == "" {
 		c.AdminTokenFile = filepath.Join(c.Data, "admin.token")
 	}
+	if c.MetricsTokenFile == "" {
+		c.MetricsTokenFile = filepath.Join(c.Data, "metrics.token")
+	}
 	if c.DB == "" {
 		c.DB = filepath.Join(c.Data, "control.db")
 	}
@@ -130,6 +136,10 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	if err != nil {
 		return err
 	}
+	metricsToken, err := AdminToken(c.MetricsTokenFile)
+	if err != nil {
+		return fmt.Errorf("metrics token: %w", err)
+	}
 	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	st, err := store.Open(octx, c.DB)
 	cancel()
@@ -138,7 +148,7 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	}
 	defer st.Close()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log,
+	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, MetricsToken: metricsToken, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log,
 		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin})
 	cancel()
 	if err != nil {

@@ -91,6 +91,7 @@ its variable. The systemd unit reads them from /etc/cellvisor/control.env.`,
 	f.Var((*listFlag)(&c.Hostnames), "hostname", "a DNS name or IP for the server certificate (repeatable; default localhost and loopback)")
 	f.StringVar(&c.KeyFile, "key-file", "", "the key that seals keys at rest; empty for <data>/seal.key")
 	f.StringVar(&c.AdminTokenFile, "admin-token-file", "", "the admin token, created when absent; empty for <data>/admin.token")
+	f.StringVar(&c.MetricsTokenFile, "metrics-token-file", "", "the token that reads /metrics on the admin listener (and nothing else), created when absent; empty for <data>/metrics.token")
 	f.StringVar(&format, "log-format", "json", "log encoding: json or console (coloured on a terminal)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

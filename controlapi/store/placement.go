@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 
 	"cellvisor/edgeapi"
 	"cellvisor/manifest"
@@ -99,6 +100,7 @@ func ReadyCells(status []byte, pool string) (n int, ok bool) {
 // pool has fewer ready cells there than its minimum (an edge that never
 // reported is not judged), or when too few cells are below the bound.
 func (s *Store) place(ctx context.Context, tx *sql.Tx, domain string, p Pool, edgeID, role string) error {
+	defer s.placed(time.Now())
 	// A cell draining for its unassignment takes no new domains.
 	rows, err := tx.QueryContext(ctx, s.q(`SELECT a.cell FROM assignments a WHERE a.edge_id = ? AND a.pool = ? AND NOT EXISTS
 		(SELECT 1 FROM cell_drains d WHERE d.edge_id = a.edge_id AND d.cell = a.cell AND d.state IN ('waiting', 'draining'))`), edgeID, p.Name)

@@ -96,7 +96,7 @@ func (s *Store) CreatePool(ctx context.Context, p Pool) (Pool, error) {
 		return Pool{}, err
 	}
 	p.CreatedAt = fromMS(ms(s.Now()))
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO pools (`+poolColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+	_, err := s.exec(ctx, `INSERT INTO pools (`+poolColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		p.Name, p.Class, p.Replicas, p.Bound, p.MinReady, p.Drain.Milliseconds(), p.MaxConns, p.Rate, p.Burst, ms(p.CreatedAt))
 	if isUnique(err) {
 		return Pool{}, fmt.Errorf("pool %s: %w", p.Name, ErrConflict)

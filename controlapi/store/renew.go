@@ -14,12 +14,12 @@ import (
 // is still the edge's current certificate (rotated, or renewed through
 // another replica meanwhile).
 func (s *Store) SetPending(ctx context.Context, id, currentSerial, csrHash, certPEM, serial string) error {
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE edges SET pending_csr_hash = ?, pending_cert_pem = ?, pending_serial = ?
-		WHERE id = ? AND cert_serial = ? AND cert_serial <> ''`), csrHash, certPEM, serial, id, currentSerial)
+	n, err := s.exec(ctx, `UPDATE edges SET pending_csr_hash = ?, pending_cert_pem = ?, pending_serial = ?
+		WHERE id = ? AND cert_serial = ? AND cert_serial <> ''`, csrHash, certPEM, serial, id, currentSerial)
 	if err != nil {
 		return fmt.Errorf("renew edge %s: %w", id, err)
 	}
-	if n, _ := res.RowsAffected(); n != 1 {
+	if n != 1 {
 		return fmt.Errorf("renew edge %s: certificate %s is not current: %w", id, currentSerial, ErrConflict)
 	}
 	return nil

@@ -46,6 +46,8 @@ const keepSequences = 16
 type Store struct {
 	db      *sql.DB
 	dialect string
+	// Hooks observe writes and placements (metrics); none when zero.
+	Hooks Hooks
 	// Now is the clock; time.Now unless testing.
 	Now func() time.Time
 }
@@ -166,7 +168,11 @@ func (s *Store) tx(ctx context.Context, f func(*sql.Tx) error) error {
 		tx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	s.wrote()
+	return nil
 }
 
 // migrate applies the migrations the database lacks. On PostgreSQL an
@@ -287,7 +293,7 @@ func (s *Store) Setting(ctx context.Context, name string) (string, error) {
 // InitSetting stores value unless the setting exists, and returns what is
 // stored: the first of several replicas initializing at once wins.
 func (s *Store) InitSetting(ctx context.Context, name, value string) (string, error) {
-	if _, err := s.db.ExecContext(ctx, s.q(`INSERT INTO settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`), name, value); err != nil {
+	if _, err := s.exec(ctx, `INSERT INTO settings (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`, name, value); err != nil {
 		return "", fmt.Errorf("setting %s: %w", name, err)
 	}
 	return s.Setting(ctx, name)

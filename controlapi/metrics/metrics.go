@@ -1,0 +1,271 @@
+// Package metrics owns the control API's Prometheus series
+// (cellvisor_control_*): their names, labels and buckets, on a registry of
+// their own, and the handler that serves them. controlapi records into it
+// and serves it on the admin listener; docs/observability.md lists every
+// series.
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+// Listener names, the listener label's values.
+const (
+	Edge  = "edge"
+	Admin = "admin"
+)
+
+// Poll results.
+const (
+	PollNotModified = "not_modified"
+	PollManifest    = "manifest"
+)
+
+// Status report results.
+const (
+	StatusWritten   = "written"
+	StatusUnchanged = "unchanged"
+)
+
+// SilentAges are the lower bounds (seconds) of the last-seen age bands of
+// cellvisor_control_edges_by_last_seen; an edge is counted in the band of
+// the largest bound its age reaches.
+var SilentAges = []time.Duration{0, time.Minute, 5 * time.Minute, 15 * time.Minute, time.Hour}
+
+// EdgeSeen is one edge as the fleet collector reports it.
+type EdgeSeen struct {
+	ID       string
+	Enrolled bool
+	// LastSeen is zero for never.
+	LastSeen time.Time
+}
+
+// LeaseHolder is one egress lease held: the edge holding it for (org,
+// traffic class).
+type LeaseHolder struct {
+	Org, Class, Edge string
+}
+
+// Options configure Metrics.
+type Options struct {
+	// Fleet lists every edge with its last-seen time at scrape time;
+	// required.
+	Fleet func(ctx context.Context) ([]EdgeSeen, error)
+	// Leases lists the egress leases held at scrape time, or nil until
+	// egress exists (no lease series then).
+	Leases func(ctx context.Context) ([]LeaseHolder, error)
+	// ScrapeTimeout bounds Fleet and Leases; zero means 10s.
+	ScrapeTimeout time.Duration
+	// Now is the clock, or nil for time.Now.
+	Now func() time.Time
+	// Logger, or nil for none.
+	Logger *zap.Logger
+}
+
+// Metrics are the control API's series.
+type Metrics struct {
+	o   Options
+	reg *prometheus.Registry
+
+	requests    *prometheus.HistogramVec
+	polls       *prometheus.CounterVec
+	enrollments *prometheus.CounterVec
+	acks        *prometheus.CounterVec
+	statuses    *prometheus.CounterVec
+	publish     prometheus.Histogram
+	placement   prometheus.Histogram
+	writes      *prometheus.CounterVec
+	seenRows    prometheus.Counter
+}
+
+// New registers the series, the Go runtime's and the process's on a new
+// registry.
+func New(o Options) *Metrics {
+	if o.ScrapeTimeout <= 0 {
+		o.ScrapeTimeout = 10 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	m := &Metrics{o: o, reg: prometheus.NewRegistry()}
+	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "cellvisor_control_http_request_duration_seconds",
+		Help: "HTTP requests by listener, route (the mux pattern, never the raw path) and status code: latency; _count counts requests.",
+		// 100 µs (a cached poll) to 10 s (a snapshot download).
+		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
+	}, []string{"listener", "route", "code"})
+	m.polls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cellvisor_control_polls_total",
+		Help: "Manifest polls answered, by result: not_modified (304/204, from the cache) or manifest (200, a page).",
+	}, []string{"result"})
+	m.enrollments = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cellvisor_control_enrollments_total",
+		Help: "Enrollment requests by outcome: enrolled, retried (the same token and CSR again), refused or failed.",
+	}, []string{"outcome"})
+	m.acks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cellvisor_control_acks_total",
+		Help: "Manifest acknowledgements by outcome: applied, partial, refused, or invalid (rejected with 400).",
+	}, []string{"outcome"})
+	m.statuses = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cellvisor_control_status_reports_total",
+		Help: "Status reports taken, by result: written to the database, or unchanged (same content, not written).",
+	}, []string{"result"})
+	m.publish = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "cellvisor_control_publish_duration_seconds",
+		Help:    "Publishing a domain revision: placement on every edge of its pool, signing and writing their manifests.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12), // 1 ms to about 24 s
+	})
+	m.placement = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "cellvisor_control_placement_duration_seconds",
+		Help:    "Placing one domain on one edge's pool (reading its cells and placements, choosing).",
+		Buckets: prometheus.ExponentialBuckets(0.00005, 2.5, 10), // 50 µs to about 190 ms
+	})
+	m.writes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cellvisor_control_db_writes_total",
+		Help: "Committed database writes (a transaction, or one statement outside one) by kind: the store method that wrote.",
+	}, []string{"kind"})
+	m.seenRows = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "cellvisor_control_last_seen_rows_written_total",
+		Help: "Edges' last-seen times written to the database by the batched flushes (one row each).",
+	})
+	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.placement, m.writes, m.seenRows,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &fleet{m: m})
+	return m
+}
+
+// Handler serves the series in the Prometheus exposition formats.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorLog: zap.NewStdLog(m.o.Logger), Timeout: m.o.ScrapeTimeout + 5*time.Second})
+}
+
+// Registry is the registry the series are on (tests gather from it).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Request records one HTTP request.
+func (m *Metrics) Request(listener, route string, code int, d time.Duration) {
+	m.requests.WithLabelValues(listener, route, strconv.Itoa(code)).Observe(d.Seconds())
+}
+
+// Poll records a manifest poll's result.
+func (m *Metrics) Poll(result string) { m.polls.WithLabelValues(result).Inc() }
+
+// Enrollment records an enrollment's outcome.
+func (m *Metrics) Enrollment(outcome string) { m.enrollments.WithLabelValues(outcome).Inc() }
+
+// Ack records an ack's outcome.
+func (m *Metrics) Ack(outcome string) { m.acks.WithLabelValues(outcome).Inc() }
+
+// Status records a status report's result.
+func (m *Metrics) Status(result string) { m.statuses.WithLabelValues(result).Inc() }
+
+// Publish records a publish's duration.
+func (m *Metrics) Publish(d time.Duration) { m.publish.Observe(d.Seconds()) }
+
+// Placement records one placement's duration.
+func (m *Metrics) Placement(d time.Duration) { m.placement.Observe(d.Seconds()) }
+
+// Write records one committed database write.
+func (m *Metrics) Write(kind string) { m.writes.WithLabelValues(kind).Inc() }
+
+// LastSeenRows records last-seen rows written by a flush.
+func (m *Metrics) LastSeenRows(n int) { m.seenRows.Add(float64(n)) }
+
+var (
+	edgesDesc = prometheus.NewDesc("cellvisor_control_edges",
+		"Edges by enrollment state (pending, enrolled).", []string{"state"}, nil)
+	ageDesc = prometheus.NewDesc("cellvisor_control_edges_by_last_seen",
+		"Enrolled edges by the age of their last contact: the band's lower bound in seconds (0, 60, 300, 900, 3600), or never.",
+		[]string{"age"}, nil)
+	lastSeenDesc = prometheus.NewDesc("cellvisor_control_edge_last_seen_timestamp_seconds",
+		"When each enrolled edge last reached the control API (any replica's written time, or this replica's newer one), Unix seconds.",
+		[]string{"edge"}, nil)
+	leaseDesc = prometheus.NewDesc("cellvisor_control_egress_lease_holder",
+		"1 for the edge holding the egress lease of (org, class).", []string{"org", "class", "edge"}, nil)
+	scrapeErrDesc = prometheus.NewDesc("cellvisor_control_fleet_scrape_error",
+		"1 when this scrape could not read the fleet (its edge series are then missing).", nil, nil)
+)
+
+// fleet collects the per-edge and per-lease series at scrape time, from
+// the database: bounded by the fleet's size (one series per edge).
+type fleet struct{ m *Metrics }
+
+func (f *fleet) Describe(ch chan<- *prometheus.Desc) {
+	ch <- edgesDesc
+	ch <- ageDesc
+	ch <- lastSeenDesc
+	ch <- leaseDesc
+	ch <- scrapeErrDesc
+}
+
+func (f *fleet) Collect(ch chan<- prometheus.Metric) {
+	o := f.m.o
+	ctx, cancel := context.WithTimeout(context.Background(), o.ScrapeTimeout)
+	defer cancel()
+	failed := 0.0
+	edges, err := o.Fleet(ctx)
+	if err != nil {
+		o.Logger.Warn("metrics: read the fleet", zap.Error(err))
+		failed = 1
+	} else {
+		collectEdges(ch, edges, o.Now())
+	}
+	if o.Leases != nil {
+		leases, err := o.Leases(ctx)
+		if err != nil {
+			o.Logger.Warn("metrics: read the egress leases", zap.Error(err))
+			failed = 1
+		}
+		for _, l := range leases {
+			ch <- prometheus.MustNewConstMetric(leaseDesc, prometheus.GaugeValue, 1, l.Org, l.Class, l.Edge)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, failed)
+}
+
+// collectEdges emits the edge counts, age bands and last-seen times.
+func collectEdges(ch chan<- prometheus.Metric, edges []EdgeSeen, now time.Time) {
+	var pending, enrolled, never float64
+	bands := make([]float64, len(SilentAges))
+	for _, e := range edges {
+		if !e.Enrolled {
+			pending++
+			continue
+		}
+		enrolled++
+		if e.LastSeen.IsZero() {
+			never++
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(lastSeenDesc, prometheus.GaugeValue, float64(e.LastSeen.UnixMilli())/1000, e.ID)
+		bands[AgeBand(now.Sub(e.LastSeen))]++
+	}
+	ch <- prometheus.MustNewConstMetric(edgesDesc, prometheus.GaugeValue, pending, "pending")
+	ch <- prometheus.MustNewConstMetric(edgesDesc, prometheus.GaugeValue, enrolled, "enrolled")
+	for i, a := range SilentAges {
+		ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, bands[i], strconv.Itoa(int(a.Seconds())))
+	}
+	ch <- prometheus.MustNewConstMetric(ageDesc, prometheus.GaugeValue, never, "never")
+}
+
+// AgeBand is the index in SilentAges of the band an age falls in (a
+// negative age, from a clock behind, counts as 0).
+func AgeBand(age time.Duration) int {
+	i := 0
+	for j, a := range SilentAges {
+		if age >= a {
+			i = j
+		}
+	}
+	return i
+}

@@ -1,0 +1,59 @@
+package controlapi
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+)
+
+// volatile are the fields of an agent's status that change with every
+// report without the edge having changed: times of the last contact and
+// measurements (memory, CPU, connections, request counts). A report whose
+// other content equals the last one written is unchanged; its
+// measurements are written at most every StatusRewrite. Per slot ("slots"
+// entries) and per slot's cell report ("cell").
+var (
+	volatileControl = []string{"last_poll", "last_success"}
+	volatileSlot    = []string{"usage", "liveness"}
+	volatileCell    = []string{"connections", "requests", "refused", "cache", "origins"}
+)
+
+// statusDigest is the SHA-256 of an agent's status with its volatile
+// fields removed, in a canonical form (object keys sorted).
+func statusDigest(raw []byte) ([32]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return [32]byte{}, fmt.Errorf("status digest: %w", err)
+	}
+	if top, ok := v.(map[string]any); ok {
+		if c, ok := top["control"].(map[string]any); ok {
+			drop(c, volatileControl)
+		}
+		if slots, ok := top["slots"].([]any); ok {
+			for _, sl := range slots {
+				slot, ok := sl.(map[string]any)
+				if !ok {
+					continue
+				}
+				drop(slot, volatileSlot)
+				if c, ok := slot["cell"].(map[string]any); ok {
+					drop(c, volatileCell)
+				}
+			}
+		}
+	}
+	canon, err := json.Marshal(v)
+	if err != nil {
+		return [32]byte{}, fmt.Errorf("status digest: %w", err)
+	}
+	return sha256.Sum256(canon), nil
+}
+
+func drop(m map[string]any, keys []string) {
+	for _, k := range keys {
+		delete(m, k)
+	}
+}
