@@ -30,7 +30,9 @@ BUILDFLAGS := -trimpath
 # systemd provides systemd-analyze for units-check; util-linux, setpriv for the
 # cgroup handover test (an unprivileged agent). rpm is there for the package
 # tests, which read the built .rpm with rpm -qp (and build nothing with it).
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm
+# daemontools, s6 and runit are the classic supervisors the whole-process
+# benchmark (make bench) measures the agent's cold start against.
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm daemontools s6 runit
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # The control API store's tests also run against a real PostgreSQL: test,
@@ -188,7 +190,9 @@ units-check: ## systemd-analyze verify both units, and fail if their security ex
 bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
 	@$(WITH_PG) \
-	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ ./cmd/cellvisor/ | tee bench/latest.txt; \
+	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ | tee bench/latest.txt; \
+	$(GO) test -run '^$$' -bench AgentRSS -benchtime 20x -count 5 ./cmd/cellvisor/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench WholeProcess8 -benchtime 5x -count 5 ./cmd/cellvisor/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench 'Activation(PerCell)?$$' -benchtime 3x -count 5 ./activation/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench SnapshotActivationRSS -benchtime 1x -count 1 ./activation/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench Poll -benchtime 20000x -count 5 ./controlapi/ | tee -a bench/latest.txt; \

@@ -227,7 +227,7 @@ func (t Topology) MakeDirs() error {
 		}
 		// The marker is the truth; the include follows it (a crash may have
 		// come between writing the two).
-		if err := WriteDrainConf(s, s.Drained()); err != nil {
+		if err := syncDrainConf(s); err != nil {
 			return err
 		}
 	}

@@ -140,3 +140,39 @@ func TestAssignments(t *testing.T) {
 		}
 	}
 }
+
+// A start rewrites (and fsyncs) a slot's keepalive include only when it
+// disagrees with the drained marker.
+func TestMakeDirsRewritesOnlyAStaleDrainInclude(t *testing.T) {
+	l := layout(t, 2, freeBase(t, 4), 0)
+	l.HTTPSBase = l.HTTPBase + 2
+	topo, _, err := LoadOrCreate(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, drained := topo.Slots[0], topo.Slots[1]
+	if err := os.WriteFile(drained.DrainedMarker(), []byte("drained\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(serving.DrainConf())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := LoadOrCreate(l); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.Stat(serving.DrainConf())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) {
+		t.Error("the serving slot's include, already right, was rewritten")
+	}
+	got, err := os.ReadFile(drained.DrainConf())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "# written by cellvisor: drained\nkeepalive_timeout 0;\n" {
+		t.Errorf("the drained slot's include is %q, want keepalive_timeout 0", got)
+	}
+}

@@ -67,6 +67,12 @@ func (c *slot) serve(ctx context.Context) bool {
 	tr := newTracker(c.s.settings().Policy, c.s.o.Jitter)
 	var pending *restartReq // an operator restart waiting for the new cell
 	defer func() { answer(&pending, errors.New("cell stopped")) }()
+	defer func() { // a restart that never got its new master still counts
+		if c.unsaved {
+			c.unsaved = false
+			c.saveCounters()
+		}
+	}()
 	for {
 		switch c.runOnce(ctx, tr, &pending) {
 		case actEnd, actShutdown:
@@ -82,11 +88,12 @@ func (c *slot) serve(ctx context.Context) bool {
 		c.restarts++
 		reason := c.lastExit
 		c.mu.Unlock()
-		c.saveCounters()
 		c.on(evExit, fmt.Sprintf("%s; restart in %s", reason, delay.Round(time.Millisecond)))
 		if act != actBackoff {
+			c.unsaved = true // saved once the new master runs (afterStart)
 			continue
 		}
+		c.saveCounters()
 		switch c.sleep(ctx, delay) {
 		case errUnassigned:
 			c.on(evUnassign, "unassigned")
@@ -215,6 +222,7 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 	defer cancel()
 	probe := make(chan error, 1)
 	go func() { probe <- c.probe(rctx, p.done) }()
+	c.afterStart(p)
 	var out outcome
 	var readyAt time.Time
 	var live <-chan error // liveness results, once the cell is ready

@@ -56,6 +56,10 @@ type slot struct {
 	adopted *proc
 
 	saveMu sync.Mutex // serialises saveCounters
+	// unsaved says the restart count changed and is not persisted yet: an
+	// immediate restart starts the new master first (afterStart saves it).
+	// Only the slot's routine uses it.
+	unsaved bool
 }
 
 // restartReq is an operator restart; done receives nil once the new cell is
@@ -87,6 +91,7 @@ type proc struct {
 	started time.Time
 	logs    logMark // where the cell's logs ended at its start
 	adopted bool
+	group   cgroup.Group // the cgroup it was started in; nil when adopted
 
 	mu    sync.Mutex // guards the following fields, of an adopted master
 	pidfd int        // -1 once the master exited

@@ -1,0 +1,453 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"cellvisor/cgroup"
+	"cellvisor/config"
+	"cellvisor/domain"
+	"cellvisor/internal/testutil"
+	"cellvisor/runtime"
+)
+
+// The whole-process benchmarks measure what a host feels, from outside: the
+// agent binary exec'd with its state on disk until every cell answers, and a
+// cell killed until it answers again, against the same cells' own
+// nginx.conf started by a minimal spawner and by the classic supervisors,
+// all in one run so that the ratios compare like with like on a shared,
+// noisy machine.
+
+// wholeSlots is the number of cells of the whole-process benchmarks.
+const wholeSlots = 8
+
+// wholeEnv is an agent with wholeSlots cells, all assigned, whose state
+// directory holds an active release for each (laid out by one untimed run).
+type wholeEnv struct {
+	bin     string // the cellvisor binary
+	cfgPath string
+	cfg     config.Agent
+	slots   []runtime.Slot
+	nginx   string
+	mods    []string
+	floor   cgroup.Group // every floor supervisor runs in it, and is killed with it
+}
+
+func newWholeEnv(b *testing.B) *wholeEnv {
+	b.Helper()
+	testutil.RequireRoot(b)
+	nginx, mods := testutil.RequireOpenResty(b)
+	m := testutil.RequireCgroups(b)
+	floor, err := m.Ensure("floor", cgroup.Limits{MemoryBytes: 8 << 30, CPUQuotaUS: -1, CPUPeriodUS: 100000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { // before the subtree's removal, which lists cells only
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := floor.Delete(ctx); err != nil {
+			b.Error(err)
+		}
+	})
+	e := &wholeEnv{bin: buildAgent(b), nginx: nginx, mods: mods, floor: floor}
+	e.cfgPath, e.cfg = agentConfig(b, wholeSlots, "")
+	all := runtime.Assignments{}
+	for i := 1; i <= wholeSlots; i++ {
+		all[runtime.SlotName(i)] = domain.PoolSharedDefault
+	}
+	if err := os.MkdirAll(e.cfg.StateDir, 0o750); err != nil {
+		b.Fatal(err)
+	}
+	data, _ := json.Marshal(all)
+	if err := os.WriteFile(filepath.Join(e.cfg.StateDir, "assignments.json"), data, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	// One untimed run lays out the topology and the releases: every timed
+	// start is an agent (re)started on a host that already has them.
+	a, _ := startAgent(b, e.bin, e.cfgPath, e.cfg)
+	if code := a.stop(b); code != 0 {
+		b.Fatalf("agent exit %d", code)
+	}
+	topo, _, err := runtime.LoadOrCreate(runtime.Layout{
+		Slots: e.cfg.Slots, HTTPBase: e.cfg.Ports.HTTPBase, HTTPSBase: e.cfg.Ports.HTTPSBase,
+		Address: e.cfg.Ports.Address, StateDir: e.cfg.StateDir, RunDir: e.cfg.RunDir,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.slots = topo.Slots
+	return e
+}
+
+// nginxArgs are the arguments the supervisor starts a cell's master with.
+func nginxArgs(s runtime.Slot) []string {
+	return []string{"-p", s.Dir + "/", "-c", s.ConfPath(), "-e", filepath.Join(s.LogsDir(), "error.log")}
+}
+
+// await polls until ok holds, every 500µs, for at most 20s.
+func await(ctx context.Context, ok func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	t := time.NewTicker(500 * time.Microsecond)
+	defer t.Stop()
+	for !ok() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+// accepts reports whether 127.0.0.1:port accepts a TCP connection.
+func accepts(port int) bool {
+	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// answers200 reports whether GET path on port answers 200 (one HTTP/1.0
+// exchange on a fresh connection: the cheapest client, the same for every
+// contender).
+func answers200(port int, path string) bool {
+	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: bench\r\n\r\n", path); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return err == nil && strings.HasPrefix(line, "HTTP/1.1 200 ")
+}
+
+// awaitAll waits, one poller per cell, until every cell answers 200 on its
+// readiness path, and returns how long that took from t0.
+func (e *wholeEnv) awaitAll(b *testing.B, t0 time.Time) time.Duration {
+	b.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(e.slots))
+	for _, s := range e.slots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := await(context.Background(), func() bool { return answers200(s.HTTPPort, "/.cellvisor/ready") }); err != nil {
+				errs <- fmt.Errorf("%s: %w", s.Name, err)
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(t0)
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	return took
+}
+
+// bareSpawn execs the 8 masters at once, as a minimal spawner would, and
+// returns a stop function that kills and reaps them.
+func (e *wholeEnv) bareSpawn(b *testing.B, slots []runtime.Slot) func() {
+	b.Helper()
+	var cmds []*exec.Cmd
+	stop := func() {
+		for _, c := range cmds {
+			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+			_ = c.Wait()
+		}
+		cmds = nil
+	}
+	b.Cleanup(stop)
+	for _, s := range slots {
+		os.Remove(s.PrivateSocket()) // what the supervisor does too
+		cmd := exec.Command(e.nginx, nginxArgs(s)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	return stop
+}
+
+// classic is a classic supervisor: its binary and how it is told to scan a
+// directory of services.
+type classic struct {
+	name string
+	bin  string
+}
+
+var classics = []classic{
+	{"daemontools", "svscan"},
+	{"s6", "s6-svscan"},
+	{"runit", "runsvdir"},
+}
+
+// serviceDir lays out one service per cell, each a run script that execs
+// the cell's master in the foreground (its config says daemon off).
+func (e *wholeEnv) serviceDir(b *testing.B) string {
+	b.Helper()
+	dir := b.TempDir()
+	for _, s := range e.slots {
+		sd := filepath.Join(dir, s.Name)
+		if err := os.MkdirAll(sd, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		script := "#!/bin/sh\nexec " + e.nginx + " " + strings.Join(nginxArgs(s), " ") + " 2>&1\n"
+		if err := os.WriteFile(filepath.Join(sd, "run"), []byte(script), 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// runClassic starts sup on a fresh service directory inside the floor
+// cgroup, and returns its stop function, which kills everything it started.
+func (e *wholeEnv) runClassic(b *testing.B, sup string) (time.Time, func()) {
+	b.Helper()
+	dir := e.serviceDir(b)
+	for _, s := range e.slots {
+		os.Remove(s.PrivateSocket())
+	}
+	cmd := exec.Command(sup, dir)
+	cmd.Stdout, cmd.Stderr = nil, nil
+	t0 := time.Now()
+	if err := cgroup.Start(e.floor, cmd); err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := e.floor.Kill(ctx); err != nil {
+			b.Error(err)
+		}
+		<-done
+	}
+	b.Cleanup(stop)
+	return t0, stop
+}
+
+// minimalConf writes a minimal nginx + Lua configuration serving "ok" on
+// port, and returns its nginx arguments.
+func (e *wholeEnv) minimalConf(b *testing.B, port int) []string {
+	b.Helper()
+	dir := b.TempDir()
+	var mb strings.Builder
+	for _, m := range e.mods {
+		fmt.Fprintf(&mb, "load_module %s;\n", m)
+	}
+	conf := mb.String() + fmt.Sprintf(`daemon off;
+master_process on;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    server {
+        listen 127.0.0.1:%[2]d;
+        location / { content_by_lua_block { ngx.say("ok") } }
+    }
+}
+`, dir, port)
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return []string{"-p", dir + "/", "-c", path, "-e", filepath.Join(dir, "error.log")}
+}
+
+// execOne execs one nginx with args and returns how long until port
+// accepts and until path answers 200; it stops the nginx after.
+func execOne(b *testing.B, bin string, args []string, port int, path string) (accept, answer time.Duration) {
+	b.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	t0 := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	}()
+	if err := await(context.Background(), func() bool { return accepts(port) }); err != nil {
+		b.Fatalf("port %d never accepted: %v", port, err)
+	}
+	accept = time.Since(t0)
+	if err := await(context.Background(), func() bool { return answers200(port, path) }); err != nil {
+		b.Fatalf("port %d never answered: %v", port, err)
+	}
+	return accept, time.Since(t0)
+}
+
+// samples collects one duration per iteration for each measure.
+type samples map[string][]time.Duration
+
+func (s samples) median(k string) float64 {
+	v := slices.Clone(s[k])
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return float64(v[len(v)/2]) / float64(time.Millisecond)
+}
+
+// BenchmarkWholeProcess8: each iteration, in turn, on the same 8 cells and
+// their same rendered nginx.conf files:
+//
+//   - agent: exec of `cellvisor run` (state with an active release for every
+//     cell, cgroups created by the run) until every cell answers 200;
+//   - floor: the 8 masters exec'd at once by a minimal spawner, until every
+//     one answers 200; then daemontools (svscan), s6 (s6-svscan) and runit
+//     (runsvdir) on a service directory of the same 8, each skipped with the
+//     reason when its binary is missing;
+//   - crash: with the agent running, kill -9 of every process of cell-03's
+//     cgroup until its port accepts again and until it answers 200;
+//   - exec: cell-03's master exec'd bare until it accepts and answers, and a
+//     minimal nginx + Lua configuration on the same port until it answers.
+//
+// Each measure is reported as its median over the iterations (ms-…), with
+// the ratios the targets are stated in (ratio-…).
+func BenchmarkWholeProcess8(b *testing.B) {
+	e := newWholeEnv(b)
+	var have []classic
+	for _, c := range classics {
+		if p, err := exec.LookPath(c.bin); err != nil {
+			b.Logf("%s floor skipped: %s not found (make deps installs it)", c.name, c.bin)
+		} else {
+			have = append(have, classic{c.name, p})
+		}
+	}
+	victim := e.slots[2]
+	g, err := cgroup.New(cgroup.Options{Subtree: e.cfg.Cgroup.Subtree})
+	if err != nil {
+		b.Fatal(err)
+	}
+	minimal := e.minimalConf(b, victim.HTTPPort)
+	s := samples{}
+	for b.Loop() {
+		// The agent, from exec to every cell answering.
+		t0 := time.Now()
+		a := startAgentAsync(b, e.bin, e.cfgPath)
+		s["agent"] = append(s["agent"], e.awaitAll(b, t0))
+
+		// Crash of cell-03, master and worker, with the agent running.
+		cg, err := g.Open(victim.Name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		victims, err := cg.Procs()
+		if err != nil || len(victims) < 2 {
+			b.Fatalf("cell-03 processes %v: %v", victims, err)
+		}
+		t0 = time.Now()
+		for _, pid := range victims {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		// The port closes with the last of its holders: once none is alive,
+		// a dial accepted is the new master's.
+		if err := await(context.Background(), func() bool { return accepts(victim.HTTPPort) && !anyAlive(victims) }); err != nil {
+			b.Fatalf("crashed cell never accepted again: %v", err)
+		}
+		s["crash-accept"] = append(s["crash-accept"], time.Since(t0))
+		if err := await(context.Background(), func() bool { return answers200(victim.HTTPPort, "/.cellvisor/ready") }); err != nil {
+			b.Fatalf("crashed cell never answered again: %v", err)
+		}
+		s["crash-answer"] = append(s["crash-answer"], time.Since(t0))
+		if code := a.stop(b); code != 0 {
+			b.Fatalf("agent exit %d", code)
+		}
+
+		// The minimal spawner.
+		t0 = time.Now()
+		stop := e.bareSpawn(b, e.slots)
+		s["floor"] = append(s["floor"], e.awaitAll(b, t0))
+		stop()
+
+		// The classic supervisors.
+		for _, c := range have {
+			t0, stop := e.runClassic(b, c.bin)
+			s[c.name] = append(s[c.name], e.awaitAll(b, t0))
+			stop()
+		}
+
+		// One cell's configuration exec'd bare, and a minimal one.
+		os.Remove(victim.PrivateSocket())
+		acc, ans := execOne(b, e.nginx, nginxArgs(victim), victim.HTTPPort, "/.cellvisor/ready")
+		s["exec-accept"] = append(s["exec-accept"], acc)
+		s["exec-answer"] = append(s["exec-answer"], ans)
+		_, ans = execOne(b, e.nginx, minimal, victim.HTTPPort, "/")
+		s["minimal-answer"] = append(s["minimal-answer"], ans)
+	}
+	for _, k := range []string{"agent", "floor", "crash-accept", "crash-answer", "exec-accept", "exec-answer", "minimal-answer"} {
+		b.ReportMetric(s.median(k), "ms-"+k)
+	}
+	for _, c := range have {
+		b.ReportMetric(s.median(c.name), "ms-"+c.name)
+	}
+	b.ReportMetric(s.median("agent")/s.median("floor"), "ratio-start-vs-floor")
+	b.ReportMetric(s.median("crash-accept")/s.median("exec-accept"), "ratio-crash-accept-vs-exec")
+	b.ReportMetric(s.median("crash-answer")/s.median("exec-answer"), "ratio-crash-answer-vs-exec")
+	b.ReportMetric(s.median("exec-answer")/s.median("minimal-answer"), "ratio-cellconf-vs-minimal")
+}
+
+func anyAlive(pids []int) bool {
+	return slices.ContainsFunc(pids, testutil.Alive)
+}
+
+// startAgentAsync execs `cellvisor run` without waiting for anything; the
+// returned agent is stopped when the benchmark ends if it still runs.
+func startAgentAsync(b *testing.B, bin, cfgPath string) *runningAgent {
+	b.Helper()
+	cmd := exec.Command(bin, "--config", cfgPath, "run")
+	logf, err := os.Create(filepath.Join(b.TempDir(), "agent.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	a := &runningAgent{cmd: cmd, log: logf.Name(), exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(a.exited) }()
+	b.Cleanup(func() {
+		select {
+		case <-a.exited:
+		default:
+			a.stop(b)
+		}
+		logf.Close()
+		if b.Failed() {
+			data, _ := os.ReadFile(logf.Name())
+			b.Logf("agent log:\n%s", data)
+		}
+	})
+	return a
+}
