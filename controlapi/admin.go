@@ -317,7 +317,12 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("DELETE "+AdminDomains+"/{name}", s.handle(s.deleteDomain))
 	mux.HandleFunc("POST "+AdminDomains+"/{name}/rollback", s.handle(s.rollbackDomain))
 	mux.HandleFunc("POST "+AdminKeys+"/rotate", s.handle(s.rotateKey))
+	fleet := s.fleetHandler() // authenticates by itself: session cookie or bearer token
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isFleetPath(r.URL.Path) {
+			fleet.ServeHTTP(w, r)
+			return
+		}
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.o.AdminToken)) != 1 {
 			msg := "admin bearer token required"
