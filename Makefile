@@ -30,7 +30,8 @@ BUILDFLAGS := -trimpath
 # systemd provides systemd-analyze for units-check; util-linux, setpriv for the
 # cgroup handover test (an unprivileged agent). rpm is there for the package
 # tests, which read the built .rpm with rpm -qp (and build nothing with it).
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm
+# chromium is the headless browser of the fleet page's test (chromedp).
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # The control API store's tests also run against a real PostgreSQL: test,
@@ -79,7 +80,7 @@ help: ## show this list of targets
 	@echo
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-13s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc, rpm) and Go modules
+deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc, rpm, chromium) and Go modules
 	@if ! command -v dpkg >/dev/null 2>&1; then \
 	  echo "deps: not a Debian host (no dpkg): install nginx with the Lua module (or OpenResty) yourself,"; \
 	  echo "deps: and PostgreSQL or set CELLVISOR_TEST_POSTGRES to a server the tests may create databases on;"; \
