@@ -317,7 +317,12 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("POST "+AdminDomains+"/{name}/rollback", s.handle(s.rollbackDomain))
 	mux.HandleFunc("POST "+AdminKeys+"/rotate", s.handle(s.rotateKey))
 	mux.Handle("GET "+PathMetrics, s.metrics.Handler())
+	fleet := s.fleetHandler() // authenticates by itself: session cookie or bearer token
 	return s.instrument(metrics.Admin, mux, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isFleetPath(r.URL.Path) {
+			fleet.ServeHTTP(w, r)
+			return
+		}
 		given, ok := bearer(r, s.o.AdminToken)
 		if !ok && !s.metricsAllowed(r) {
 			msg := "admin bearer token required"

@@ -1,6 +1,7 @@
 package controlapi
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -71,13 +72,24 @@ func (s *Server) listEdges(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) showEdge(w http.ResponseWriter, r *http.Request) error {
-	e, err := s.st.Edge(r.Context(), r.PathValue("id"))
+	_, v, err := s.edgeDetail(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	assign, err := s.st.Assignments(r.Context(), e.ID)
+	writeJSON(w, http.StatusOK, v)
+	return nil
+}
+
+// edgeDetail is one edge as edge show and its fleet page show it: its
+// cells, pools, recent acks and tasks, and drains.
+func (s *Server) edgeDetail(ctx context.Context, id string) (store.Edge, EdgeView, error) {
+	e, err := s.st.Edge(ctx, id)
 	if err != nil {
-		return err
+		return store.Edge{}, EdgeView{}, err
+	}
+	assign, err := s.st.Assignments(ctx, e.ID)
+	if err != nil {
+		return store.Edge{}, EdgeView{}, err
 	}
 	v := s.view(e, assign)
 	v.Status = e.Status
@@ -86,37 +98,36 @@ func (s *Server) showEdge(w http.ResponseWriter, r *http.Request) error {
 		byPool[p] = append(byPool[p], c)
 	}
 	for _, name := range slices.Sorted(maps.Keys(byPool)) {
-		p, err := s.st.Pool(r.Context(), name)
+		p, err := s.st.Pool(ctx, name)
 		if err != nil {
-			return err
+			return store.Edge{}, EdgeView{}, err
 		}
 		cells := byPool[name]
 		slices.Sort(cells)
 		v.Pools = append(v.Pools, poolHealth(p, e, cells))
 	}
-	if v.Acks, err = s.st.Acks(r.Context(), e.ID, 20); err != nil {
-		return err
+	if v.Acks, err = s.st.Acks(ctx, e.ID, 20); err != nil {
+		return store.Edge{}, EdgeView{}, err
 	}
-	ts, err := s.st.Tasks(r.Context(), e.ID, false, 20)
+	ts, err := s.st.Tasks(ctx, e.ID, false, 20)
 	if err != nil {
-		return err
+		return store.Edge{}, EdgeView{}, err
 	}
 	for _, t := range ts {
 		v.Tasks = append(v.Tasks, taskView(t))
 	}
-	ds, err := s.st.Drains(r.Context(), e.ID)
+	ds, err := s.st.Drains(ctx, e.ID)
 	if err != nil {
-		return err
+		return store.Edge{}, EdgeView{}, err
 	}
 	for _, d := range ds {
 		dv := drainView(d)
-		if dv.WaitingFor, err = s.st.DrainWaitingFor(r.Context(), d); err != nil {
-			return err
+		if dv.WaitingFor, err = s.st.DrainWaitingFor(ctx, d); err != nil {
+			return store.Edge{}, EdgeView{}, err
 		}
 		v.Drains = append(v.Drains, *dv)
 	}
-	writeJSON(w, http.StatusOK, v)
-	return nil
+	return e, v, nil
 }
 
 func ptime(t time.Time) *time.Time {

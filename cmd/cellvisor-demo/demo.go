@@ -215,6 +215,8 @@ func (e *env) steps(ctx context.Context) error {
 	fmt.Fprintf(out, "Control:  ./bin/cellvisor-control --admin %s --token-file %s edge list\n", e.ep.AdminURL, e.tokenRel)
 	fmt.Fprintf(out, "          $CTL domain show %s; $CTL domain routing %s; $CTL pool list\n", demoHost, demoHost)
 	fmt.Fprintf(out, "Edge id:  %s\n", e.edgeID)
+	fmt.Fprintf(out, "Fleet:    %s%s (a browser; sign in with the admin token in %s)\n", e.ep.AdminURL, controlapi.FleetPath, e.tokenRel)
+	fmt.Fprintf(out, "Metrics:  %s/metrics\n", e.ep.AdminURL)
 	if e.o.check {
 		return nil
 	}

@@ -1,0 +1,72 @@
+package controlapi_test
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"cellvisor/controlapi"
+	"cellvisor/controlapi/store"
+)
+
+// BenchmarkFleetPage10000 serves the fleet page's first page, and the
+// silent edges' first page, of a fleet of 10,000 enrolled edges that each
+// reported 8 cells and none of which has been seen since: every one is
+// silent, the worst case for the silent count.
+func BenchmarkFleetPage10000(b *testing.B) {
+	const edges = 10000
+	key := make([]byte, 32)
+	rand.Read(key)
+	// The control API's clock runs past the silence limit: the reports
+	// below are the last the edges sent.
+	e := serveWith(b, filepath.Join(b.TempDir(), "control.db"), key, func(o *controlapi.Options) {
+		o.Now = func() time.Time { return time.Now().Add(controlapi.SilentAfter + time.Minute) }
+	})
+	var status struct {
+		Slots []map[string]any `json:"slots"`
+	}
+	for i := 1; i <= 8; i++ {
+		status.Slots = append(status.Slots, map[string]any{"name": fmt.Sprintf("cell-%02d", i), "pool": "shared-default", "state": "ready", "sequence": 1})
+	}
+	report, _ := json.Marshal(status)
+	for i := range edges {
+		id := fmt.Sprintf("edge-%05d", i)
+		if _, err := e.st.CreateEdge(ctx(b), store.NewEdge{ID: id, Name: id, Org: "acme", Country: "DE", Continent: "EU", Slots: 8,
+			TokenHash: "tok-" + id, Assignments: map[string]string{"cell-01": "shared-default"}}, nil); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.st.Enroll(ctx(b), id, "tok-"+id, "csr", "cert", "serial-"+id); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.st.PutStatus(ctx(b), id, report, time.Now()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, path := range []string{controlapi.FleetPath, controlapi.FleetPath + "?silent=1"} {
+		b.Run(path, func(b *testing.B) {
+			var size int
+			for b.Loop() {
+				req, _ := http.NewRequestWithContext(ctx(b), http.MethodGet, e.admin.URL+path, nil)
+				req.Header.Set("Authorization", "Bearer "+e.admin.Token)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n, _ := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatal(resp.Status)
+				}
+				if size = int(n); size < 100<<10 {
+					b.Fatalf("a page of %d bytes: not 200 edges", size)
+				}
+			}
+			b.ReportMetric(float64(size)/1024, "KiB/page")
+		})
+	}
+}
