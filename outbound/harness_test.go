@@ -13,22 +13,24 @@ import (
 
 	"cellvisor/controlclient"
 	"cellvisor/internal/corpingest"
+	"cellvisor/outbound/outboundtest"
 )
 
 // env is one control plane (fake), one edges' CA and one destination.
 type env struct {
 	t       *testing.T
-	ca      *testCA
-	control *fakeControl
+	ca      *outboundtest.CA
+	control *outboundtest.Control
 	ingest  *corpingest.Server
 	dest    *httptest.Server
 }
 
 func newEnv(t *testing.T, lease time.Duration) *env {
-	e := &env{t: t, ca: newTestCA(t, "edges CA"), ingest: corpingest.New()}
+	e := &env{t: t, ca: outboundtest.NewCA(t, "edges CA"), ingest: corpingest.New()}
 	e.dest = httptest.NewServer(e.ingest)
 	t.Cleanup(e.dest.Close)
-	e.control = newFakeControl(t, e.ca, e.dest.URL+"/ingest", lease)
+	e.control = outboundtest.NewControl(e.dest.URL+"/ingest", lease)
+	e.control.Serve(t, e.ca)
 	return e
 }
 
@@ -57,15 +59,15 @@ func (e *env) startEdge(id, org string, o edgeOpts) *edge {
 	if ed.state == "" {
 		ed.state = t.TempDir()
 	}
-	ed.identity = e.ca.edgeIdentity(t, id, e.ca.pem)
+	ed.identity = e.ca.EdgeIdentity(t, id, e.ca.PEM)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ed.ln = ln
 	ed.intake = "https://" + ln.Addr().String()
-	if e.control.edge(id) == nil {
-		e.control.add(id, org, ed.intake)
+	if !e.control.Known(id) {
+		e.control.Add(id, org, ed.intake)
 	}
 	ed.start(t, e, o)
 	return ed
@@ -73,7 +75,7 @@ func (e *env) startEdge(id, org string, o edgeOpts) *edge {
 
 func (ed *edge) start(t *testing.T, e *env, o edgeOpts) {
 	log := zaptest.NewLogger(t).Named(ed.id)
-	cc, err := controlclient.New(controlclient.Options{URL: e.control.srv.URL, Dir: ed.identity, Timeout: 5 * time.Second, Logger: log})
+	cc, err := controlclient.New(controlclient.Options{URL: e.control.URL, Dir: ed.identity, Timeout: 5 * time.Second, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}

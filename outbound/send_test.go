@@ -13,6 +13,7 @@ import (
 	"cellvisor/edgeapi"
 	"cellvisor/internal/corpingest"
 	"cellvisor/internal/testutil"
+	"cellvisor/outbound/outboundtest"
 )
 
 const org = "acme"
@@ -189,12 +190,12 @@ func TestIntakeRefuses(t *testing.T) {
 		})
 	}
 	t.Run("a certificate of another CA is refused in the handshake", func(t *testing.T) {
-		rogue := newTestCA(t, "rogue CA")
-		dir := rogue.edgeIdentity(t, "edge-b", rogue.pem)
+		rogue := outboundtest.NewCA(t, "rogue CA")
+		dir := rogue.EdgeIdentity(t, "edge-b", rogue.PEM)
 		// The rogue trusts the real CA for the server, so that only the
 		// intake's check of the client certificate is at stake.
 		p := peerTLS(t, dir)
-		p.roots = e.ca.pool()
+		p.roots = e.ca.Pool()
 		_, _, err := postIntake(t, a, "edge-b", bundle(b, org), p)
 		if err == nil {
 			t.Fatal("a forward with a certificate of another CA was answered")
@@ -238,7 +239,7 @@ func TestStaleFenceIsNeverCommitted(t *testing.T) {
 	old := a.route("metering").Epoch
 	// a is frozen past its lease: b takes over at a new epoch, and a's
 	// route table still says direct at the old one.
-	next := e.control.setHolder(org, "metering", "edge-b")
+	next := e.control.SetHolder(org, "metering", "edge-b")
 	b.sender.Reelect("metering")
 	b.awaitRoute(t, "metering", edgeapi.RouteDirect)
 	if r := a.route("metering"); r.Route != edgeapi.RouteDirect || r.Epoch != old {
@@ -264,10 +265,11 @@ func TestStaleFenceIsNeverCommitted(t *testing.T) {
 
 func TestJournalSurvivesRestart(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	e.control.refuse = "hard requirement region=mars matches no live edge"
+	refusal := "hard requirement region=mars matches no live edge"
+	e.control.Refuse(refusal)
 	a := e.startEdge("edge-a", org, edgeOpts{})
 	r := a.awaitRoute(t, "metering", edgeapi.RouteRefused)
-	if r.Reason != e.control.refuse || r.Stage != edgeapi.StageLiveResolve {
+	if r.Reason != refusal || r.Stage != edgeapi.StageLiveResolve {
 		t.Fatalf("refused route %+v: want the stage and reason", r)
 	}
 	ids := []string{a.submit(t, "metering"), a.submit(t, "siem_forwarding"), a.submit(t, "metering")}
@@ -275,9 +277,7 @@ func TestJournalSurvivesRestart(t *testing.T) {
 		t.Fatalf("journal holds %d bundles, want 3", n)
 	}
 	a.stop() // the process state is gone; the state directory stays
-	e.control.mu.Lock()
-	e.control.refuse = ""
-	e.control.mu.Unlock()
+	e.control.Refuse("")
 	a2 := e.startEdge("edge-a", org, edgeOpts{state: a.state})
 	if n := a2.journal.Status().Bundles; n != 3 {
 		t.Fatalf("restarted journal holds %d bundles, want 3", n)

@@ -1,4 +1,4 @@
-package outbound
+package outboundtest
 
 import (
 	"crypto/tls"
@@ -14,47 +14,62 @@ import (
 	"cellvisor/edgeapi"
 )
 
-// fakeControl speaks the egress part of the edge-control API (elect,
+// Control speaks the egress part of the edge-control API (elect,
 // fence) over mutual TLS, with a simple cascade: the live, reachable edges
 // of the caller's org ranked by their order of registration; the top one
 // acquires or renews the (org, class) lease, the others defer.
-type fakeControl struct {
-	srv   *httptest.Server
+type Control struct {
+	// URL is where it serves (mutual TLS), once Serve ran.
+	URL   string
 	lease time.Duration
 	dest  string
 
 	mu     sync.Mutex // guards the following fields
-	edges  []*fakeEdge
+	edges  []*Edge
 	leases map[[2]string]*edgeapi.Holder
 	epoch  int64
 	refuse string // when set, every election is refused with it
-	fences int
 }
 
-type fakeEdge struct {
+// Edge is an edge the fake knows.
+type Edge struct {
 	id, org, intake string
 	live, reachable bool
 }
 
-func newFakeControl(t *testing.T, ca *testCA, dest string, lease time.Duration) *fakeControl {
-	f := &fakeControl{lease: lease, dest: dest, leases: map[[2]string]*edgeapi.Holder{}}
+// NewControl is a fake control API whose classes all go to dest, with
+// leases of lease.
+func NewControl(dest string, lease time.Duration) *Control {
+	return &Control{lease: lease, dest: dest, leases: map[[2]string]*edgeapi.Holder{}}
+}
+
+// Handler serves elect and fence; the caller is its verified client
+// certificate's CN.
+func (f *Control) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+edgeapi.PathEgressElect, f.elect)
 	mux.HandleFunc("POST "+edgeapi.PathEgressFence, f.fence)
-	f.srv = httptest.NewUnstartedServer(mux)
-	f.srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.serverCert(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.pool()}
-	f.srv.StartTLS()
-	t.Cleanup(f.srv.Close)
-	return f
+	return mux
 }
 
-func (f *fakeControl) add(id, org, intake string) {
+// Serve serves Handler over mutual TLS with a server certificate of ca,
+// requiring client certificates of ca, until the test ends.
+func (f *Control) Serve(t testing.TB, ca *CA) {
+	srv := httptest.NewUnstartedServer(f.Handler())
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.ServerCert(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool()}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	f.URL = srv.URL
+}
+
+// Add registers a live edge of org with its intake URL.
+func (f *Control) Add(id, org, intake string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.edges = append(f.edges, &fakeEdge{id: id, org: org, intake: intake, live: true})
+	f.edges = append(f.edges, &Edge{id: id, org: org, intake: intake, live: true})
 }
 
-func (f *fakeControl) edge(id string) *fakeEdge {
+func (f *Control) edge(id string) *Edge {
 	for _, e := range f.edges {
 		if e.id == id {
 			return e
@@ -63,9 +78,9 @@ func (f *fakeControl) edge(id string) *fakeEdge {
 	return nil
 }
 
-// setHolder gives the lease to id at a new epoch (what an expiry and a
+// SetHolder gives the lease to id at a new epoch (what an expiry and a
 // successor's acquisition do).
-func (f *fakeControl) setHolder(org, class, id string) int64 {
+func (f *Control) SetHolder(org, class, id string) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.epoch++
@@ -76,7 +91,7 @@ func (f *fakeControl) setHolder(org, class, id string) int64 {
 
 func caller(r *http.Request) string { return r.TLS.VerifiedChains[0][0].Subject.CommonName }
 
-func (f *fakeControl) elect(w http.ResponseWriter, r *http.Request) {
+func (f *Control) elect(w http.ResponseWriter, r *http.Request) {
 	var req edgeapi.ElectRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, edgeapi.MaxElectBytes)).Decode(&req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -88,7 +103,7 @@ func (f *fakeControl) elect(w http.ResponseWriter, r *http.Request) {
 	me.reachable = req.Reachable
 	resp := edgeapi.ElectResponse{Class: req.Class, Destination: f.dest, Renew: f.lease / 3}
 	key := [2]string{me.org, req.Class}
-	var cands []*fakeEdge
+	var cands []*Edge
 	live := 0
 	for _, e := range f.edges {
 		if e.org == me.org && e.live {
@@ -130,7 +145,7 @@ func (f *fakeControl) elect(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(resp)
 }
 
-func (f *fakeControl) fence(w http.ResponseWriter, r *http.Request) {
+func (f *Control) fence(w http.ResponseWriter, r *http.Request) {
 	var req edgeapi.FenceRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, edgeapi.MaxElectBytes)).Decode(&req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -138,7 +153,6 @@ func (f *fakeControl) fence(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.fences++
 	me := f.edge(caller(r))
 	h := f.leases[[2]string{me.org, req.Class}]
 	reason := ""
@@ -147,7 +161,7 @@ func (f *fakeControl) fence(w http.ResponseWriter, r *http.Request) {
 		reason = "no current lease"
 	case h.EdgeID != me.id || h.Epoch != req.Epoch:
 		reason = "stale epoch"
-	case req.Peer != "" && !slices.ContainsFunc(f.edges, func(e *fakeEdge) bool { return e.id == req.Peer && e.org == me.org && e.live }):
+	case req.Peer != "" && !slices.ContainsFunc(f.edges, func(e *Edge) bool { return e.id == req.Peer && e.org == me.org && e.live }):
 		reason = "peer is not a live edge of the org"
 	}
 	if reason != "" {
@@ -156,4 +170,19 @@ func (f *fakeControl) fence(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// Known reports whether id is registered.
+func (f *Control) Known(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.edge(id) != nil
+}
+
+// Refuse makes every election refused at the live-resolve stage with
+// reason; "" ends it.
+func (f *Control) Refuse(reason string) {
+	f.mu.Lock()
+	f.refuse = reason
+	f.mu.Unlock()
 }

@@ -1,4 +1,8 @@
-package outbound
+// Package outboundtest holds test doubles for the send path's tests (in
+// outbound and in the agent's integration tests): a CA that issues
+// certificates as the control plane's PKI does, and a fake control API
+// speaking the egress part of the edge-control contract. Tests only.
+package outboundtest
 
 import (
 	"crypto/ecdsa"
@@ -12,19 +16,22 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
 
-// testCA issues certificates as the control plane's PKI does: edges get
+// CA issues certificates as the control plane's PKI does: edges get
 // CN = edge id, ClientAuth only, no SANs.
-type testCA struct {
+type CA struct {
 	cert *x509.Certificate
 	key  *ecdsa.PrivateKey
-	pem  []byte
+	// PEM is the CA's certificate.
+	PEM []byte
 }
 
-func newTestCA(t testing.TB, name string) *testCA {
+// NewCA makes a CA named name.
+func NewCA(t testing.TB, name string) *CA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -38,19 +45,24 @@ func newTestCA(t testing.TB, name string) *testCA {
 		t.Fatal(err)
 	}
 	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+	return &CA{cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-var serialN int64 = 100
+var (
+	serialMu sync.Mutex
+	serialN  int64 = 100
+)
 
-func (ca *testCA) issue(t testing.TB, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
+func (ca *CA) issue(t testing.TB, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
+	serialMu.Lock()
 	serialN++
 	tmpl.SerialNumber = big.NewInt(serialN)
+	serialMu.Unlock()
 	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Minute), time.Now().Add(time.Hour)
 	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
@@ -61,14 +73,14 @@ func (ca *testCA) issue(t testing.TB, tmpl *x509.Certificate) (certPEM, keyPEM [
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kd})
 }
 
-// edgeIdentity writes an edge's identity directory as enrollment does:
+// EdgeIdentity writes an edge's identity directory as enrollment does:
 // cert.pem, key.pem, ca.pem (the edges' CA) and server-ca.pem.
-func (ca *testCA) edgeIdentity(t testing.TB, edgeID string, serverCA []byte) string {
+func (ca *CA) EdgeIdentity(t testing.TB, edgeID string, serverCA []byte) string {
 	t.Helper()
 	dir := t.TempDir()
 	c, k := ca.issue(t, &x509.Certificate{Subject: pkix.Name{CommonName: edgeID, OrganizationalUnit: []string{"cellvisor edge"}},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
-	for name, data := range map[string][]byte{"cert.pem": c, "key.pem": k, "ca.pem": ca.pem, "server-ca.pem": serverCA} {
+	for name, data := range map[string][]byte{"cert.pem": c, "key.pem": k, "ca.pem": ca.PEM, "server-ca.pem": serverCA} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -76,8 +88,8 @@ func (ca *testCA) edgeIdentity(t testing.TB, edgeID string, serverCA []byte) str
 	return dir
 }
 
-// serverCert is a loopback server certificate (the control API's).
-func (ca *testCA) serverCert(t testing.TB) tls.Certificate {
+// ServerCert is a loopback server certificate (the control API's).
+func (ca *CA) ServerCert(t testing.TB) tls.Certificate {
 	t.Helper()
 	c, k := ca.issue(t, &x509.Certificate{Subject: pkix.Name{CommonName: "control"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
@@ -88,7 +100,8 @@ func (ca *testCA) serverCert(t testing.TB) tls.Certificate {
 	return pair
 }
 
-func (ca *testCA) pool() *x509.CertPool {
+// Pool is a pool of the CA's certificate.
+func (ca *CA) Pool() *x509.CertPool {
 	p := x509.NewCertPool()
 	p.AddCert(ca.cert)
 	return p
