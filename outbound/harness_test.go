@@ -18,14 +18,14 @@ import (
 
 // env is one control plane (fake), one edges' CA and one destination.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	ca      *outboundtest.CA
 	control *outboundtest.Control
 	ingest  *corpingest.Server
 	dest    *httptest.Server
 }
 
-func newEnv(t *testing.T, lease time.Duration) *env {
+func newEnv(t testing.TB, lease time.Duration) *env {
 	e := &env{t: t, ca: outboundtest.NewCA(t, "edges CA"), ingest: corpingest.New()}
 	e.dest = httptest.NewServer(e.ingest)
 	t.Cleanup(e.dest.Close)
@@ -73,7 +73,7 @@ func (e *env) startEdge(id, org string, o edgeOpts) *edge {
 	return ed
 }
 
-func (ed *edge) start(t *testing.T, e *env, o edgeOpts) {
+func (ed *edge) start(t testing.TB, e *env, o edgeOpts) {
 	log := zaptest.NewLogger(t).Named(ed.id)
 	cc, err := controlclient.New(controlclient.Options{URL: e.control.URL, Dir: ed.identity, Timeout: 5 * time.Second, Logger: log})
 	if err != nil {
@@ -121,7 +121,7 @@ func (ed *edge) start(t *testing.T, e *env, o edgeOpts) {
 }
 
 // submit makes and submits a bundle of class from ed.
-func (ed *edge) submit(t *testing.T, class string) string {
+func (ed *edge) submit(t testing.TB, class string) string {
 	t.Helper()
 	b, err := NewBundle(ed.org, ed.id, classOf(t, class), time.Now(), []Metering{{Cell: "cell-01", Requests: 1}})
 	if err != nil {

@@ -38,7 +38,7 @@ func (ed *edge) route(class string) edgeapi.RouteStatus {
 	return edgeapi.RouteStatus{}
 }
 
-func (ed *edge) awaitRoute(t *testing.T, class, mode string) edgeapi.RouteStatus {
+func (ed *edge) awaitRoute(t testing.TB, class, mode string) edgeapi.RouteStatus {
 	t.Helper()
 	var r edgeapi.RouteStatus
 	testutil.Eventually(t, 10*time.Second, func() error {

@@ -6,7 +6,7 @@ import (
 	"cellvisor/egress"
 )
 
-func classOf(t *testing.T, s string) egress.Class {
+func classOf(t testing.TB, s string) egress.Class {
 	t.Helper()
 	c, err := egress.ParseClass(s)
 	if err != nil {
