@@ -282,6 +282,14 @@ func (s *Sender) elect(ctx context.Context, class string) (time.Duration, error)
 	if renew <= 0 || renew > s.o.MaxRenew {
 		renew = s.o.MaxRenew
 	}
+	s.mu.Lock()
+	unknown := s.routes[class].route.mode == edgeapi.RouteUnknown
+	s.mu.Unlock()
+	if unknown {
+		// Deferred while nobody holds the lease: the top-ranked candidate
+		// is about to take it; ask again soon rather than at Renew.
+		renew = min(renew, time.Second)
+	}
 	return max(renew, s.o.MinRetry), nil
 }
 
