@@ -51,6 +51,7 @@ type Agent struct {
 	enrollment string
 	controlErr string  // why an enrolled identity is unusable
 	tasks      *ledger // control tasks that ran, until their ack is taken
+	egress     *egressPath
 }
 
 // CellLimits converts the configured per-cell limits.
@@ -130,6 +131,9 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 				return nil, err
 			}
 		}
+	}
+	if err := a.setupEgress(); err != nil {
+		return nil, err
 	}
 	ok = true
 	return a, nil

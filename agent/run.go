@@ -39,6 +39,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() { defer side.Done(); a.taskLoop(ctx) }()
 		go func() { defer side.Done(); a.reportLoop(ctx) }()
 		go func() { defer side.Done(); a.renewLoop(ctx) }()
+		a.runEgress(ctx, &side)
 	}
 	defer side.Wait()
 	select {

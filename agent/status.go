@@ -22,6 +22,7 @@ func (a *Agent) LiveStatus(ctx context.Context) supervisor.Status {
 
 func (a *Agent) decorate(st *supervisor.Status) {
 	st.AgentLimits = a.limitsN
+	st.Egress = a.egressStatus()
 	c := &supervisor.ControlStatus{Enrollment: a.enrollment, Error: a.controlErr}
 	st.Control = c
 	if a.id != nil {

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -59,6 +61,37 @@ type Agent struct {
 	// IdentityFile holds the edge id and the pinned control-plane key; empty
 	// means <state_dir>/identity.json.
 	IdentityFile string `yaml:"identity_file"`
+	// Egress is the governed-egress send path of an enrolled edge.
+	Egress Egress `yaml:"egress"`
+}
+
+// Egress configures the agent's outbound bundles (security events as
+// siem_forwarding, per-cell request counts as metering), their journal
+// and the intake that serves the org's peers while this edge holds a
+// class's lease. It runs on an edge enrolled with a control API that named
+// its org.
+type Egress struct {
+	// IntakeListen is the intake's host:port (HTTPS, mutual TLS with the
+	// edges' enrollment identities); empty means no intake: this edge then
+	// never forwards to itself, and peers fall back to direct sends.
+	IntakeListen string `yaml:"intake_listen"`
+	// IntakeURL is the intake as peers reach it (reported to the control
+	// API); empty means https://<intake_listen>.
+	IntakeURL string `yaml:"intake_url"`
+	// Interval is how often the cells' counters become bundles; 0 turns
+	// the producers off (the send path still delivers what is journaled).
+	Interval Duration `yaml:"interval"`
+	// JournalBundles and JournalBytes bound the bundle journal: at the
+	// bound new bundles are refused and counted, the journaled ones kept.
+	JournalBundles int   `yaml:"journal_bundles"`
+	JournalBytes   Bytes `yaml:"journal_bytes"`
+	// ProbeTimeout bounds a destination reachability probe (TCP connect).
+	ProbeTimeout Duration `yaml:"probe_timeout"`
+	// SendTimeout bounds one send to a destination or a holder's intake.
+	SendTimeout Duration `yaml:"send_timeout"`
+	// MaxRenew caps the wait between two elections of a class (the
+	// control API's answer says when to ask again; it is used when sooner).
+	MaxRenew Duration `yaml:"max_renew"`
 }
 
 // Source configures the manifest source.
@@ -231,7 +264,9 @@ func Default() Agent {
 			FailureThreshold: 3,
 			RestartThreshold: 6,
 		},
-		Log:    Log{Format: "json", Level: "info"},
+		Log: Log{Format: "json", Level: "info"},
+		Egress: Egress{Interval: Duration(30 * time.Second), JournalBundles: 10000, JournalBytes: 64 * MiB,
+			ProbeTimeout: Duration(2 * time.Second), SendTimeout: Duration(10 * time.Second), MaxRenew: Duration(time.Minute)},
 		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second), PollTimeout: Duration(10 * time.Minute), StatusInterval: Duration(15 * time.Second)},
 	}
 }
@@ -421,6 +456,7 @@ func (c Agent) Validate() error {
 	if n := l.RestartThreshold; n < l.FailureThreshold || n > 1000 {
 		bad("liveness.restart_threshold", "must be failure_threshold–1000, got %d", n)
 	}
+	c.validateEgress(bad)
 	switch c.Log.Format {
 	case "json", "console":
 	default:
@@ -446,5 +482,42 @@ func (c Agent) validatePorts(bad func(field, format string, args ...any)) {
 	if p.HTTPBase < p.HTTPSBase+n && p.HTTPSBase < p.HTTPBase+n {
 		bad("ports.https_base", "range %d–%d collides with ports.http_base range %d–%d",
 			p.HTTPSBase, p.HTTPSBase+n-1, p.HTTPBase, p.HTTPBase+n-1)
+	}
+}
+
+func (c Agent) validateEgress(bad func(field, format string, args ...any)) {
+	e := c.Egress
+	if e.IntakeListen != "" {
+		if host, port, err := net.SplitHostPort(e.IntakeListen); err != nil || port == "" || port == "0" {
+			bad("egress.intake_listen", "must be host:port with a port, got %q", e.IntakeListen)
+		} else if host == "" {
+			bad("egress.intake_listen", "must name the address to listen on (0.0.0.0 for all), got %q", e.IntakeListen)
+		}
+	}
+	if e.IntakeURL != "" {
+		if u, err := url.Parse(e.IntakeURL); err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			bad("egress.intake_url", "must be https://host:port, got %q", e.IntakeURL)
+		}
+	}
+	if e.IntakeListen == "" && e.IntakeURL != "" {
+		bad("egress.intake_url", "needs egress.intake_listen")
+	}
+	if d := e.Interval.D(); d != 0 && (d < 100*time.Millisecond || d > time.Hour) {
+		bad("egress.interval", "must be 0 (off) or 100ms–1h, got %s", d)
+	}
+	if n := e.JournalBundles; n < 1 || n > 1000000 {
+		bad("egress.journal_bundles", "must be 1–1000000, got %d", n)
+	}
+	if b := e.JournalBytes; b < MiB || b > 64*1024*MiB {
+		bad("egress.journal_bytes", "must be 1MiB–64GiB, got %s", b)
+	}
+	if d := e.ProbeTimeout.D(); d < 10*time.Millisecond || d > 30*time.Second {
+		bad("egress.probe_timeout", "must be 10ms–30s, got %s", d)
+	}
+	if d := e.SendTimeout.D(); d < 100*time.Millisecond || d > 5*time.Minute {
+		bad("egress.send_timeout", "must be 100ms–5m, got %s", d)
+	}
+	if d := e.MaxRenew.D(); d < 100*time.Millisecond || d > 30*time.Minute {
+		bad("egress.max_renew", "must be 100ms–30m, got %s", d)
 	}
 }

@@ -55,6 +55,12 @@ func TestRefusals(t *testing.T) {
 		{"relative module", "openresty:\n  modules: [lua.so]", "openresty.modules[0]"},
 		{"liveness interval too short", "liveness:\n  interval: 10ms", "liveness.interval"},
 		{"liveness timeout zero", "liveness:\n  timeout: 0s", "liveness.timeout"},
+		{"intake without a port", "egress:\n  intake_listen: 127.0.0.1", "egress.intake_listen"},
+		{"intake url over plain http", "egress:\n  intake_listen: 127.0.0.1:9443\n  intake_url: http://127.0.0.1:9443", "egress.intake_url"},
+		{"intake url without a listener", "egress:\n  intake_url: https://edge.example:9443", "egress.intake_url"},
+		{"egress interval too short", "egress:\n  interval: 1ms", "egress.interval"},
+		{"egress journal without room", "egress:\n  journal_bundles: 0", "egress.journal_bundles"},
+		{"egress journal under a bundle", "egress:\n  journal_bytes: 4096", "egress.journal_bytes"},
 		{"restart threshold below failure threshold", "liveness:\n  failure_threshold: 5\n  restart_threshold: 4", "liveness.restart_threshold"},
 	}
 	for _, tc := range tests {
@@ -67,6 +73,21 @@ func TestRefusals(t *testing.T) {
 				t.Errorf("error %q does not name %q", err, tc.field)
 			}
 		})
+	}
+}
+
+func TestEgressDefaultsAndOverrides(t *testing.T) {
+	c, err := Parse([]byte("egress:\n  intake_listen: 127.0.0.1:9443\n  interval: 200ms\n  journal_bundles: 5\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := c.Egress
+	if e.IntakeListen != "127.0.0.1:9443" || e.Interval.D() != 200*time.Millisecond || e.JournalBundles != 5 ||
+		e.JournalBytes != 64*MiB || e.SendTimeout.D() != 10*time.Second {
+		t.Errorf("egress %+v", e)
+	}
+	if d := Default().Egress; d.IntakeListen != "" || d.Interval.D() != 30*time.Second {
+		t.Errorf("egress defaults %+v: want no intake and a 30s interval", d)
 	}
 }
 

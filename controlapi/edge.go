@@ -147,7 +147,7 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
 	outcome = "enrolled"
 	s.refresh(r.Context())
 	s.log.Info("edge enrolled", zap.String("edge", e.ID), zap.String("name", e.Name), zap.String("serial", pki.SerialHex(cert)))
-	return s.writeEnrolled(w, e.ID, certPEM, e.Slots)
+	return s.writeEnrolled(w, e.ID, e.Org, certPEM, e.Slots)
 }
 
 func (s *Server) enrollRaced(w http.ResponseWriter, r *http.Request, tokenHash string, csr *x509.CertificateRequest) error {
@@ -163,9 +163,9 @@ func (s *Server) enrollRaced(w http.ResponseWriter, r *http.Request, tokenHash s
 
 var errTokenUsed = errorf(http.StatusConflict, "bootstrap token already used with another key; rotate the edge's identity for a new token")
 
-func (s *Server) writeEnrolled(w http.ResponseWriter, id, certPEM string, slots int) error {
+func (s *Server) writeEnrolled(w http.ResponseWriter, id, org, certPEM string, slots int) error {
 	writeJSON(w, http.StatusOK, edgeapi.EnrollResponse{
-		EdgeID: id, Certificate: certPEM, CA: s.ca.PEM, ControlPublicKey: s.PublicKey(), Slots: slots,
+		EdgeID: id, Org: org, Certificate: certPEM, CA: s.ca.PEM, ControlPublicKey: s.PublicKey(), Slots: slots,
 	})
 	return nil
 }

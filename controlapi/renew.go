@@ -84,7 +84,7 @@ func (s *Server) enrollRetry(w http.ResponseWriter, r *http.Request, e store.Edg
 		return errorf(http.StatusConflict, "bootstrap token already used, and the edge has renewed its certificate since; rotate the edge's identity for a new token")
 	}
 	s.log.Info("enrollment retried", zap.String("edge", e.ID))
-	return s.writeEnrolled(w, e.ID, e.CertPEM, e.Slots)
+	return s.writeEnrolled(w, e.ID, e.Org, e.CertPEM, e.Slots)
 }
 
 // renew issues a renewed client certificate for the edge whose current

@@ -36,7 +36,10 @@ type Identity struct {
 	// ControlURL is the edge-control API; empty for an edge fed by a spool.
 	ControlURL string `json:"control_url,omitempty"`
 	// Slots is the slot count the control plane created the edge with.
-	Slots      int       `json:"slots,omitempty"`
+	Slots int `json:"slots,omitempty"`
+	// Org is the edge's organization, as the control API answered at
+	// enrollment; empty when enrolled with an older control API.
+	Org        string    `json:"org,omitempty"`
 	EnrolledAt time.Time `json:"enrolled_at,omitzero"`
 }
 
@@ -138,7 +141,7 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 	if o.Slots != 0 && er.Slots != o.Slots {
 		return Identity{}, fmt.Errorf("enroll: the control plane created edge %s with %d slots, this host is configured for %d: fix slots in the configuration", er.EdgeID, er.Slots, o.Slots)
 	}
-	id := Identity{EdgeID: er.EdgeID, ControlPublicKey: er.ControlPublicKey, ControlURL: strings.TrimRight(o.URL, "/"), Slots: er.Slots, EnrolledAt: time.Now().UTC()}
+	id := Identity{EdgeID: er.EdgeID, ControlPublicKey: er.ControlPublicKey, ControlURL: strings.TrimRight(o.URL, "/"), Slots: er.Slots, Org: er.Org, EnrolledAt: time.Now().UTC()}
 	keyPEM, err := os.ReadFile(filepath.Join(o.Dir, pendingKey))
 	if err != nil {
 		return Identity{}, err

@@ -105,6 +105,9 @@ type EnrollResponse struct {
 	ControlPublicKey string `json:"control_public_key"`
 	// Slots is the edge's slot count, fixed at creation.
 	Slots int `json:"slots"`
+	// Org is the edge's organization (its bundles' org); empty from an
+	// older control API.
+	Org string `json:"org,omitempty"`
 }
 
 // RenewRequest asks for a new client certificate: a PEM-encoded CSR for a

@@ -5,6 +5,7 @@ import (
 
 	"cellvisor/cellapi"
 	"cellvisor/cgroup"
+	"cellvisor/edgeapi"
 )
 
 // State is a slot's runtime state.
@@ -68,7 +69,9 @@ type Status struct {
 	// Control is the manifest source's side, when one is configured.
 	Control     *ControlStatus `json:"control,omitempty"`
 	AgentLimits string         `json:"agent_limits,omitempty"`
-	Slots       []SlotStatus   `json:"slots"`
+	// Egress is the agent's send path, when it runs one.
+	Egress *edgeapi.EgressStatus `json:"egress,omitempty"`
+	Slots  []SlotStatus          `json:"slots"`
 }
 
 // ControlStatus is the agent's configuration delivery.

@@ -13,6 +13,7 @@ import (
 
 	"cellvisor/agent"
 	"cellvisor/config"
+	"cellvisor/edgeapi"
 	"cellvisor/internal/cli"
 	"cellvisor/supervisor"
 )
@@ -101,6 +102,7 @@ func printStatus(w io.Writer, st supervisor.Status) {
 			fmt.Fprintln(w)
 		}
 	}
+	printEgress(w, st.Egress)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tPID\tHTTP\tHTTPS\tMEMORY\tPIDS\tTHROTTLED\tCONNS\tRESTARTS\tREASON")
 	for _, s := range st.Slots {
@@ -126,6 +128,60 @@ func printStatus(w io.Writer, st supervisor.Status) {
 		restarts := fmt.Sprintf("%d+%d", s.Restarts, s.OperatorRestarts)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, pool, s.State, pid,
 			s.HTTPPort, s.HTTPSPort, mem, pids, thr, conns, restarts, s.Reason)
+	}
+	tw.Flush()
+}
+
+// printEgress shows the send path: the route per class (direct, proxy,
+// refused), its holder, epoch and lease expiry, the journal's depth and the
+// last error.
+func printEgress(w io.Writer, e *edgeapi.EgressStatus) {
+	if e == nil {
+		return
+	}
+	if e.Routes == nil {
+		fmt.Fprintf(w, "egress: off (%s)\n", e.Error)
+		return
+	}
+	intake := "no intake"
+	if e.IntakeURL != "" {
+		intake = "intake " + e.IntakeURL
+	}
+	j := e.Journal
+	fmt.Fprintf(w, "egress: org %s, %s, journal %d/%d bundles %s/%s, %d refused at the bound\n", e.Org, intake,
+		j.Bundles, j.MaxBundles, mib(uint64(j.Bytes)), mib(uint64(j.MaxBytes)), j.Refused)
+	if e.Error != "" {
+		fmt.Fprintf(w, "egress intake: %s\n", e.Error)
+	}
+	if j.LastError != "" {
+		fmt.Fprintf(w, "egress journal: %s\n", j.LastError)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLASS\tROUTE\tHOLDER\tEPOCH\tLEASE EXPIRES\tREACH\tPENDING\tSENT (DIRECT/FORWARDED/FALLBACK)\tREASON / LAST ERROR")
+	for _, r := range e.Routes {
+		holder, epoch, expires, reach := "-", "-", "-", "-"
+		if r.Holder != "" {
+			holder = r.Holder
+			epoch = fmt.Sprint(r.Epoch)
+		}
+		if r.Alone {
+			holder += " (alone)"
+		}
+		if r.Expires != nil {
+			expires = fmt.Sprintf("in %s", time.Until(*r.Expires).Round(time.Second))
+		}
+		if rr, ok := e.Reach[r.Class]; ok {
+			reach = map[bool]string{true: "yes", false: "no"}[rr.Reachable]
+		}
+		note := r.Reason
+		if r.Route == edgeapi.RouteRefused {
+			note = fmt.Sprintf("refused at %s: %s", r.Stage, r.Reason)
+		}
+		if r.LastError != "" {
+			note = strings.TrimPrefix(note+"; last error: "+r.LastError, "; ")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d/%d/%d\t%s\n", r.Class, r.Route, holder, epoch, expires, reach,
+			r.Pending, r.Direct, r.Forwarded, r.Fallback, note)
 	}
 	tw.Flush()
 }

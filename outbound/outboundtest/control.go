@@ -1,0 +1,188 @@
+package outboundtest
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"cellvisor/edgeapi"
+)
+
+// Control speaks the egress part of the edge-control API (elect,
+// fence) over mutual TLS, with a simple cascade: the live, reachable edges
+// of the caller's org ranked by their order of registration; the top one
+// acquires or renews the (org, class) lease, the others defer.
+type Control struct {
+	// URL is where it serves (mutual TLS), once Serve ran.
+	URL   string
+	lease time.Duration
+	dest  string
+
+	mu     sync.Mutex // guards the following fields
+	edges  []*Edge
+	leases map[[2]string]*edgeapi.Holder
+	epoch  int64
+	refuse string // when set, every election is refused with it
+}
+
+// Edge is an edge the fake knows.
+type Edge struct {
+	id, org, intake string
+	live, reachable bool
+}
+
+// NewControl is a fake control API whose classes all go to dest, with
+// leases of lease.
+func NewControl(dest string, lease time.Duration) *Control {
+	return &Control{lease: lease, dest: dest, leases: map[[2]string]*edgeapi.Holder{}}
+}
+
+// Handler serves elect and fence; the caller is its verified client
+// certificate's CN.
+func (f *Control) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+edgeapi.PathEgressElect, f.elect)
+	mux.HandleFunc("POST "+edgeapi.PathEgressFence, f.fence)
+	return mux
+}
+
+// Serve serves Handler over mutual TLS with a server certificate of ca,
+// requiring client certificates of ca, until the test ends.
+func (f *Control) Serve(t testing.TB, ca *CA) {
+	srv := httptest.NewUnstartedServer(f.Handler())
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.ServerCert(t)}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: ca.Pool()}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	f.URL = srv.URL
+}
+
+// Add registers a live edge of org with its intake URL.
+func (f *Control) Add(id, org, intake string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.edges = append(f.edges, &Edge{id: id, org: org, intake: intake, live: true})
+}
+
+func (f *Control) edge(id string) *Edge {
+	for _, e := range f.edges {
+		if e.id == id {
+			return e
+		}
+	}
+	return nil
+}
+
+// SetHolder gives the lease to id at a new epoch (what an expiry and a
+// successor's acquisition do).
+func (f *Control) SetHolder(org, class, id string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.epoch++
+	e := f.edge(id)
+	f.leases[[2]string{org, class}] = &edgeapi.Holder{EdgeID: id, IntakeURL: e.intake, Epoch: f.epoch, ExpiresAt: time.Now().Add(f.lease)}
+	return f.epoch
+}
+
+func caller(r *http.Request) string { return r.TLS.VerifiedChains[0][0].Subject.CommonName }
+
+func (f *Control) elect(w http.ResponseWriter, r *http.Request) {
+	var req edgeapi.ElectRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, edgeapi.MaxElectBytes)).Decode(&req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	me := f.edge(caller(r))
+	me.reachable = req.Reachable
+	resp := edgeapi.ElectResponse{Class: req.Class, Destination: f.dest, Renew: f.lease / 3}
+	key := [2]string{me.org, req.Class}
+	var cands []*Edge
+	live := 0
+	for _, e := range f.edges {
+		if e.org == me.org && e.live {
+			live++
+			if e.reachable {
+				cands = append(cands, e)
+			}
+		}
+	}
+	h := f.leases[key]
+	if h != nil && !time.Now().Before(h.ExpiresAt) {
+		h = nil
+	}
+	switch {
+	case f.refuse != "":
+		resp.Outcome, resp.Stage, resp.Reason = edgeapi.OutcomeRefused, edgeapi.StageLiveResolve, f.refuse
+	case len(cands) == 0:
+		resp.Outcome, resp.Stage, resp.Reason = edgeapi.OutcomeRefused, edgeapi.StageNoBlackHole, "no candidate can reach the destination"
+	case h != nil && h.EdgeID == me.id:
+		h.ExpiresAt = time.Now().Add(f.lease)
+		resp.Outcome, resp.Stage = edgeapi.OutcomeElected, edgeapi.StageLeaseRace
+	case h != nil:
+		resp.Outcome, resp.Stage, resp.Reason = edgeapi.OutcomeDeferred, edgeapi.StageLeaseRace, "a peer holds the lease"
+	case cands[0] != me:
+		resp.Outcome, resp.Stage, resp.Reason = edgeapi.OutcomeDeferred, edgeapi.StageRanking, "outranked"
+	default:
+		f.epoch++
+		h = &edgeapi.Holder{EdgeID: me.id, IntakeURL: me.intake, Epoch: f.epoch, ExpiresAt: time.Now().Add(f.lease)}
+		f.leases[key] = h
+		resp.Outcome, resp.Stage = edgeapi.OutcomeElected, edgeapi.StageLeaseRace
+	}
+	if live == 1 && resp.Outcome != edgeapi.OutcomeRefused {
+		resp.Alone, resp.Stage = true, edgeapi.StageSingle
+	}
+	if h != nil && resp.Outcome != edgeapi.OutcomeRefused {
+		c := *h
+		resp.Holder = &c
+	}
+	json.NewEncoder(w).Encode(resp)
+}
+
+func (f *Control) fence(w http.ResponseWriter, r *http.Request) {
+	var req edgeapi.FenceRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, edgeapi.MaxElectBytes)).Decode(&req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	me := f.edge(caller(r))
+	h := f.leases[[2]string{me.org, req.Class}]
+	reason := ""
+	switch {
+	case h == nil || !time.Now().Before(h.ExpiresAt):
+		reason = "no current lease"
+	case h.EdgeID != me.id || h.Epoch != req.Epoch:
+		reason = "stale epoch"
+	case req.Peer != "" && !slices.ContainsFunc(f.edges, func(e *Edge) bool { return e.id == req.Peer && e.org == me.org && e.live }):
+		reason = "peer is not a live edge of the org"
+	}
+	if reason != "" {
+		w.WriteHeader(http.StatusConflict)
+		json.NewEncoder(w).Encode(edgeapi.FenceRefusal{Reason: reason, Holder: h})
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Known reports whether id is registered.
+func (f *Control) Known(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.edge(id) != nil
+}
+
+// Refuse makes every election refused at the live-resolve stage with
+// reason; "" ends it.
+func (f *Control) Refuse(reason string) {
+	f.mu.Lock()
+	f.refuse = reason
+	f.mu.Unlock()
+}

@@ -1,0 +1,534 @@
+package outbound
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/controlclient"
+	"cellvisor/edgeapi"
+	"cellvisor/egress"
+	"cellvisor/internal/backoff"
+)
+
+// Control is the control API as the send path uses it (controlclient.Client).
+type Control interface {
+	// Elect runs the election cascade for this edge and class.
+	Elect(ctx context.Context, r edgeapi.ElectRequest) (edgeapi.ElectResponse, error)
+	// Fence returns nil while this edge holds the lease at r.Epoch (and
+	// r.Peer is a live edge of its org), an error wrapping ErrStale when
+	// the control API refused it, any other error when it could not ask.
+	Fence(ctx context.Context, r edgeapi.FenceRequest) error
+}
+
+// ErrStale marks a refused fence: the lease is not held at that epoch (or
+// the peer is refused). It is controlclient's ErrFenced.
+var ErrStale = controlclient.ErrFenced
+
+// Options configure a Sender.
+type Options struct {
+	// EdgeID and Org are this edge's. Required.
+	EdgeID, Org string
+	// Control is the control API. Required.
+	Control Control
+	// Journal holds the bundles until delivered. Required.
+	Journal *Journal
+	// Classes are the classes routed (and accepted at the intake); nil
+	// means metering and siem_forwarding.
+	Classes []egress.Class
+	// TLS is the edges' mutual TLS for forwards; nil means no forwards:
+	// a non-holder sends its bundles direct with epoch 0.
+	TLS *PeerTLS
+	// IntakeURL is this edge's intake as peers reach it (status), or empty.
+	IntakeURL string
+	// ProbeTimeout bounds a reachability probe of a destination (a TCP
+	// connect); zero means 2s.
+	ProbeTimeout time.Duration
+	// SendTimeout bounds one send (to a destination or an intake); zero
+	// means 10s.
+	SendTimeout time.Duration
+	// MaxRenew caps the wait between elections (an answer's Renew is used
+	// when shorter); zero means 1m. Failures retry with backoff from
+	// MinRetry (zero: 200ms) up to MaxRenew.
+	MaxRenew, MinRetry time.Duration
+	// Logger, or nil for none.
+	Logger *zap.Logger
+}
+
+// Sender runs the route table and delivers journaled bundles: one loop per
+// class, which elects at the answer's Renew cadence and on failures, and
+// sends every pending bundle of the class along its route.
+type Sender struct {
+	o    Options
+	log  *zap.Logger
+	dest *http.Client
+	wake map[string]chan struct{}
+
+	mu      sync.Mutex      // guards the following fields
+	reelect map[string]bool // elect before the next delivery
+	routes  map[string]*classState
+	fwd     map[string]*http.Client // by holder edge id
+	intakeE string                  // why the intake does not listen
+}
+
+type classState struct {
+	route                       route
+	reach                       *edgeapi.ReachReport
+	lastErr                     string
+	direct, forwarded, fallback int64
+}
+
+// NewSender checks the options and prepares the route table.
+func NewSender(o Options) (*Sender, error) {
+	if o.EdgeID == "" || o.Org == "" || o.Control == nil || o.Journal == nil {
+		return nil, errors.New("outbound: EdgeID, Org, Control and Journal are required")
+	}
+	if o.Classes == nil {
+		o.Classes = []egress.Class{egress.Metering, egress.SIEMForwarding}
+	}
+	for _, c := range o.Classes {
+		if !c.Valid() {
+			return nil, fmt.Errorf("outbound: unknown class %q", c)
+		}
+	}
+	if o.ProbeTimeout <= 0 {
+		o.ProbeTimeout = 2 * time.Second
+	}
+	if o.SendTimeout <= 0 {
+		o.SendTimeout = 10 * time.Second
+	}
+	if o.MaxRenew <= 0 {
+		o.MaxRenew = time.Minute
+	}
+	if o.MinRetry <= 0 {
+		o.MinRetry = 200 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	s := &Sender{o: o, log: o.Logger.Named("egress"), wake: map[string]chan struct{}{}, reelect: map[string]bool{}, routes: map[string]*classState{}, fwd: map[string]*http.Client{},
+		dest: &http.Client{Timeout: o.SendTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+	for _, c := range o.Classes {
+		s.wake[string(c)] = make(chan struct{}, 1)
+		s.routes[string(c)] = &classState{route: route{mode: edgeapi.RouteUnknown}}
+	}
+	return s, nil
+}
+
+// Routes reports whether class is routed by this sender.
+func (s *Sender) Routes(class string) bool { _, ok := s.wake[class]; return ok }
+
+// Submit journals a new bundle and wakes its class's loop.
+func (s *Sender) Submit(b edgeapi.Bundle) error {
+	if !s.Routes(b.Class) {
+		return fmt.Errorf("%w: class %q is not routed here", ErrInvalidBundle, b.Class)
+	}
+	if err := s.o.Journal.Put(b); err != nil {
+		return err
+	}
+	s.Wake(b.Class)
+	return nil
+}
+
+// Wake makes class's loop look at its journal now.
+func (s *Sender) Wake(class string) {
+	select {
+	case s.wake[class] <- struct{}{}:
+	default:
+	}
+}
+
+// Reelect makes class's loop ask the control API again now: a peer
+// forwarded to this edge as if it held the lease, or a test wants the
+// route current.
+func (s *Sender) Reelect(class string) {
+	if !s.Routes(class) {
+		return
+	}
+	s.mu.Lock()
+	s.reelect[class] = true
+	s.mu.Unlock()
+	s.Wake(class)
+}
+
+// Run runs one loop per class until ctx ends.
+func (s *Sender) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, c := range s.o.Classes {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.runClass(ctx, string(c)) }()
+	}
+	wg.Wait()
+	s.mu.Lock()
+	for _, hc := range s.fwd {
+		hc.CloseIdleConnections()
+	}
+	s.mu.Unlock()
+	s.dest.CloseIdleConnections()
+}
+
+// runClass elects when due (or when a send found the route wrong), then
+// delivers the class's pending bundles, then waits for the next election,
+// a retry, a new bundle or the end.
+func (s *Sender) runClass(ctx context.Context, class string) {
+	b := &backoff.Backoff{Initial: s.o.MinRetry, Max: s.o.MaxRenew}
+	var next time.Time // next election; zero: now
+	var retry time.Duration
+	for {
+		s.mu.Lock()
+		if s.reelect[class] {
+			s.reelect[class], next = false, time.Time{}
+		}
+		s.mu.Unlock()
+		if next.IsZero() || !time.Now().Before(next) {
+			renew, err := s.elect(ctx, class)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				s.fail(class, err)
+				next = time.Now().Add(b.Next())
+			} else {
+				next = time.Now().Add(renew)
+			}
+		}
+		err := s.deliver(ctx, class)
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case errors.Is(err, errReelect):
+			next, retry = time.Time{}, 0
+			continue
+		case err != nil:
+			s.fail(class, err)
+			retry = b.Next()
+		default:
+			retry = 0
+			b.Reset()
+		}
+		wait := time.Until(next)
+		if retry > 0 && retry < wait {
+			wait = retry
+		}
+		t := time.NewTimer(max(wait, 0))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-s.wake[class]:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+func (s *Sender) fail(class string, err error) {
+	s.log.Warn("egress", zap.String("class", class), zap.Error(err))
+	s.mu.Lock()
+	s.routes[class].lastErr = err.Error()
+	s.mu.Unlock()
+}
+
+// errReelect asks the class's loop to elect again at once: the lease this
+// edge sent under is stale, or the holder it forwarded to failed.
+var errReelect = errors.New("route changed: elect again")
+
+// elect probes the class's destination, asks the control API and records
+// the route; it returns when to ask again. A destination first learnt (or
+// changed) from the answer is probed and the question asked again, so
+// that the control API sees a fresh probe.
+func (s *Sender) elect(ctx context.Context, class string) (time.Duration, error) {
+	var resp edgeapi.ElectResponse
+	for range 2 {
+		s.mu.Lock()
+		dest := s.routes[class].route.destination
+		s.mu.Unlock()
+		reachable := false
+		if dest != "" {
+			reachable = s.probe(ctx, class, dest)
+		}
+		var err error
+		resp, err = s.o.Control.Elect(ctx, edgeapi.ElectRequest{Class: class, Reachable: reachable})
+		if err != nil {
+			return 0, fmt.Errorf("elect %s: %w", class, err)
+		}
+		rt := routeFrom(resp, s.o.EdgeID, time.Now())
+		s.mu.Lock()
+		prev := s.routes[class].route
+		s.routes[class].route = rt
+		s.mu.Unlock()
+		if prev.mode != rt.mode || prev.holder != rt.holder || prev.epoch != rt.epoch {
+			s.log.Info("egress route", zap.String("class", class), zap.String("route", rt.mode), zap.String("holder", rt.holder),
+				zap.Int64("epoch", rt.epoch), zap.String("stage", rt.stage), zap.String("reason", rt.reason))
+		}
+		if rt.destination == dest {
+			break
+		}
+	}
+	renew := resp.Renew
+	if renew <= 0 || renew > s.o.MaxRenew {
+		renew = s.o.MaxRenew
+	}
+	s.mu.Lock()
+	unknown := s.routes[class].route.mode == edgeapi.RouteUnknown
+	s.mu.Unlock()
+	if unknown {
+		// Deferred while nobody holds the lease: the top-ranked candidate
+		// is about to take it; ask again soon rather than at Renew.
+		renew = min(renew, time.Second)
+	}
+	return max(renew, s.o.MinRetry), nil
+}
+
+// probe connects to the destination's host and port (TCP, ProbeTimeout)
+// and records what it found.
+func (s *Sender) probe(ctx context.Context, class, dest string) bool {
+	ok := false
+	if addr, err := hostPort(dest); err == nil {
+		pctx, cancel := context.WithTimeout(ctx, s.o.ProbeTimeout)
+		c, err := (&net.Dialer{}).DialContext(pctx, "tcp", addr)
+		cancel()
+		if err == nil {
+			c.Close()
+			ok = true
+		}
+	}
+	s.mu.Lock()
+	s.routes[class].reach = &edgeapi.ReachReport{Destination: dest, Reachable: ok, CheckedAt: time.Now().UTC()}
+	s.mu.Unlock()
+	return ok
+}
+
+func hostPort(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return "", fmt.Errorf("destination %q: want an http(s) URL", raw)
+	}
+	if u.Port() != "" {
+		return u.Host, nil
+	}
+	port := "80"
+	if u.Scheme == "https" {
+		port = "443"
+	}
+	return net.JoinHostPort(u.Hostname(), port), nil
+}
+
+// deliver sends the class's pending bundles, oldest first, along the
+// current route; it stops at the first failure (errReelect when the route
+// proved wrong).
+func (s *Sender) deliver(ctx context.Context, class string) error {
+	for _, b := range s.o.Journal.Pending(class) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.mu.Lock()
+		rt := s.routes[class].route
+		s.mu.Unlock()
+		var how *int64
+		var after error // delivered, then asks for an election
+		switch rt.mode {
+		case edgeapi.RouteRefused, edgeapi.RouteUnknown:
+			return nil // journaled; the next election may route it
+		case edgeapi.RouteDirect:
+			if err := s.sendDirect(ctx, rt, b); err != nil {
+				return err
+			}
+			how = &s.routes[class].direct
+		case edgeapi.RouteProxy:
+			how = &s.routes[class].forwarded
+			if ferr := s.forward(ctx, rt, b); ferr != nil {
+				// The holder is unreachable or refused (stale lease, not
+				// holder): deliver it ourselves rather than lose it, and
+				// elect again for the next bundles.
+				s.log.Warn("forward to holder failed; sending direct", zap.String("class", class), zap.String("holder", rt.holder), zap.String("bundle", b.ID), zap.Error(ferr))
+				s.setErr(class, ferr)
+				if err := s.post(ctx, rt.destination, b, 0); err != nil {
+					return err
+				}
+				how, after = &s.routes[class].fallback, errReelect
+			}
+		}
+		s.mu.Lock()
+		*how++ // delivered, whether or not its file goes at once
+		s.mu.Unlock()
+		if err := s.o.Journal.Remove(b.ID); err != nil {
+			return err
+		}
+		if after != nil {
+			return after
+		}
+	}
+	return nil
+}
+
+func (s *Sender) setErr(class string, err error) {
+	s.mu.Lock()
+	s.routes[class].lastErr = err.Error()
+	s.mu.Unlock()
+}
+
+// sendDirect delivers b to the destination. A holder fences first, so
+// that a holder frozen past its lease never sends under a stale epoch: a
+// refused fence marks the route unknown and asks for an election.
+func (s *Sender) sendDirect(ctx context.Context, rt route, b edgeapi.Bundle) error {
+	if rt.holds() {
+		err := s.o.Control.Fence(ctx, edgeapi.FenceRequest{Class: b.Class, Epoch: rt.epoch})
+		if errors.Is(err, ErrStale) {
+			s.mu.Lock()
+			if cs := s.routes[b.Class]; cs.route.epoch == rt.epoch {
+				cs.route.mode, cs.route.reason = edgeapi.RouteUnknown, "lease stale at epoch "+strconv.FormatInt(rt.epoch, 10)
+				cs.lastErr = err.Error()
+			}
+			s.mu.Unlock()
+			s.log.Warn("lease stale: not sending under it", zap.String("class", b.Class), zap.Int64("epoch", rt.epoch), zap.Error(err))
+			return fmt.Errorf("%w: fence %s epoch %d: %v", errReelect, b.Class, rt.epoch, err)
+		}
+		if err != nil {
+			return fmt.Errorf("fence %s epoch %d: %w", b.Class, rt.epoch, err)
+		}
+	}
+	return s.post(ctx, rt.destination, b, rt.epoch)
+}
+
+// post delivers b to its destination: any 2xx is delivered.
+func (s *Sender) post(ctx context.Context, dest string, b edgeapi.Bundle, epoch int64) error {
+	if dest == "" {
+		return fmt.Errorf("send %s bundle %s: no destination known", b.Class, b.ID)
+	}
+	h := http.Header{}
+	h.Set(edgeapi.HeaderBundleID, b.ID)
+	h.Set(edgeapi.HeaderEpoch, strconv.FormatInt(epoch, 10))
+	h.Set(edgeapi.HeaderSender, s.o.EdgeID)
+	code, msg, err := s.postJSON(ctx, s.dest, dest, h, b)
+	if err != nil {
+		return fmt.Errorf("send %s bundle %s to %s: %w", b.Class, b.ID, dest, err)
+	}
+	if code/100 != 2 {
+		return fmt.Errorf("send %s bundle %s to %s: HTTP %d: %s", b.Class, b.ID, dest, code, msg)
+	}
+	return nil
+}
+
+// forward hands b to the holder's intake: delivered on 202 only.
+func (s *Sender) forward(ctx context.Context, rt route, b edgeapi.Bundle) error {
+	if s.o.TLS == nil || rt.holderURL == "" {
+		return fmt.Errorf("holder %s has no intake this edge can reach", rt.holder)
+	}
+	hc := s.forwarder(rt.holder)
+	code, msg, err := s.postJSON(ctx, hc, strings.TrimRight(rt.holderURL, "/")+edgeapi.PathIntake+b.Class, nil, b)
+	if err != nil {
+		return fmt.Errorf("forward to %s: %w", rt.holder, err)
+	}
+	if code != http.StatusAccepted {
+		return fmt.Errorf("forward to %s: HTTP %d: %s", rt.holder, code, msg)
+	}
+	return nil
+}
+
+func (s *Sender) forwarder(holder string) *http.Client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if hc, ok := s.fwd[holder]; ok {
+		return hc
+	}
+	tr := &http.Transport{
+		TLSClientConfig:     s.o.TLS.ClientConfig(holder),
+		DialContext:         (&net.Dialer{Timeout: s.o.ProbeTimeout}).DialContext,
+		TLSHandshakeTimeout: s.o.ProbeTimeout,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	hc := &http.Client{Transport: tr, Timeout: s.o.SendTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	s.fwd[holder] = hc
+	return hc
+}
+
+func (s *Sender) postJSON(ctx context.Context, hc *http.Client, u string, h http.Header, b edgeapi.Bundle) (int, string, error) {
+	data, err := json.Marshal(b)
+	if err != nil {
+		return 0, "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.o.SendTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(data))
+	if err != nil {
+		return 0, "", err
+	}
+	for k, v := range h {
+		req.Header[k] = v
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	return resp.StatusCode, strings.TrimSpace(string(msg)), nil
+}
+
+// holderRoute is class's route when this edge holds its lease.
+func (s *Sender) holderRoute(class string) (route, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cs, ok := s.routes[class]
+	if !ok || !cs.route.holds() {
+		return route{}, false
+	}
+	return cs.route, true
+}
+
+// SetIntakeError records why the intake does not listen (status).
+func (s *Sender) SetIntakeError(err error) {
+	s.mu.Lock()
+	s.intakeE = err.Error()
+	s.mu.Unlock()
+}
+
+// Status reports the route table, the probes and the journal.
+func (s *Sender) Status() *edgeapi.EgressStatus {
+	j := s.o.Journal
+	st := &edgeapi.EgressStatus{EgressReport: edgeapi.EgressReport{IntakeURL: s.o.IntakeURL, Reach: map[string]edgeapi.ReachReport{}},
+		Org: s.o.Org, Journal: j.Status()}
+	pending := map[string]int{}
+	for _, c := range s.o.Classes {
+		pending[string(c)] = len(j.Pending(string(c)))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st.Error = s.intakeE
+	for _, c := range s.o.Classes {
+		cs := s.routes[string(c)]
+		rt := cs.route
+		rs := edgeapi.RouteStatus{Class: string(c), Route: rt.mode, Stage: rt.stage, Reason: rt.reason, Alone: rt.alone,
+			Holder: rt.holder, HolderURL: rt.holderURL, Epoch: rt.epoch, Destination: rt.destination,
+			Pending: pending[string(c)], Direct: cs.direct, Forwarded: cs.forwarded, Fallback: cs.fallback, LastError: cs.lastErr}
+		if !rt.expires.IsZero() {
+			e := rt.expires
+			rs.Expires = &e
+		}
+		if !rt.at.IsZero() {
+			a := rt.at
+			rs.ElectedAt = &a
+		}
+		st.Routes = append(st.Routes, rs)
+		if cs.reach != nil {
+			st.Reach[string(c)] = *cs.reach
+		}
+	}
+	return st
+}
