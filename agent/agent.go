@@ -5,12 +5,14 @@
 package agent
 
 import (
+	"context"
 	"crypto/ed25519"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -51,6 +53,14 @@ type Agent struct {
 	enrollment string
 	controlErr string  // why an enrolled identity is unusable
 	tasks      *ledger // control tasks that ran, until their ack is taken
+	// scope is the cells' systemd scope, or nil where they live in the
+	// agent's own cgroup.
+	scope *cellScope
+	// explicitStop is set by Shutdown (cellvisor shutdown): the cells stop
+	// whatever systemd's job is.
+	explicitStop atomic.Bool
+	// end ends Run as its context would (Shutdown); set by Run.
+	end atomic.Pointer[context.CancelFunc]
 }
 
 // CellLimits converts the configured per-cell limits.
@@ -87,6 +97,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	defer func() {
 		if !ok {
 			a.unlock()
+			a.closeScope()
 		}
 	}()
 	admin, err := supervisor.ListenAdmin(AdminSocket(cfg), a, log.Named("admin"))
@@ -172,7 +183,14 @@ func loadLayout(cfg config.Agent, log *zap.Logger) (runtime.Topology, runtime.As
 // must be enforced cannot be), or nil.
 func (a *Agent) setupCgroups() (refusal error, err error) {
 	cfg, log := a.cfg, a.log
-	a.cg, err = cgroup.New(cgroup.Options{Root: cfg.Cgroup.Root, Subtree: cfg.Cgroup.Subtree})
+	if a.scope, err = a.setupScope(); err != nil {
+		return nil, err
+	}
+	o := cgroup.Options{Root: cfg.Cgroup.Root, Subtree: cfg.Cgroup.Subtree}
+	if a.scope != nil {
+		o.Cells = a.scope.scope.ControlGroup
+	}
+	a.cg, err = cgroup.New(o)
 	if err != nil {
 		return nil, err
 	}
