@@ -107,6 +107,13 @@ func Start(t testing.TB, o Options) *Systemd {
 	return s
 }
 
+// Disconnect leaves the bus: systemd no longer answers (the bus says the
+// service is unknown), as when the bus or systemd cannot be reached.
+func (s *Systemd) Disconnect() {
+	_, _ = s.conn.ReleaseName(busName)
+	s.conn.Close()
+}
+
 // SetJob makes ListJobs report a running job of type jobType ("stop",
 // "restart") for unit, or none when jobType is "".
 func (s *Systemd) SetJob(unit, jobType string) {
