@@ -30,7 +30,9 @@ BUILDFLAGS := -trimpath
 # systemd provides systemd-analyze for units-check; util-linux, setpriv for the
 # cgroup handover test (an unprivileged agent). rpm is there for the package
 # tests, which read the built .rpm with rpm -qp (and build nothing with it).
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm
+# dbus provides dbus-daemon: the tests of the cells' systemd scope run a
+# private bus with a fake systemd on it (internal/fakesystemd).
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm dbus
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # The control API store's tests also run against a real PostgreSQL: test,
@@ -79,7 +81,7 @@ help: ## show this list of targets
 	@echo
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-13s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc, rpm) and Go modules
+deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc, rpm, dbus) and Go modules
 	@if ! command -v dpkg >/dev/null 2>&1; then \
 	  echo "deps: not a Debian host (no dpkg): install nginx with the Lua module (or OpenResty) yourself,"; \
 	  echo "deps: and PostgreSQL or set CELLVISOR_TEST_POSTGRES to a server the tests may create databases on;"; \

@@ -86,7 +86,7 @@ func prepareScope(mode string, o cgroup.PrepareOptions) ([]string, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	dirs, err := ensureScope(ctx, o)
+	dirs, err := ensureScope(ctx, o, nil)
 	if err != nil && mode == config.ScopeAuto {
 		// The agent (cgroup.scope: auto) then keeps its cells in its unit
 		// and says so; a start must not fail for it.
@@ -96,7 +96,9 @@ func prepareScope(mode string, o cgroup.PrepareOptions) ([]string, error) {
 	return dirs, err
 }
 
-func ensureScope(ctx context.Context, o cgroup.PrepareOptions) ([]string, error) {
+// ensureScope finds or creates the scope, with holder (nil: this binary's
+// scope-holder) running as o's user, and hands it over.
+func ensureScope(ctx context.Context, o cgroup.PrepareOptions, holder []string) ([]string, error) {
 	conn, err := sdscope.Dial(ctx)
 	if err != nil {
 		return nil, err
@@ -109,7 +111,7 @@ func ensureScope(ctx context.Context, o cgroup.PrepareOptions) ([]string, error)
 	name := sdscope.ScopeName(unit)
 	s, err := conn.Find(ctx, name)
 	if errors.Is(err, sdscope.ErrNotFound) {
-		s, err = conn.Create(ctx, sdscope.CreateOptions{Name: name, Unit: unit, UID: o.UID, GID: o.GID, Root: o.Root})
+		s, err = conn.Create(ctx, sdscope.CreateOptions{Name: name, Unit: unit, Holder: holder, UID: o.UID, GID: o.GID, Root: o.Root})
 	}
 	if err != nil {
 		return nil, err

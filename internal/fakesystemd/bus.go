@@ -58,7 +58,11 @@ func StartBus(t testing.TB) string {
 	}
 	cmd := exec.Command(bin, "--config-file="+conf, "--nofork", "--nopidfile", "--print-address=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	cmd.Stderr = os.Stderr
+	errLog, err := os.Create(filepath.Join(dir, "bus.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = errLog // shown if the test fails
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -69,6 +73,11 @@ func StartBus(t testing.TB) string {
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
+		errLog.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(errLog.Name())
+			t.Logf("dbus-daemon:\n%s", b)
+		}
 	})
 	addr := make(chan string, 1)
 	go func() {
