@@ -221,7 +221,7 @@ func Default() Agent {
 			Logs:       16 * MiB,
 		},
 		AgentLimits: AgentLimits{Memory: 128 * MiB, CPU: 0.25},
-		Cgroup:      Cgroup{Root: "/sys/fs/cgroup", PlaceAgent: &t},
+		Cgroup:      Cgroup{Root: "/sys/fs/cgroup", PlaceAgent: &t, Scope: ScopeAuto},
 		Restart: Restart{
 			InitialDelay: Duration(100 * time.Millisecond),
 			MaxDelay:     Duration(2 * time.Minute),

@@ -144,10 +144,9 @@ func (c *Conn) stringProp(ctx context.Context, unit, iface, name string) (string
 
 // Job types of a unit's job, as systemd names them.
 const (
-	JobStop        = "stop"
-	JobRestart     = "restart"
-	JobTryRestart  = "try-restart"
-	JobReloadStart = "reload-or-start"
+	JobStop       = "stop"
+	JobRestart    = "restart"
+	JobTryRestart = "try-restart"
 )
 
 // UnitJob returns the type of the job systemd runs for unit now, or "" when
@@ -167,11 +166,12 @@ func (c *Conn) UnitJob(ctx context.Context, unit string) (string, error) {
 
 // KeepsCells reports whether a job of the agent's unit is one after which
 // the unit runs again, so that its cells are to outlive the agent: a restart
-// (systemd reports a try-restart of a running unit as restart too). A stop,
-// no job at all (a plain kill) and anything unknown stop the cells.
+// (systemd reports a try-restart of a running unit as restart too, and a
+// Restart= after a failure involves no SIGTERM at all). A stop, no job at
+// all (a plain kill) and anything else stop the cells.
 func KeepsCells(jobType string) bool {
 	switch jobType {
-	case JobRestart, JobTryRestart, JobReloadStart:
+	case JobRestart, JobTryRestart:
 		return true
 	}
 	return false

@@ -31,7 +31,7 @@ func TestScopeName(t *testing.T) {
 func TestKeepsCells(t *testing.T) {
 	for job, want := range map[string]bool{
 		"stop": false, "": false, "start": false, "reload": false, "verify-active": false,
-		"restart": true, "try-restart": true, "reload-or-start": true,
+		"reload-or-start": false, "restart": true, "try-restart": true,
 	} {
 		if got := sdscope.KeepsCells(job); got != want {
 			t.Errorf("KeepsCells(%q) = %v, want %v", job, got, want)
