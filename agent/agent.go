@@ -194,6 +194,17 @@ func (a *Agent) setupCgroups() (refusal error, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if a.scope != nil && a.cg.Mode() == cgroup.ModeUnenforced && cfg.ScopeMode() == config.ScopeAuto {
+		// A scope not handed to this user (no prepare-cgroups step): the
+		// cells are better off limited in the agent's cgroup.
+		log.Warn("the cells' systemd scope is unusable: the cells stay in the agent's unit and a restart of the unit stops them",
+			zap.String("scope", a.scope.scope.Name), zap.NamedError("reason", a.cg.Reason()))
+		a.closeScope()
+		a.scope, o.Cells = nil, ""
+		if a.cg, err = cgroup.New(o); err != nil {
+			return nil, err
+		}
+	}
 	// Another agent on the same subtree (with other state and run
 	// directories) would kill these cells as strays, and this one its.
 	cgLock, err := a.cg.Lock()
