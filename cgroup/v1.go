@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,7 +58,7 @@ func newV1(root string, self selfPaths, subtree, cells string) (*v1, error) {
 			// v1 hierarchy it manages.
 			m.base[c] = path.Join(cells, subtree)
 		}
-		for _, b := range []string{m.agentBase[c], m.base[c]} {
+		for _, b := range slices.Compact([]string{m.agentBase[c], m.base[c]}) {
 			dir := join(root, c, b)
 			if err := os.MkdirAll(dir, 0o755); err != nil {
 				return nil, fmt.Errorf("cgroup v1: create subtree: %w", err)
@@ -87,13 +88,23 @@ func acctHierarchy(root string, self selfPaths) string {
 	return "cpuacct"
 }
 
-// checkWritable tells whether this process may create groups in dir.
+// checkWritable tells whether this process may create groups in dir. It
+// first removes the probes of an agent killed in the middle of this check:
+// a stray probe would keep the subtree from ever being removed.
 func checkWritable(dir string) error {
+	if stale, err := filepath.Glob(filepath.Join(dir, ".probe-*")); err == nil {
+		for _, p := range stale {
+			_ = os.Remove(p) // an empty cgroup: nothing of anyone's in it
+		}
+	}
 	probe, err := os.MkdirTemp(dir, ".probe-")
 	if err != nil {
 		return err
 	}
-	return os.Remove(probe)
+	if err := os.Remove(probe); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
 }
 
 func (m *v1) Mode() Mode    { return ModeV1Hybrid }
