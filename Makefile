@@ -32,8 +32,10 @@ BUILDFLAGS := -trimpath
 # tests, which read the built .rpm with rpm -qp (and build nothing with it).
 # daemontools, s6 and runit are the classic supervisors the whole-process
 # benchmark (make bench) measures the agent's cold start against; chromium is
-# the headless browser of the fleet page's test (chromedp).
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm daemontools s6 runit chromium
+# the headless browser of the fleet page's test (chromedp); dbus provides
+# dbus-daemon: the tests of the cells' systemd scope run a private bus with a
+# fake systemd on it (internal/fakesystemd).
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm daemontools s6 runit chromium dbus
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # The control API store's tests also run against a real PostgreSQL: test,
@@ -82,7 +84,7 @@ help: ## show this list of targets
 	@echo
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-13s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc, rpm, chromium) and Go modules
+deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc, rpm, chromium, dbus, the classic supervisors) and Go modules
 	@if ! command -v dpkg >/dev/null 2>&1; then \
 	  echo "deps: not a Debian host (no dpkg): install nginx with the Lua module (or OpenResty) yourself,"; \
 	  echo "deps: and PostgreSQL or set CELLVISOR_TEST_POSTGRES to a server the tests may create databases on;"; \

@@ -5,12 +5,14 @@
 package agent
 
 import (
+	"context"
 	"crypto/ed25519"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -52,6 +54,14 @@ type Agent struct {
 	controlErr string  // why an enrolled identity is unusable
 	tasks      *ledger // control tasks that ran, until their ack is taken
 	egress     *egressPath
+	// scope is the cells' systemd scope, or nil where they live in the
+	// agent's own cgroup.
+	scope *cellScope
+	// explicitStop is set by Shutdown (cellvisor shutdown): the cells stop
+	// whatever systemd's job is.
+	explicitStop atomic.Bool
+	// end ends Run as its context would (Shutdown); set by Run.
+	end atomic.Pointer[context.CancelFunc]
 }
 
 // CellLimits converts the configured per-cell limits.
@@ -88,6 +98,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	defer func() {
 		if !ok {
 			a.unlock()
+			a.closeScope()
 		}
 	}()
 	admin, err := supervisor.ListenAdmin(AdminSocket(cfg), a, log.Named("admin"))
@@ -176,9 +187,27 @@ func loadLayout(cfg config.Agent, log *zap.Logger) (runtime.Topology, runtime.As
 // must be enforced cannot be), or nil.
 func (a *Agent) setupCgroups() (refusal error, err error) {
 	cfg, log := a.cfg, a.log
-	a.cg, err = cgroup.New(cgroup.Options{Root: cfg.Cgroup.Root, Subtree: cfg.Cgroup.Subtree})
+	if a.scope, err = a.setupScope(); err != nil {
+		return nil, err
+	}
+	o := cgroup.Options{Root: cfg.Cgroup.Root, Subtree: cfg.Cgroup.Subtree}
+	if a.scope != nil {
+		o.Cells = a.scope.scope.ControlGroup
+	}
+	a.cg, err = cgroup.New(o)
 	if err != nil {
 		return nil, err
+	}
+	if a.scope != nil && a.cg.Mode() == cgroup.ModeUnenforced && cfg.ScopeMode() == config.ScopeAuto {
+		// A scope not handed to this user (no prepare-cgroups step): the
+		// cells are better off limited in the agent's cgroup.
+		log.Warn("the cells' systemd scope is unusable: the cells stay in the agent's unit and a restart of the unit stops them",
+			zap.String("scope", a.scope.scope.Name), zap.NamedError("reason", a.cg.Reason()))
+		a.closeScope()
+		a.scope, o.Cells = nil, ""
+		if a.cg, err = cgroup.New(o); err != nil {
+			return nil, err
+		}
 	}
 	// Another agent on the same subtree (with other state and run
 	// directories) would kill these cells as strays, and this one its.

@@ -13,8 +13,29 @@ import (
 	"cellvisor/systemd"
 )
 
-// Run runs until ctx is cancelled, then stops every cell and returns.
-func (a *Agent) Run(ctx context.Context) error {
+// Run runs until ctx is cancelled or Shutdown is called, then stops every
+// cell and returns; or, when systemd is restarting the agent's unit and the
+// cells have a scope of their own, leaves them running for the next agent
+// to adopt.
+func (a *Agent) Run(parent context.Context) error {
+	ctx, end := context.WithCancel(context.WithoutCancel(parent))
+	defer end()
+	a.end.Store(&end)
+	endDone := make(chan struct{})
+	go func() {
+		defer close(endDone)
+		select {
+		case <-parent.Done():
+		case <-ctx.Done():
+		}
+		// Decided before anything sees the end: the cells' goroutines
+		// read it when their context ends.
+		if a.keepCells() {
+			a.sup.LeaveRunning()
+		}
+		end()
+	}()
+	defer func() { <-endDone }()
 	n := systemd.New(a.log)
 	adminCtx, stopAdmin := context.WithCancel(context.Background())
 	adminDone := make(chan error, 1)
@@ -50,19 +71,36 @@ func (a *Agent) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	n.Stopping()
-	a.log.Info("stopping cells")
+	<-endDone
 	err := <-supDone
 	stopAdmin()
 	if aerr := <-adminDone; aerr != nil && !errors.Is(aerr, context.Canceled) {
 		err = errors.Join(err, aerr)
 	}
-	if a.cfg.Cgroup.Subtree != "" {
-		if rerr := a.cg.Remove(); rerr != nil {
-			a.log.Debug("remove cgroup subtree", zap.Error(rerr))
+	if !a.sup.LeftRunning() {
+		if a.cfg.Cgroup.Subtree != "" {
+			if rerr := a.cg.Remove(); rerr != nil {
+				a.log.Debug("remove cgroup subtree", zap.Error(rerr))
+			}
 		}
+		a.releaseScope()
 	}
+	a.closeScope()
 	a.unlock()
 	return err
+}
+
+// Shutdown ends Run with every cell stopped gracefully, whatever systemd's
+// job is (cellvisor shutdown). It returns at once.
+func (a *Agent) Shutdown(context.Context) error {
+	end := a.end.Load()
+	if end == nil {
+		return errors.New("the agent is not running yet")
+	}
+	a.explicitStop.Store(true)
+	a.log.Info("shutdown requested: stopping every cell")
+	(*end)()
+	return nil
 }
 
 // unlock releases the state directory and the cgroup subtree, last taken

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"path"
 	"regexp"
 )
 
@@ -132,6 +133,12 @@ type Options struct {
 	Subtree string
 	// ProcSelfCgroup is the content of /proc/self/cgroup, or nil to read it.
 	ProcSelfCgroup []byte
+	// Cells is the cgroup, relative to the mount and the same in every
+	// hierarchy, that holds the cells (and Subtree, when set) instead of
+	// the agent's own: the ControlGroup of the delegated systemd scope the
+	// cells outlive the agent in (package sdscope). "" keeps them beside the
+	// agent, in its own cgroup. The agent's leaf stays in its own cgroup.
+	Cells string
 }
 
 // New detects the host's cgroup layout and returns a manager for the agent's
@@ -146,19 +153,22 @@ func New(o Options) (Manager, error) {
 		return nil, err
 	}
 	self = stripSubtree(self, o.Subtree)
+	if o.Cells != "" && (!path.IsAbs(o.Cells) || path.Clean(o.Cells) != o.Cells || o.Cells == "/") {
+		return nil, fmt.Errorf("cells cgroup %q: want a clean absolute path below the root", o.Cells)
+	}
 	kind, err := detect(o.Root)
 	if err != nil {
 		return newNone(fmt.Errorf("detect cgroup layout under %s: %w", o.Root, err)), nil
 	}
 	switch kind {
 	case kindUnified:
-		m, err := newV2(o.Root, self, o.Subtree)
+		m, err := newV2(o.Root, self, o.Subtree, o.Cells)
 		if err != nil {
 			return newNone(err), nil
 		}
 		return m, nil
 	case kindV1:
-		m, err := newV1(o.Root, self, o.Subtree)
+		m, err := newV1(o.Root, self, o.Subtree, o.Cells)
 		if err != nil {
 			return newNone(err), nil
 		}

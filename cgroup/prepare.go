@@ -122,3 +122,81 @@ func handOver(dir string, uid, gid int) error {
 	}
 	return nil
 }
+
+// scopeV2Files are the files of a delegated v2 cgroup its owner writes, as
+// systemd hands them to a delegated unit's user.
+var scopeV2Files = []string{"cgroup.procs", "cgroup.subtree_control", "cgroup.threads"}
+
+// HandOverScope hands the cells' systemd scope, cgroup cg (its
+// ControlGroup), to UID:GID: on a hybrid host its v1 memory, cpu and pids
+// directories (and cpuacct's, where apart) with their cgroup.procs and
+// tasks, as PrepareV1 does for the unit's; on a v2 host its unified
+// directory with cgroup.procs, cgroup.subtree_control and cgroup.threads.
+// Its limit files stay root's. It returns the directories handed over.
+func HandOverScope(o PrepareOptions, cg string) ([]string, error) {
+	if o.Root == "" {
+		o.Root = "/sys/fs/cgroup"
+	}
+	if o.UID <= 0 || o.GID < 0 {
+		return nil, fmt.Errorf("hand over scope: uid %d gid %d: want the agent's non-root user", o.UID, o.GID)
+	}
+	if !path.IsAbs(cg) || path.Clean(cg) != cg || cg == "/" {
+		return nil, fmt.Errorf("hand over scope: %q is not a cgroup below the root", cg)
+	}
+	kind, err := detect(o.Root)
+	if err != nil {
+		return nil, fmt.Errorf("hand over scope: %w", err)
+	}
+	if kind == kindUnified {
+		dir := join(o.Root, cg)
+		if err := chownTree(dir, unix.CGROUP2_SUPER_MAGIC, scopeV2Files, o.UID, o.GID); err != nil {
+			return nil, fmt.Errorf("hand over scope: %w", err)
+		}
+		return []string{dir}, nil
+	}
+	self, err := readSelf(o.ProcSelfCgroup)
+	if err != nil {
+		return nil, err
+	}
+	ctrls := append([]string(nil), v1Controllers...)
+	if acctHierarchy(o.Root, self) == "cpuacct" {
+		ctrls = append(ctrls, "cpuacct")
+	}
+	var dirs []string
+	for _, c := range ctrls {
+		dir := join(o.Root, c, cg)
+		if err := handOver(dir, o.UID, o.GID); err != nil {
+			return dirs, fmt.Errorf("hand over scope: %s: %w", c, err)
+		}
+		dirs = append(dirs, dir)
+	}
+	return dirs, nil
+}
+
+// chownTree chowns dir and files after checking dir is a directory on a
+// filesystem of type magic. Nothing is followed.
+func chownTree(dir string, magic int64, files []string, uid, gid int) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	if int64(st.Type) != magic {
+		return fmt.Errorf("%s is not on the expected cgroup filesystem", dir)
+	}
+	if err := os.Lchown(dir, uid, gid); err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := os.Lchown(join(dir, f), uid, gid); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+	}
+	return nil
+}

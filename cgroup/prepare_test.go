@@ -107,7 +107,7 @@ func TestPrepareV1HandsSubtreeToUnprivilegedAgent(t *testing.T) {
 	_, _ = rand.Read(b)
 	name := "cvprep-" + hex.EncodeToString(b)
 	// The unit's cgroup: a fresh subtree below this process's own.
-	unit, err := newV1("/sys/fs/cgroup", self, name)
+	unit, err := newV1("/sys/fs/cgroup", self, name, "")
 	if err != nil {
 		t.Skipf("cannot create v1 cgroups here: %v", err)
 	}

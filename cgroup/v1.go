@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,7 +26,11 @@ var v1Controllers = []string{"memory", "cpu", "pids"}
 // own, for CPU usage. The subtree has the same relative path under each.
 type v1 struct {
 	root string
-	base map[string]string // controller -> subtree path relative to its mount
+	base map[string]string // controller -> the cells' subtree path relative to its mount
+	// agentBase holds the agent's leaf (controller -> path): base, or the
+	// agent's own subtree when the cells live in a scope of their own.
+	agentBase map[string]string
+	subtree   string
 	// ctrls are the hierarchies cells join: v1Controllers, and cpuacct
 	// where it is mounted apart from cpu.
 	ctrls []string
@@ -35,8 +40,8 @@ type v1 struct {
 	acct string
 }
 
-func newV1(root string, self selfPaths, subtree string) (*v1, error) {
-	m := &v1{root: root, base: map[string]string{}, ctrls: slices.Clone(v1Controllers)}
+func newV1(root string, self selfPaths, subtree, cells string) (*v1, error) {
+	m := &v1{root: root, base: map[string]string{}, agentBase: map[string]string{}, subtree: subtree, ctrls: slices.Clone(v1Controllers)}
 	m.acct = acctHierarchy(root, self)
 	if m.acct == "cpuacct" {
 		m.ctrls = append(m.ctrls, "cpuacct")
@@ -46,13 +51,21 @@ func newV1(root string, self selfPaths, subtree string) (*v1, error) {
 		if !ok {
 			return nil, fmt.Errorf("cgroup v1: this process is in no %s cgroup", c)
 		}
-		m.base[c] = path.Join(p, subtree)
-		dir := join(root, c, m.base[c])
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return nil, fmt.Errorf("cgroup v1: create subtree: %w", err)
+		m.agentBase[c] = path.Join(p, subtree)
+		m.base[c] = m.agentBase[c]
+		if cells != "" {
+			// systemd realises a delegated scope at the same path in every
+			// v1 hierarchy it manages.
+			m.base[c] = path.Join(cells, subtree)
 		}
-		if err := checkWritable(dir); err != nil {
-			return nil, fmt.Errorf("cgroup v1: subtree %s not delegated to this user: %w", dir, err)
+		for _, b := range slices.Compact([]string{m.agentBase[c], m.base[c]}) {
+			dir := join(root, c, b)
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, fmt.Errorf("cgroup v1: create subtree: %w", err)
+			}
+			if err := checkWritable(dir); err != nil {
+				return nil, fmt.Errorf("cgroup v1: subtree %s not delegated to this user: %w", dir, err)
+			}
 		}
 	}
 	return m, nil
@@ -75,13 +88,23 @@ func acctHierarchy(root string, self selfPaths) string {
 	return "cpuacct"
 }
 
-// checkWritable tells whether this process may create groups in dir.
+// checkWritable tells whether this process may create groups in dir. It
+// first removes the probes of an agent killed in the middle of this check:
+// a stray probe would keep the subtree from ever being removed.
 func checkWritable(dir string) error {
+	if stale, err := filepath.Glob(filepath.Join(dir, ".probe-*")); err == nil {
+		for _, p := range stale {
+			_ = os.Remove(p) // an empty cgroup: nothing of anyone's in it
+		}
+	}
 	probe, err := os.MkdirTemp(dir, ".probe-")
 	if err != nil {
 		return err
 	}
-	return os.Remove(probe)
+	if err := os.Remove(probe); err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	return nil
 }
 
 func (m *v1) Mode() Mode    { return ModeV1Hybrid }
@@ -99,24 +122,32 @@ func (m *v1) hierarchy() ([]cgroup1.Subsystem, error) {
 }
 
 func (m *v1) Ensure(name string, l Limits) (Group, error) {
+	if err := m.ensureAt(m.base, name, l); err != nil {
+		return nil, err
+	}
+	return m.Open(name)
+}
+
+// ensureAt creates or updates group name under base (by controller) with l.
+func (m *v1) ensureAt(base map[string]string, name string, l Limits) error {
 	res := &specs.LinuxResources{
 		Memory: &specs.LinuxMemory{Limit: &l.MemoryBytes},
 		CPU:    &specs.LinuxCPU{Quota: &l.CPUQuotaUS, Period: &l.CPUPeriodUS},
 		Pids:   &specs.LinuxPids{Limit: &l.PIDs},
 	}
-	p := func(c cgroup1.Name) (string, error) { return path.Join(m.base[string(c)], name), nil }
+	p := func(c cgroup1.Name) (string, error) { return path.Join(base[string(c)], name), nil }
 	if _, err := cgroup1.New(p, res, cgroup1.WithHierarchy(m.hierarchy)); err != nil {
-		return nil, fmt.Errorf("create v1 cgroup %s: %w", name, err)
+		return fmt.Errorf("create v1 cgroup %s: %w", name, err)
 	}
-	if err := writeBurst(join(m.dir("cpu", name), "cpu.cfs_burst_us"), l.CPUBurstUS); err != nil {
-		return nil, fmt.Errorf("create v1 cgroup %s: %w", name, err)
+	if err := writeBurst(join(m.root, "cpu", base["cpu"], name, "cpu.cfs_burst_us"), l.CPUBurstUS); err != nil {
+		return fmt.Errorf("create v1 cgroup %s: %w", name, err)
 	}
 	if m.acct == "cpuacct" { // accounting only: no limits there
-		if err := os.MkdirAll(m.dir("cpuacct", name), 0o755); err != nil {
-			return nil, fmt.Errorf("create v1 cgroup %s: %w", name, err)
+		if err := os.MkdirAll(join(m.root, "cpuacct", base["cpuacct"], name), 0o755); err != nil {
+			return fmt.Errorf("create v1 cgroup %s: %w", name, err)
 		}
 	}
-	return m.Open(name)
+	return nil
 }
 
 func (m *v1) Open(name string) (Group, error) {
@@ -129,13 +160,12 @@ func (m *v1) Open(name string) (Group, error) {
 func (m *v1) List() ([]string, error) { return listCells(join(m.root, "memory", m.base["memory"])) }
 
 func (m *v1) PlaceSelf(l Limits) error {
-	g, err := m.Ensure(AgentLeaf, l)
-	if err != nil {
+	if err := m.ensureAt(m.agentBase, AgentLeaf, l); err != nil {
 		return err
 	}
 	pid := strconv.Itoa(os.Getpid())
 	for _, c := range m.ctrls {
-		if err := writeFile(join(g.(*v1Group).dir(c), "cgroup.procs"), pid); err != nil {
+		if err := writeFile(join(m.root, c, m.agentBase[c], AgentLeaf, "cgroup.procs"), pid); err != nil {
 			return fmt.Errorf("move agent into %s leaf: %w", c, err)
 		}
 	}
@@ -148,13 +178,22 @@ func (m *v1) Remove() error {
 	var errs []error
 	pid := strconv.Itoa(os.Getpid())
 	for _, c := range m.ctrls {
-		dir := join(m.root, c, m.base[c])
+		dir := join(m.root, c, m.agentBase[c])
 		if procs, _ := readProcs(join(dir, AgentLeaf, "cgroup.procs")); slices.Contains(procs, os.Getpid()) {
 			_ = writeFile(join(path.Dir(dir), "cgroup.procs"), pid)
 		}
 		_ = os.Remove(join(dir, AgentLeaf))
-		if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
-			errs = append(errs, err)
+		dirs := []string{dir}
+		if m.base[c] != m.agentBase[c] {
+			dirs = append(dirs, join(m.root, c, m.base[c]))
+			if m.subtree == "" {
+				dirs = nil // the unit's cgroup and the scope's: systemd's, not ours
+			}
+		}
+		for _, d := range dirs {
+			if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)

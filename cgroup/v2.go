@@ -20,23 +20,27 @@ import (
 // v2 manages the subtree on a unified (cgroup v2) host.
 type v2 struct {
 	root string
-	base string // subtree relative to root, e.g. /system.slice/cellvisor.service
+	base string // the cells' subtree relative to root, e.g. /system.slice/cellvisor.service
+	// agentBase holds the agent's leaf: base, or the agent's own subtree
+	// when the cells live in a scope of their own.
+	agentBase string
+	subtree   string
 }
 
-func newV2(root string, self selfPaths, subtree string) (*v2, error) {
+func newV2(root string, self selfPaths, subtree, cells string) (*v2, error) {
 	own, ok := self[""]
 	if !ok {
 		return nil, fmt.Errorf("cgroup v2: this process has no unified cgroup")
 	}
-	m := &v2{root: root, base: path.Join(own, subtree)}
-	have, err := os.ReadFile(join(root, own, "cgroup.controllers"))
-	if err != nil {
-		return nil, fmt.Errorf("cgroup v2: %w", err)
+	m := &v2{root: root, base: path.Join(own, subtree), agentBase: path.Join(own, subtree), subtree: subtree}
+	parents := []string{own}
+	if cells != "" {
+		m.base = path.Join(cells, subtree)
+		parents = append(parents, cells)
 	}
-	avail := strings.Fields(string(have))
-	for _, c := range []string{"memory", "cpu", "pids"} {
-		if !slices.Contains(avail, c) {
-			return nil, fmt.Errorf("cgroup v2: controller %s is not delegated to %s (available: %q); run under systemd with Delegate=yes", c, own, avail)
+	for _, p := range parents {
+		if err := checkControllers(root, p); err != nil {
+			return nil, err
 		}
 	}
 	if err := os.MkdirAll(m.dir(""), 0o755); err != nil {
@@ -45,14 +49,29 @@ func newV2(root string, self selfPaths, subtree string) (*v2, error) {
 	if err := checkWritable(m.dir("")); err != nil {
 		return nil, fmt.Errorf("cgroup v2: subtree %s not delegated to this user: %w", m.dir(""), err)
 	}
-	if subtree != "" {
-		// A fresh subtree holds no process, so its cells can get controllers
+	if subtree != "" || cells != "" {
+		// A fresh subtree (or a scope whose holder sits in a leaf of its own) holds no process, so its cells can get controllers
 		// now if they can at all; find out before any cell needs them.
 		if err := writeFile(join(m.dir(""), "cgroup.subtree_control"), "+memory +cpu +pids"); err != nil {
 			return nil, fmt.Errorf("cgroup v2: cannot enable memory, cpu and pids for cells under %s: %w (the agent's own cgroup must delegate them: run under systemd with Delegate=yes)", m.base, err)
 		}
 	}
 	return m, nil
+}
+
+// checkControllers tells whether memory, cpu and pids are delegated to p.
+func checkControllers(root, p string) error {
+	have, err := os.ReadFile(join(root, p, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("cgroup v2: %w", err)
+	}
+	avail := strings.Fields(string(have))
+	for _, c := range []string{"memory", "cpu", "pids"} {
+		if !slices.Contains(avail, c) {
+			return fmt.Errorf("cgroup v2: controller %s is not delegated to %s (available: %q); run under systemd with Delegate=yes", c, p, avail)
+		}
+	}
+	return nil
 }
 
 func (m *v2) Mode() Mode               { return ModeV2 }
@@ -73,19 +92,27 @@ func resources(l Limits) *cgroup2.Resources {
 }
 
 func (m *v2) Ensure(name string, l Limits) (Group, error) {
-	_, err := cgroup2.NewManager(m.root, path.Join(m.base, name), resources(l))
+	if err := m.ensureAt(m.base, name, l); err != nil {
+		return nil, err
+	}
+	return m.Open(name)
+}
+
+// ensureAt creates or updates group name under base with l.
+func (m *v2) ensureAt(base, name string, l Limits) error {
+	_, err := cgroup2.NewManager(m.root, path.Join(base, name), resources(l))
 	if err == nil {
-		err = writeBurst(join(m.dir(name), "cpu.max.burst"), l.CPUBurstUS)
+		err = writeBurst(join(m.root, base, name, "cpu.max.burst"), l.CPUBurstUS)
 	}
 	if err != nil {
 		if errors.Is(err, syscall.EBUSY) {
 			// "No internal processes": controllers cannot be handed to
 			// children of a cgroup that holds processes itself.
-			return nil, fmt.Errorf("create v2 cgroup %s: %w: %s holds processes of its own; let the agent move into its leaf (cgroup.place_agent: true) or set cgroup.subtree", name, err, m.base)
+			return fmt.Errorf("create v2 cgroup %s: %w: %s holds processes of its own; let the agent move into its leaf (cgroup.place_agent: true) or set cgroup.subtree", name, err, base)
 		}
-		return nil, fmt.Errorf("create v2 cgroup %s: %w", name, err)
+		return fmt.Errorf("create v2 cgroup %s: %w", name, err)
 	}
-	return m.Open(name)
+	return nil
 }
 
 func (m *v2) Open(name string) (Group, error) {
@@ -98,21 +125,21 @@ func (m *v2) Open(name string) (Group, error) {
 // PlaceSelf moves the agent into its leaf first: v2 allows controllers to be
 // enabled for children only in a cgroup without processes of its own.
 func (m *v2) PlaceSelf(l Limits) error {
-	leaf := m.dir(AgentLeaf)
+	leaf := join(m.root, m.agentBase, AgentLeaf)
 	if err := os.MkdirAll(leaf, 0o755); err != nil {
 		return fmt.Errorf("create agent leaf: %w", err)
 	}
 	if err := writeFile(join(leaf, "cgroup.procs"), strconv.Itoa(os.Getpid())); err != nil {
 		return fmt.Errorf("move agent into its leaf: %w", err)
 	}
-	if _, err := m.Ensure(AgentLeaf, l); err != nil {
-		return err
-	}
-	return nil
+	return m.ensureAt(m.agentBase, AgentLeaf, l)
 }
 
 func (m *v2) Remove() error {
-	_ = os.Remove(m.dir(AgentLeaf))
+	_ = os.Remove(join(m.root, m.agentBase, AgentLeaf))
+	if m.agentBase != m.base && m.subtree != "" {
+		_ = os.Remove(join(m.root, m.agentBase))
+	}
 	if err := os.Remove(m.dir("")); err != nil && !os.IsNotExist(err) {
 		return err
 	}

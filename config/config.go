@@ -183,6 +183,11 @@ type Cgroup struct {
 	Subtree string `yaml:"subtree"`
 	// PlaceAgent moves the agent into its own limited leaf ("agent").
 	PlaceAgent *bool `yaml:"place_agent"`
+	// Scope puts the cells in a delegated systemd scope of their own, so
+	// that they outlive a restart of the agent's unit: "auto" (the default)
+	// when running under systemd with a reachable system bus, "on" always
+	// (refuse to start without it), "off" never.
+	Scope string `yaml:"scope"`
 }
 
 // Restart is the crash-restart backoff policy and the operator-restart limits.
@@ -249,7 +254,7 @@ func Default() Agent {
 			Logs:       16 * MiB,
 		},
 		AgentLimits: AgentLimits{Memory: 128 * MiB, CPU: 0.25},
-		Cgroup:      Cgroup{Root: "/sys/fs/cgroup", PlaceAgent: &t},
+		Cgroup:      Cgroup{Root: "/sys/fs/cgroup", PlaceAgent: &t, Scope: ScopeAuto},
 		Restart: Restart{
 			InitialDelay: Duration(100 * time.Millisecond),
 			MaxDelay:     Duration(2 * time.Minute),
@@ -332,6 +337,21 @@ func Parse(data []byte) (Agent, error) {
 
 // Enforced reports whether limits must be enforced (anything but an explicit false).
 func (c Agent) Enforced() bool { return c.Limits.Enforce == nil || *c.Limits.Enforce }
+
+// Values of cgroup.scope.
+const (
+	ScopeAuto = "auto"
+	ScopeOn   = "on"
+	ScopeOff  = "off"
+)
+
+// ScopeMode is cgroup.scope with its default (auto) filled in.
+func (c Agent) ScopeMode() string {
+	if c.Cgroup.Scope == "" {
+		return ScopeAuto
+	}
+	return c.Cgroup.Scope
+}
 
 // AgentPlaced reports whether the agent moves itself into its own leaf cgroup.
 func (c Agent) AgentPlaced() bool { return c.Cgroup.PlaceAgent == nil || *c.Cgroup.PlaceAgent }
@@ -420,6 +440,11 @@ func (c Agent) Validate() error {
 	}
 	if cpu := c.AgentLimits.CPU; cpu < 0.05 || cpu > float64(runtime.NumCPU()) {
 		bad("agent_limits.cpu", "must be 0.05–%d, got %g", runtime.NumCPU(), cpu)
+	}
+	switch c.Cgroup.Scope {
+	case "", ScopeAuto, ScopeOn, ScopeOff:
+	default:
+		bad("cgroup.scope", "must be auto, on or off, got %q", c.Cgroup.Scope)
 	}
 	if s := c.Cgroup.Subtree; s != "" && (strings.ContainsAny(s, "/\\") || s == "." || s == ".." || s == "agent" || strings.HasPrefix(s, "cell-")) {
 		bad("cgroup.subtree", "must be a single directory name other than agent or cell-*, got %q", s)

@@ -52,6 +52,7 @@ func TestRefusals(t *testing.T) {
 		{"max delay below initial", "restart:\n  initial_delay: 1s\n  max_delay: 10ms", "restart.max_delay"},
 		{"bad log format", "log:\n  format: xml", "log.format"},
 		{"subtree with slash", "cgroup:\n  subtree: a/b", "cgroup.subtree"},
+		{"unknown scope mode", "cgroup:\n  scope: maybe", "cgroup.scope"},
 		{"relative module", "openresty:\n  modules: [lua.so]", "openresty.modules[0]"},
 		{"liveness interval too short", "liveness:\n  interval: 10ms", "liveness.interval"},
 		{"liveness timeout zero", "liveness:\n  timeout: 0s", "liveness.timeout"},

@@ -22,6 +22,18 @@ type Controller interface {
 	Restart(ctx context.Context, cell string) (SlotStatus, error)
 }
 
+// Shutdowner is what the admin socket's POST /v1/shutdown calls, when the
+// Controller implements it: stop every cell gracefully and end the agent
+// (cellvisor shutdown). It returns once the stop is under way.
+type Shutdowner interface {
+	Shutdown(ctx context.Context) error
+}
+
+// ShutdownAnswer is the answer to POST /v1/shutdown.
+type ShutdownAnswer struct {
+	PID int `json:"pid"`
+}
+
 // AdminServer serves the agent's status and cell controls on a local unix
 // socket (mode 0600: whoever may open it is the agent's operator).
 type AdminServer struct {
@@ -104,6 +116,15 @@ func ListenAdmin(path string, ctl Controller, log *zap.Logger) (*AdminServer, er
 				return err
 			}
 			writeJSON(w, http.StatusOK, st)
+			return nil
+		}))
+	}
+	if sd, ok := ctl.(Shutdowner); ok {
+		mux.HandleFunc("POST /v1/shutdown", serve(log, func(w http.ResponseWriter, r *http.Request) error {
+			if err := sd.Shutdown(r.Context()); err != nil {
+				return err
+			}
+			writeJSON(w, http.StatusOK, ShutdownAnswer{PID: os.Getpid()})
 			return nil
 		}))
 	}
@@ -195,6 +216,14 @@ func (c *AdminClient) Control(ctx context.Context, verb, cell string) (SlotStatu
 	var st SlotStatus
 	err := c.do(ctx, http.MethodPost, "/v1/cells/"+cell+"/"+verb, &st)
 	return st, err
+}
+
+// Shutdown asks the agent to stop every cell and end; it returns the
+// agent's pid once the stop is under way.
+func (c *AdminClient) Shutdown(ctx context.Context) (int, error) {
+	var a ShutdownAnswer
+	err := c.do(ctx, http.MethodPost, "/v1/shutdown", &a)
+	return a.PID, err
 }
 
 // FetchStatus asks a running agent for its status over its admin socket.

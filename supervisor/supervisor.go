@@ -220,6 +220,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// LeaveRunning makes Run return, once its context ends, with every cell left
+// running for the next agent to adopt (a restart of the agent under systemd,
+// its cells in a scope of their own). Call it before the context ends.
+func (s *Supervisor) LeaveRunning() { s.leave.Store(true) }
+
+// LeftRunning reports whether LeaveRunning was called.
+func (s *Supervisor) LeftRunning() bool { return s.leave.Load() }
+
 // Status reports the agent and every slot.
 func (s *Supervisor) Status() Status {
 	st := Status{

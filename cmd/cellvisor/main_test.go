@@ -70,6 +70,7 @@ ports:
   https_base: %[6]d
 cgroup:
   subtree: cvtest-%[7]d-%[5]d
+  scope: off
 log:
   level: debug
 %[8]s`, dir, slots, bin, mb.String(), base, base+slots, os.Getpid(), extra, domainsDir)

@@ -24,7 +24,9 @@ func runCmd(cfgPath *string) *cobra.Command {
 		Long: `Run the agent in the foreground until SIGINT or SIGTERM: it lays out the slots, starts the
 assigned cells in their cgroups, activates their configuration (a local directory, a spool
 directory, or the control API it enrolled with) and serves its admin socket. On SIGTERM it
-stops every cell gracefully and removes their cgroups. On SIGHUP it re-reads the
+stops every cell gracefully and removes their cgroups, except under systemd with the cells
+in their own scope (cgroup.scope) while systemd restarts the unit: then it leaves them
+serving for the next agent, which adopts them. cellvisor shutdown always stops them. On SIGHUP it re-reads the
 configuration and applies what can change while cells run (log level, liveness,
 restart settings, cell limits); it refuses, with the reason in its log, a file that
 changes anything else.`,

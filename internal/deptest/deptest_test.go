@@ -20,7 +20,7 @@ const module = "cellvisor/"
 var hostSide = []string{
 	"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/cgroup", "cellvisor/activation",
 	"cellvisor/agent", "cellvisor/logbound", "cellvisor/cellapi", "cellvisor/config",
-	"cellvisor/systemd", "cellvisor/controlclient",
+	"cellvisor/systemd", "cellvisor/controlclient", "cellvisor/sdscope",
 }
 
 // The control plane and the database drivers only it needs.
@@ -48,6 +48,7 @@ func TestLayering(t *testing.T) {
 		{"./cmd/cellvisor", packaging, "the agent carries nothing of the package builder"},
 		{"./cmd/cellvisor-control", packaging, "the control API carries nothing of the package builder"},
 		{"./agent", controlPlane, "the agent carries no control plane"},
+		{"./cmd/cellvisor", []string{"cellvisor/internal/fakesystemd"}, "the fake systemd is for tests only"},
 		{"./controlclient", append([]string{"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/cgroup", "cellvisor/activation"}, controlPlane...),
 			"the control client is the agent's side of the wire only"},
 		{"./controlapi/...", []string{"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/cgroup", "cellvisor/activation", "cellvisor/agent"},
