@@ -9,9 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -59,6 +62,18 @@ type Agent struct {
 	// IdentityFile holds the edge id and the pinned control-plane key; empty
 	// means <state_dir>/identity.json.
 	IdentityFile string `yaml:"identity_file"`
+	// Metrics is the Prometheus endpoint.
+	Metrics Metrics `yaml:"metrics"`
+}
+
+// Metrics configures the agent's Prometheus endpoint (GET /metrics).
+type Metrics struct {
+	// Listen is the endpoint's IP:port; empty turns it off. An IP literal,
+	// loopback unless AllowRemote.
+	Listen string `yaml:"listen"`
+	// AllowRemote lets Listen be a non-loopback address (the endpoint has no
+	// authentication: firewall it).
+	AllowRemote bool `yaml:"allow_remote"`
 }
 
 // Source configures the manifest source.
@@ -231,8 +246,9 @@ func Default() Agent {
 			FailureThreshold: 3,
 			RestartThreshold: 6,
 		},
-		Log:    Log{Format: "json", Level: "info"},
-		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second), PollTimeout: Duration(10 * time.Minute), StatusInterval: Duration(15 * time.Second)},
+		Log:     Log{Format: "json", Level: "info"},
+		Metrics: Metrics{Listen: "127.0.0.1:9464"},
+		Source:  Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second), PollTimeout: Duration(10 * time.Minute), StatusInterval: Duration(15 * time.Second)},
 	}
 }
 
@@ -421,6 +437,7 @@ func (c Agent) Validate() error {
 	if n := l.RestartThreshold; n < l.FailureThreshold || n > 1000 {
 		bad("liveness.restart_threshold", "must be failure_threshold–1000, got %d", n)
 	}
+	c.validateMetrics(bad)
 	switch c.Log.Format {
 	case "json", "console":
 	default:
@@ -446,5 +463,30 @@ func (c Agent) validatePorts(bad func(field, format string, args ...any)) {
 	if p.HTTPBase < p.HTTPSBase+n && p.HTTPSBase < p.HTTPBase+n {
 		bad("ports.https_base", "range %d–%d collides with ports.http_base range %d–%d",
 			p.HTTPSBase, p.HTTPSBase+n-1, p.HTTPBase, p.HTTPBase+n-1)
+	}
+}
+
+// validateMetrics checks metrics.listen: an IP literal and a port (no name
+// to resolve at start), loopback unless metrics.allow_remote.
+func (c Agent) validateMetrics(bad func(field, format string, args ...any)) {
+	l := c.Metrics.Listen
+	if l == "" {
+		return
+	}
+	host, port, err := net.SplitHostPort(l)
+	if err != nil {
+		bad("metrics.listen", "must be IP:port, got %q: %v", l, err)
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		bad("metrics.listen", "port must be 0–65535, got %q", port)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || ip.Zone() != "" {
+		bad("metrics.listen", "host must be an IP address without zone (127.0.0.1, ::1), got %q", host)
+		return
+	}
+	if !ip.IsLoopback() && !c.Metrics.AllowRemote {
+		bad("metrics.listen", "%s is not a loopback address: the endpoint has no authentication; set metrics.allow_remote: true to serve it there", host)
 	}
 }

@@ -55,6 +55,11 @@ func TestRefusals(t *testing.T) {
 		{"relative module", "openresty:\n  modules: [lua.so]", "openresty.modules[0]"},
 		{"liveness interval too short", "liveness:\n  interval: 10ms", "liveness.interval"},
 		{"liveness timeout zero", "liveness:\n  timeout: 0s", "liveness.timeout"},
+		{"metrics on a public address", "metrics:\n  listen: 192.0.2.1:9464", "allow_remote"},
+		{"metrics on all addresses", "metrics:\n  listen: 0.0.0.0:9464", "not a loopback"},
+		{"metrics on a host name", "metrics:\n  listen: localhost:9464", "metrics.listen"},
+		{"metrics without port", "metrics:\n  listen: 127.0.0.1", "metrics.listen"},
+		{"metrics port out of range", "metrics:\n  listen: 127.0.0.1:70000", "metrics.listen"},
 		{"restart threshold below failure threshold", "liveness:\n  failure_threshold: 5\n  restart_threshold: 4", "liveness.restart_threshold"},
 	}
 	for _, tc := range tests {
@@ -67,6 +72,20 @@ func TestRefusals(t *testing.T) {
 				t.Errorf("error %q does not name %q", err, tc.field)
 			}
 		})
+	}
+}
+
+// metrics.listen takes loopback, nothing (off), or any IP once allowed.
+func TestMetricsListenAccepted(t *testing.T) {
+	for _, y := range []string{
+		"metrics:\n  listen: \"\"",
+		"metrics:\n  listen: \"[::1]:9464\"",
+		"metrics:\n  listen: 127.0.0.2:0",
+		"metrics:\n  listen: 0.0.0.0:9464\n  allow_remote: true",
+	} {
+		if _, err := Parse([]byte(y)); err != nil {
+			t.Errorf("%q: %v", y, err)
+		}
 	}
 }
 
