@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/activation"
+	"cellvisor/agentmetrics"
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/controlclient"
@@ -51,6 +52,8 @@ type Agent struct {
 	enrollment string
 	controlErr string  // why an enrolled identity is unusable
 	tasks      *ledger // control tasks that ran, until their ack is taken
+	// metrics serves /metrics; nil when metrics.listen is empty.
+	metrics *agentmetrics.Server
 }
 
 // CellLimits converts the configured per-cell limits.
@@ -130,6 +133,9 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 				return nil, err
 			}
 		}
+	}
+	if err := a.setupMetrics(topo); err != nil {
+		return nil, err
 	}
 	ok = true
 	return a, nil
