@@ -30,7 +30,11 @@ BUILDFLAGS := -trimpath
 # systemd provides systemd-analyze for units-check; util-linux, setpriv for the
 # cgroup handover test (an unprivileged agent). rpm is there for the package
 # tests, which read the built .rpm with rpm -qp (and build nothing with it).
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm
+# prometheus ships promtool: make test checks the sample alert rules and a real
+# scrape of a running agent with it. Debian starts the Prometheus server the
+# package also ships (on :9090); deps stops and disables it when it installs
+# the package, since only promtool is wanted.
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm prometheus
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # The control API store's tests also run against a real PostgreSQL: test,
@@ -94,6 +98,9 @@ deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, Po
 	    echo "deps: installing$$missing (apt-get update, then install: a few minutes the first time)"; \
 	    $(SUDO) apt-get update; \
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	    case " $$missing " in *" prometheus "*) \
+	      if [ -d /run/systemd/system ]; then $(SUDO) systemctl disable --now prometheus || true; fi;; \
+	    esac; \
 	  else \
 	    echo "deps: Debian packages present: $(DEB_PACKAGES)"; \
 	  fi; \
@@ -132,6 +139,7 @@ packages-test: deps ## build both formats, check them with dpkg-deb and rpm -qp,
 	$(GO) test -race -count=1 -timeout 10m -v ./packaging/...
 
 test: deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
+	promtool check rules docs/alerts/cellvisor.rules.yml
 	@$(WITH_PG) $(GO) test -race -count=1 -timeout 30m ./...
 
 test-short: deps ## run the tests in -short mode (the quick ones), with a PostgreSQL as for test
