@@ -143,6 +143,11 @@ func TestMetricsFollowTheRealState(t *testing.T) {
 	if n, err := value(fams, "cellvisor_cell_requests_total", cell...); err != nil || n < 1 {
 		t.Errorf("requests %g (%v): awaitBody made at least one", n, err)
 	}
+	// CPU time is read on v2 and on hybrid hosts alike (it read 0 on v1
+	// before cells joined the cpuacct hierarchy): a started nginx used some.
+	if n, err := value(fams, "cellvisor_cell_cpu_seconds_total", cell...); err != nil || n <= 0 {
+		t.Errorf("cpu seconds %g (%v), want > 0", n, err)
+	}
 	if n, err := value(fams, "cellvisor_cell_pids", cell...); err != nil || n < 2 {
 		t.Errorf("pids %g (%v): a master and a worker at least", n, err)
 	}
