@@ -34,8 +34,12 @@ BUILDFLAGS := -trimpath
 # benchmark (make bench) measures the agent's cold start against; chromium is
 # the headless browser of the fleet page's test (chromedp); dbus provides
 # dbus-daemon: the tests of the cells' systemd scope run a private bus with a
-# fake systemd on it (internal/fakesystemd).
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm daemontools s6 runit chromium dbus
+# fake systemd on it (internal/fakesystemd). prometheus ships promtool: make
+# test checks the sample alert rules and a real scrape of a running agent with
+# it. Debian starts the Prometheus server the package also ships (on :9090);
+# deps stops and disables it when it installs the package, since only
+# promtool is wanted.
+DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm daemontools s6 runit chromium dbus prometheus
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # The control API store's tests also run against a real PostgreSQL: test,
@@ -99,6 +103,9 @@ deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, Po
 	    echo "deps: installing$$missing (apt-get update, then install: a few minutes the first time)"; \
 	    $(SUDO) apt-get update; \
 	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	    case " $$missing " in *" prometheus "*) \
+	      if [ -d /run/systemd/system ]; then $(SUDO) systemctl disable --now prometheus || true; fi;; \
+	    esac; \
 	  else \
 	    echo "deps: Debian packages present: $(DEB_PACKAGES)"; \
 	  fi; \
@@ -137,6 +144,7 @@ packages-test: deps ## build both formats, check them with dpkg-deb and rpm -qp,
 	$(GO) test -race -count=1 -timeout 10m -v ./packaging/...
 
 test: deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
+	promtool check rules docs/alerts/cellvisor.rules.yml
 	@$(WITH_PG) $(GO) test -race -count=1 -timeout 30m ./...
 
 test-short: deps ## run the tests in -short mode (the quick ones), with a PostgreSQL as for test

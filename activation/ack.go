@@ -28,5 +28,6 @@ func (a *Activator) refuse(seq int64, why error) error {
 	a.mu.Lock()
 	a.refused = key
 	a.mu.Unlock()
+	a.noteRefusal(seq, why)
 	return nil
 }

@@ -98,6 +98,10 @@ type Activator struct {
 	// assign and limits are the assignments and pool limits in force.
 	assign runtime.Assignments
 	limits map[string]runtime.PoolLimits
+	// stats are the counters Stats reports; pollStart when the current
+	// poll began.
+	stats     Stats
+	pollStart time.Time
 }
 
 type activeFile struct {

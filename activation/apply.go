@@ -174,6 +174,7 @@ func (a *Activator) commit(seq int64, changes []change, missing, notRetired []st
 	a.mu.Lock()
 	a.active = seq
 	a.mu.Unlock()
+	a.note(seq, ack.Status)
 	var names []string
 	var retired []string
 	for _, c := range changes {

@@ -22,6 +22,9 @@ func (a *Activator) Run(ctx context.Context, interval, maxDelay time.Duration) {
 		err := a.Poll(ctx)
 		a.mu.Lock()
 		a.lastPoll, a.lastErr = a.clock.Now(), err
+		if err == nil {
+			a.stats.LastSuccess = a.lastPoll
+		}
 		a.mu.Unlock()
 		var wait time.Duration
 		if err != nil {
@@ -44,6 +47,7 @@ func (a *Activator) Run(ctx context.Context, interval, maxDelay time.Duration) {
 // returns an error only for failures to be retried (source unreachable,
 // local I/O); refusals are journaled as acks and return nil.
 func (a *Activator) Poll(ctx context.Context) error {
+	a.begin()
 	fctx, cancel := a.fetchContext(ctx)
 	defer cancel()
 	active := a.Active()
@@ -79,7 +83,11 @@ func (a *Activator) Poll(ctx context.Context) error {
 		return err
 	}
 	defer done()
-	return a.apply(ctx, m.Sequence, pl)
+	if err := a.apply(ctx, m.Sequence, pl); err != nil {
+		a.note(m.Sequence, OutcomeFailed)
+		return err
+	}
+	return nil
 }
 
 var errUnknownPool = errors.New("pool not assigned on this edge")

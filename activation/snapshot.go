@@ -68,6 +68,7 @@ func cause(ctx context.Context, err error) error {
 // signed entry exactly as for a manifest; a refusal is acknowledged and
 // changes nothing.
 func (a *Activator) ApplySnapshot(ctx context.Context, r io.Reader) error {
+	a.begin()
 	fctx, cancel := a.fetchContext(ctx)
 	defer cancel()
 	return a.applySnapshot(ctx, fctx, r)
@@ -120,7 +121,11 @@ func (a *Activator) applySnapshot(ctx, fctx context.Context, r io.Reader) error 
 	}
 	defer done()
 	a.log.Info("applying recovery snapshot", zap.Int64("sequence", seq), zap.Int("entries", len(s.Manifest.Entries)))
-	return a.apply(ctx, seq, pl)
+	if err := a.apply(ctx, seq, pl); err != nil {
+		a.note(seq, OutcomeFailed)
+		return err
+	}
+	return nil
 }
 
 // refuseSnapshot refuses a snapshot once: the edge pages the manifest

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/activation"
+	"cellvisor/agentmetrics"
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/controlclient"
@@ -62,6 +63,8 @@ type Agent struct {
 	explicitStop atomic.Bool
 	// end ends Run as its context would (Shutdown); set by Run.
 	end atomic.Pointer[context.CancelFunc]
+	// metrics serves /metrics; nil when metrics.listen is empty.
+	metrics *agentmetrics.Server
 }
 
 // CellLimits converts the configured per-cell limits.
@@ -144,6 +147,9 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		}
 	}
 	if err := a.setupEgress(); err != nil {
+		return nil, err
+	}
+	if err := a.setupMetrics(topo); err != nil {
 		return nil, err
 	}
 	ok = true

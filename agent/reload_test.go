@@ -27,6 +27,7 @@ func TestFixedChanges(t *testing.T) {
 			[]string{"run_dir", "ports.http_base"}},
 		{"the cache size with the level", func(c *config.Agent) { c.Limits.Cache *= 2; c.Log.Level = "error" }, []string{"limits.cache"}},
 		{"the log format", func(c *config.Agent) { c.Log.Format = "console" }, []string{"log.format"}},
+		{"the metrics address", func(c *config.Agent) { c.Metrics.Listen = "127.0.0.1:9999" }, []string{"metrics.listen"}},
 	} {
 		next := base
 		tc.edit(&next)

@@ -55,6 +55,10 @@ func (a *Agent) Run(parent context.Context) error {
 			a.acks.Run(ctx, a.source.Ack, a.cfg.Source.MaxBackoff.D())
 		}()
 	}
+	if a.metrics != nil {
+		side.Add(1)
+		go func() { defer side.Done(); a.metrics.Run(ctx) }()
+	}
 	if a.client != nil {
 		side.Add(3)
 		go func() { defer side.Done(); a.taskLoop(ctx) }()

@@ -11,9 +11,11 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,6 +65,8 @@ type Agent struct {
 	IdentityFile string `yaml:"identity_file"`
 	// Egress is the governed-egress send path of an enrolled edge.
 	Egress Egress `yaml:"egress"`
+	// Metrics is the Prometheus endpoint.
+	Metrics Metrics `yaml:"metrics"`
 }
 
 // Egress configures the agent's outbound bundles (security events as
@@ -92,6 +96,16 @@ type Egress struct {
 	// MaxRenew caps the wait between two elections of a class (the
 	// control API's answer says when to ask again; it is used when sooner).
 	MaxRenew Duration `yaml:"max_renew"`
+}
+
+// Metrics configures the agent's Prometheus endpoint (GET /metrics).
+type Metrics struct {
+	// Listen is the endpoint's IP:port; empty turns it off. An IP literal,
+	// loopback unless AllowRemote.
+	Listen string `yaml:"listen"`
+	// AllowRemote lets Listen be a non-loopback address (the endpoint has no
+	// authentication: firewall it).
+	AllowRemote bool `yaml:"allow_remote"`
 }
 
 // Source configures the manifest source.
@@ -269,7 +283,8 @@ func Default() Agent {
 			FailureThreshold: 3,
 			RestartThreshold: 6,
 		},
-		Log: Log{Format: "json", Level: "info"},
+		Log:     Log{Format: "json", Level: "info"},
+		Metrics: Metrics{Listen: "127.0.0.1:9464"},
 		Egress: Egress{Interval: Duration(30 * time.Second), JournalBundles: 10000, JournalBytes: 64 * MiB,
 			ProbeTimeout: Duration(2 * time.Second), SendTimeout: Duration(10 * time.Second), MaxRenew: Duration(time.Minute)},
 		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second), PollTimeout: Duration(10 * time.Minute), StatusInterval: Duration(15 * time.Second)},
@@ -482,6 +497,7 @@ func (c Agent) Validate() error {
 		bad("liveness.restart_threshold", "must be failure_threshold–1000, got %d", n)
 	}
 	c.validateEgress(bad)
+	c.validateMetrics(bad)
 	switch c.Log.Format {
 	case "json", "console":
 	default:
@@ -544,5 +560,30 @@ func (c Agent) validateEgress(bad func(field, format string, args ...any)) {
 	}
 	if d := e.MaxRenew.D(); d < 100*time.Millisecond || d > 30*time.Minute {
 		bad("egress.max_renew", "must be 100ms–30m, got %s", d)
+	}
+}
+
+// validateMetrics checks metrics.listen: an IP literal and a port (no name
+// to resolve at start), loopback unless metrics.allow_remote.
+func (c Agent) validateMetrics(bad func(field, format string, args ...any)) {
+	l := c.Metrics.Listen
+	if l == "" {
+		return
+	}
+	host, port, err := net.SplitHostPort(l)
+	if err != nil {
+		bad("metrics.listen", "must be IP:port, got %q: %v", l, err)
+		return
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		bad("metrics.listen", "port must be 0–65535, got %q", port)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil || ip.Zone() != "" {
+		bad("metrics.listen", "host must be an IP address without zone (127.0.0.1, ::1), got %q", host)
+		return
+	}
+	if !ip.IsLoopback() && !c.Metrics.AllowRemote {
+		bad("metrics.listen", "%s is not a loopback address: the endpoint has no authentication; set metrics.allow_remote: true to serve it there", host)
 	}
 }

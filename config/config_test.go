@@ -62,6 +62,11 @@ func TestRefusals(t *testing.T) {
 		{"egress interval too short", "egress:\n  interval: 1ms", "egress.interval"},
 		{"egress journal without room", "egress:\n  journal_bundles: 0", "egress.journal_bundles"},
 		{"egress journal under a bundle", "egress:\n  journal_bytes: 4096", "egress.journal_bytes"},
+		{"metrics on a public address", "metrics:\n  listen: 192.0.2.1:9464", "allow_remote"},
+		{"metrics on all addresses", "metrics:\n  listen: 0.0.0.0:9464", "not a loopback"},
+		{"metrics on a host name", "metrics:\n  listen: localhost:9464", "metrics.listen"},
+		{"metrics without port", "metrics:\n  listen: 127.0.0.1", "metrics.listen"},
+		{"metrics port out of range", "metrics:\n  listen: 127.0.0.1:70000", "metrics.listen"},
 		{"restart threshold below failure threshold", "liveness:\n  failure_threshold: 5\n  restart_threshold: 4", "liveness.restart_threshold"},
 	}
 	for _, tc := range tests {
@@ -89,6 +94,20 @@ func TestEgressDefaultsAndOverrides(t *testing.T) {
 	}
 	if d := Default().Egress; d.IntakeListen != "" || d.Interval.D() != 30*time.Second {
 		t.Errorf("egress defaults %+v: want no intake and a 30s interval", d)
+	}
+}
+
+// metrics.listen takes loopback, nothing (off), or any IP once allowed.
+func TestMetricsListenAccepted(t *testing.T) {
+	for _, y := range []string{
+		"metrics:\n  listen: \"\"",
+		"metrics:\n  listen: \"[::1]:9464\"",
+		"metrics:\n  listen: 127.0.0.2:0",
+		"metrics:\n  listen: 0.0.0.0:9464\n  allow_remote: true",
+	} {
+		if _, err := Parse([]byte(y)); err != nil {
+			t.Errorf("%q: %v", y, err)
+		}
 	}
 }
 

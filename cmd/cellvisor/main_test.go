@@ -57,6 +57,11 @@ func agentConfig(t testing.TB, slots int, extra string) (string, config.Agent) {
 	if strings.Contains(extra, "source:") {
 		domainsDir = "" // one source of configuration
 	}
+	if !strings.Contains(extra, "metrics:") {
+		// Off unless a test asks: agents of parallel tests would all ask
+		// for the default port.
+		extra = "metrics:\n  listen: \"\"\n" + extra
+	}
 	yaml := fmt.Sprintf(`state_dir: %[1]s/state
 run_dir: %[1]s/run
 %[9]s

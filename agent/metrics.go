@@ -1,0 +1,53 @@
+package agent
+
+import (
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"cellvisor/activation"
+	"cellvisor/agentmetrics"
+	"cellvisor/logbound"
+	"cellvisor/runtime"
+)
+
+// setupMetrics prepares the Prometheus endpoint when metrics.listen is set;
+// Run serves it.
+func (a *Agent) setupMetrics(topo runtime.Topology) error {
+	if a.cfg.Metrics.Listen == "" {
+		return nil
+	}
+	logs := map[string]string{}
+	for _, s := range topo.Slots {
+		logs[s.Name] = s.LogsDir()
+	}
+	o := agentmetrics.Options{
+		Status: a.LiveStatus,
+		LogBytes: func(cell string) (int64, error) {
+			dir, ok := logs[cell]
+			if !ok {
+				return 0, fmt.Errorf("no slot %s", cell)
+			}
+			return logbound.Size(dir)
+		},
+	}
+	if a.act != nil {
+		o.Activation = func() activation.Stats { return a.act.Stats() }
+	}
+	reg, err := agentmetrics.NewRegistry(o)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	log := a.log.Named("metrics")
+	a.metrics = agentmetrics.NewServer(a.cfg.Metrics.Listen, agentmetrics.Handler(reg, log), log.With(zap.String("listen", a.cfg.Metrics.Listen)))
+	return nil
+}
+
+// MetricsAddr is the metrics endpoint's bound address, "" while it is not
+// bound (off, not yet, or its last bind failed: err says why).
+func (a *Agent) MetricsAddr() (string, error) {
+	if a.metrics == nil {
+		return "", nil
+	}
+	return a.metrics.Addr()
+}

@@ -1,0 +1,217 @@
+// Package agentmetrics owns the agent's Prometheus metrics: one collector
+// that reads the supervisor's status, the cells' cgroup readings and private
+// reports, and the activator's counters at scrape time, on a registry of its
+// own (never the global one), and the HTTP endpoint that serves them. Only
+// agent imports it.
+package agentmetrics
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"cellvisor/activation"
+	"cellvisor/supervisor"
+)
+
+const ns = "cellvisor"
+
+// Options configures NewRegistry.
+type Options struct {
+	// Status reads the agent's status with each running cell's own report,
+	// bounded by ctx. Required.
+	Status func(ctx context.Context) supervisor.Status
+	// Activation returns the activator's counters; nil when the agent has
+	// no manifest source.
+	Activation func() activation.Stats
+	// LogBytes returns the bytes in a cell's logs directory, or nil to
+	// leave the series out.
+	LogBytes func(cell string) (int64, error)
+	// ScrapeTimeout bounds one scrape's calls to the cells; zero means 2s.
+	ScrapeTimeout time.Duration
+	// Collectors are registered beside the agent's: the hook for metrics
+	// of parts that come later (egress routes, lease ownership, placement).
+	Collectors []prometheus.Collector
+}
+
+// States are the runtime states exported one gauge each.
+var states = []supervisor.State{supervisor.StateReady, supervisor.StateDegraded, supervisor.StateDrained, supervisor.StateStopped}
+
+// Enrollments are the enrollment states exported one gauge each (status
+// says "not enrolled"; labels use underscores).
+var enrollments = []string{"enrolled", "not_enrolled", "spool", "unusable", "standalone"}
+
+// outcomes are the activation outcomes exported one gauge each.
+var outcomes = []string{activation.OutcomeApplied, activation.OutcomePartial, activation.OutcomeRefused, activation.OutcomeFailed}
+
+// NewRegistry returns a registry holding the agent's collector, Go and
+// process collectors, and o.Collectors.
+func NewRegistry(o Options) (*prometheus.Registry, error) {
+	if o.ScrapeTimeout == 0 {
+		o.ScrapeTimeout = 2 * time.Second
+	}
+	reg := prometheus.NewRegistry()
+	cs := append([]prometheus.Collector{newCollector(o), newGoCollector(), newProcessCollector()}, o.Collectors...)
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return reg, nil
+}
+
+// collector is the agent's prometheus.Collector: every value is read when
+// scraped, nothing is counted on the side.
+type collector struct {
+	o Options
+}
+
+var _ prometheus.Collector = (*collector)(nil)
+
+func newCollector(o Options) *collector { return &collector{o: o} }
+
+// Describe sends every descriptor this collector may send.
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range allDescs {
+		ch <- d
+	}
+}
+
+// Collect reads the status once and sends every series.
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.ScrapeTimeout)
+	defer cancel()
+	st := c.o.Status(ctx)
+	c.collectAgent(ch, st)
+	for _, s := range st.Slots {
+		c.collectCell(ch, s)
+	}
+	if c.o.Activation != nil {
+		collectActivation(ch, c.o.Activation())
+	}
+}
+
+func (c *collector) collectAgent(ch chan<- prometheus.Metric, st supervisor.Status) {
+	gauge(ch, agentInfo, 1, st.Version, string(st.CgroupMode))
+	gauge(ch, limitsEnforced, b2f(st.Enforced))
+	gauge(ch, startTime, float64(st.StartedAt.UnixNano())/1e9)
+	enrollment := "standalone"
+	if ctl := st.Control; ctl != nil {
+		if ctl.Enrollment != "" {
+			enrollment = strings.ReplaceAll(ctl.Enrollment, " ", "_")
+		}
+		gauge(ch, activeSequence, float64(ctl.ActiveSequence))
+		gauge(ch, ackPending, float64(ctl.PendingAcks))
+		counter(ch, ackDropped, float64(ctl.DroppedAcks))
+		if ctl.LastSuccess != nil {
+			gauge(ch, controlLastSuccess, unix(*ctl.LastSuccess))
+		}
+		if ctl.LastPoll != nil {
+			gauge(ch, pollLast, unix(*ctl.LastPoll))
+			gauge(ch, pollFailing, b2f(ctl.LastPollError != ""))
+		}
+		if ctl.CertExpires != nil {
+			gauge(ch, certExpiry, unix(*ctl.CertExpires))
+		}
+	}
+	for _, e := range enrollments {
+		gauge(ch, enrollmentState, b2f(e == enrollment), e)
+	}
+}
+
+func collectActivation(ch chan<- prometheus.Metric, s activation.Stats) {
+	if !s.LastSuccess.IsZero() {
+		gauge(ch, pollLastSuccess, unix(s.LastSuccess))
+	}
+	if !s.Last.At.IsZero() {
+		gauge(ch, activationLastDuration, s.Last.Duration.Seconds())
+		gauge(ch, activationLastTime, unix(s.Last.At))
+		gauge(ch, activationLastSequence, float64(s.Last.Sequence))
+	}
+	for _, o := range outcomes {
+		gauge(ch, activationLastOutcome, b2f(s.Last.Outcome == o), o)
+		counter(ch, activations, float64(s.Outcomes[o]), o)
+	}
+	for _, r := range activation.RefusalClasses() {
+		counter(ch, refusals, float64(s.Refusals[r]), r)
+	}
+}
+
+func (c *collector) collectCell(ch chan<- prometheus.Metric, s supervisor.SlotStatus) {
+	cell, pool := s.Name, s.Pool
+	gauge(ch, cellInfo, 1, cell, pool, s.Assignment)
+	for _, state := range states {
+		gauge(ch, cellState, b2f(s.State == state), cell, pool, string(state))
+	}
+	gauge(ch, cellReady, b2f(s.State == supervisor.StateReady), cell, pool)
+	gauge(ch, cellDrained, b2f(s.Drained), cell, pool)
+	gauge(ch, cellUp, b2f(s.PID != 0), cell, pool)
+	counter(ch, cellRestarts, float64(s.Restarts), cell, pool, "crash")
+	counter(ch, cellRestarts, float64(s.OperatorRestarts), cell, pool, "operator")
+	gauge(ch, cellSequence, float64(s.Sequence), cell, pool)
+	if s.Limits.MemoryBytes > 0 {
+		gauge(ch, cellMemoryLimit, float64(s.Limits.MemoryBytes), cell, pool)
+	}
+	if s.Limits.CPUPeriodUS > 0 && s.Limits.CPUQuotaUS > 0 {
+		gauge(ch, cellCPULimit, float64(s.Limits.CPUQuotaUS)/float64(s.Limits.CPUPeriodUS), cell, pool)
+	}
+	if s.Limits.PIDs > 0 {
+		gauge(ch, cellPIDsLimit, float64(s.Limits.PIDs), cell, pool)
+	}
+	if u := s.Usage; u != nil {
+		gauge(ch, cellMemory, float64(u.MemoryBytes), cell, pool)
+		counter(ch, cellCPU, float64(u.CPUUsageNS)/1e9, cell, pool)
+		counter(ch, cellThrottled, float64(u.CPUThrottleNS)/1e9, cell, pool)
+		counter(ch, cellThrottledPeriods, float64(u.CPUThrottled), cell, pool)
+		gauge(ch, cellPIDs, float64(u.PIDs), cell, pool)
+		counter(ch, cellOOM, float64(u.OOMKills), cell, pool)
+		counter(ch, cellPIDsRefused, float64(u.PIDsRefused), cell, pool)
+	}
+	if c.o.LogBytes != nil {
+		if n, err := c.o.LogBytes(cell); err == nil {
+			gauge(ch, cellLogBytes, float64(n), cell, pool)
+		}
+	}
+	if s.PID == 0 {
+		return
+	}
+	gauge(ch, cellReportOK, b2f(s.Cell != nil), cell, pool)
+	r := s.Cell
+	if r == nil {
+		return
+	}
+	for _, kv := range []struct {
+		state string
+		n     int
+	}{{"active", r.Connections.Active}, {"reading", r.Connections.Reading}, {"writing", r.Connections.Writing}, {"waiting", r.Connections.Waiting}} {
+		gauge(ch, cellConns, float64(kv.n), cell, pool, kv.state)
+	}
+	counter(ch, cellRequests, float64(r.Requests), cell, pool)
+	counter(ch, cellLimited, float64(r.Refused.Connections), cell, pool, "connections")
+	counter(ch, cellLimited, float64(r.Refused.Rate), cell, pool, "rate")
+	var failures int64
+	for _, o := range r.Origins {
+		failures += o.Failures
+	}
+	counter(ch, cellOriginFailures, float64(failures), cell, pool)
+	counter(ch, cellSecurity, float64(r.Security.AuthFailures), cell, pool)
+}
+
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+}
+
+func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func unix(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }

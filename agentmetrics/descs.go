@@ -1,0 +1,78 @@
+package agentmetrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Every series the collector sends; docs/observability.md lists them with
+// their meaning, and a test checks the two agree.
+var (
+	cellLabels = []string{"cell", "pool"}
+
+	agentInfo          = desc("agent_info", "The agent's version and how cell limits are enforced (cgroup_mode: v2, v1-hybrid, unenforced); always 1.", "version", "cgroup_mode")
+	limitsEnforced     = desc("agent_limits_enforced", "1 when cell limits are enforced by cgroups, 0 when cells run without limits.")
+	startTime          = desc("agent_start_time_seconds", "When the agent started, as a Unix timestamp.")
+	enrollmentState    = desc("agent_enrollment_state", "1 for the agent's enrollment state, 0 for the others: enrolled, not_enrolled, spool, unusable (enrolled, identity damaged), standalone (no manifest source).", "state")
+	activeSequence     = desc("manifest_active_sequence", "The sequence of the active manifest (0: none yet).")
+	ackPending         = desc("ack_journal_pending", "Acks journaled but not yet taken by the control API or spool.")
+	ackDropped         = desc("ack_journal_dropped_total", "Damaged ack journal lines dropped when the agent started.")
+	controlLastSuccess = desc("control_last_success_timestamp_seconds", "When the control API last answered the agent (any call), as a Unix timestamp.")
+	pollLast           = desc("poll_last_timestamp_seconds", "When the last poll of the manifest source ended, as a Unix timestamp.")
+	pollFailing        = desc("poll_failing", "1 when the last poll of the manifest source failed (unreachable, local I/O); a refusal is not a failure.")
+	pollLastSuccess    = desc("poll_last_success_timestamp_seconds", "When a poll of the manifest source last ended without error, as a Unix timestamp.")
+	certExpiry         = desc("cert_expiry_timestamp_seconds", "When the edge's client certificate expires, as a Unix timestamp.")
+
+	activationLastDuration = desc("activation_last_duration_seconds", "How long the last activation took, from the start of the poll that found it to its ack in the journal.")
+	activationLastTime     = desc("activation_last_timestamp_seconds", "When the last activation ended, as a Unix timestamp.")
+	activationLastSequence = desc("activation_last_sequence", "The manifest sequence of the last activation (0: a refused snapshot with no readable sequence).")
+	activationLastOutcome  = desc("activation_last_outcome", "1 for the last activation's outcome, 0 for the others: applied, partial, refused, failed.", "outcome")
+	activations            = desc("activations_total", "Activations since the agent started, by outcome.", "outcome")
+	refusals               = desc("activation_refusals_total", "Manifests and snapshots refused since the agent started, by reason class (each refused sequence once).", "reason")
+
+	cellInfo             = desc("cell_info", "A cell slot's pool (empty when unassigned) and assignment (assigned, unassigned); always 1.", "cell", "pool", "assignment")
+	cellState            = desc("cell_state", "1 for the cell's runtime state, 0 for the others: ready, degraded, drained, stopped.", "cell", "pool", "state")
+	cellReady            = desc("cell_ready", "1 when the cell is ready (running, answering its readiness check, not drained).", cellLabels...)
+	cellDrained          = desc("cell_drained", "1 when the cell is drained by the operator or a control task.", cellLabels...)
+	cellUp               = desc("cell_up", "1 when the cell has a running master process.", cellLabels...)
+	cellRestarts         = desc("cell_restarts_total", "Restarts of the cell: after crashes (kind=crash) and by the operator or control tasks (kind=operator); kept across agent restarts.", "cell", "pool", "kind")
+	cellSequence         = desc("cell_release_sequence", "The release sequence the cell last reported loading.", cellLabels...)
+	cellMemory           = desc("cell_memory_bytes", "Memory the cell's cgroup uses (memory.current on v2, memory.usage_in_bytes on v1).", cellLabels...)
+	cellMemoryLimit      = desc("cell_memory_limit_bytes", "The cell's memory limit.", cellLabels...)
+	cellCPU              = desc("cell_cpu_seconds_total", "CPU time the cell's cgroup used (cpu.stat usage_usec on v2, cpuacct.usage on v1).", cellLabels...)
+	cellCPULimit         = desc("cell_cpu_limit_cpus", "The cell's CPU limit, in CPUs (quota / period).", cellLabels...)
+	cellThrottled        = desc("cell_cpu_throttled_seconds_total", "Time the cell's tasks were throttled by its CPU limit.", cellLabels...)
+	cellThrottledPeriods = desc("cell_cpu_throttled_periods_total", "CPU periods in which the cell was throttled.", cellLabels...)
+	cellPIDs             = desc("cell_pids", "Tasks in the cell's cgroup.", cellLabels...)
+	cellPIDsLimit        = desc("cell_pids_limit", "The cell's task limit.", cellLabels...)
+	cellPIDsRefused      = desc("cell_pids_refused_total", "Forks the cell's task limit refused.", cellLabels...)
+	cellOOM              = desc("cell_oom_kills_total", "Processes of the cell killed by the kernel's OOM killer at its memory limit.", cellLabels...)
+	cellLogBytes         = desc("cell_log_bytes", "Bytes in the cell's logs directory (bounded by limits.logs).", cellLabels...)
+	cellReportOK         = desc("cell_report_ok", "1 when the running cell answered its private status call during this scrape; the series below are left out when it did not.", cellLabels...)
+	cellConns            = desc("cell_connections", "The cell's client connections by state (nginx stub status: active, reading, writing, waiting).", "cell", "pool", "state")
+	cellRequests         = desc("cell_requests_total", "Requests the cell served since its master started (resets when the cell restarts).", cellLabels...)
+	cellLimited          = desc("cell_limit_refused_total", "Requests the pool limits refused, by kind: connections (503) and rate (429).", "cell", "pool", "kind")
+	cellOriginFailures   = desc("cell_origin_failures_total", "Passive-origin failures the cell saw while proxying, over every origin (no per-domain series).", cellLabels...)
+	cellSecurity         = desc("cell_security_events_total", "Refused (unauthenticated or wrongly signed) calls to the cell's private endpoint.", cellLabels...)
+
+	allDescs = []*prometheus.Desc{
+		agentInfo, limitsEnforced, startTime, enrollmentState, activeSequence, ackPending, ackDropped,
+		controlLastSuccess, pollLast, pollFailing, pollLastSuccess, certExpiry,
+		activationLastDuration, activationLastTime, activationLastSequence, activationLastOutcome, activations, refusals,
+		cellInfo, cellState, cellReady, cellDrained, cellUp, cellRestarts, cellSequence, cellMemory, cellMemoryLimit,
+		cellCPU, cellCPULimit, cellThrottled, cellThrottledPeriods, cellPIDs, cellPIDsLimit, cellPIDsRefused, cellOOM,
+		cellLogBytes, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity,
+	}
+)
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(ns+"_"+name, help, labels, nil)
+}
+
+// newGoCollector and newProcessCollector are the agent's own runtime and
+// process figures (go_*, process_*).
+func newGoCollector() prometheus.Collector { return collectors.NewGoCollector() }
+
+func newProcessCollector() prometheus.Collector {
+	return collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})
+}
