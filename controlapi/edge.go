@@ -33,6 +33,8 @@ func (s *Server) EdgeHandler() http.Handler {
 	mux.HandleFunc("POST "+edgeapi.PathStatus, s.edge(s.status))
 	mux.HandleFunc("GET "+edgeapi.PathTasks, s.edge(s.tasks))
 	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.edge(s.taskAck))
+	mux.HandleFunc("POST "+edgeapi.PathEgressElect, s.edge(s.elect))
+	mux.HandleFunc("POST "+edgeapi.PathEgressFence, s.edge(s.fence))
 	return mux
 }
 
@@ -284,6 +286,9 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 		return errorf(http.StatusBadRequest, "status: want the agent's status object")
 	}
 	if err := s.st.PutStatus(r.Context(), st.ID, rep.Status, rep.At); err != nil {
+		return err
+	}
+	if err := s.putEgressReport(r.Context(), st.ID, sum.Egress, rep.At); err != nil {
 		return err
 	}
 	s.nudgeMoves()

@@ -91,10 +91,13 @@ type Decision struct {
 	// Renew: racing means renewing the caller's own current lease.
 	Renew bool
 	// Supersede, when racing, is a current lease of a live holder that
-	// lost its claim (no longer eligible, or out of region while an
-	// in-region candidate is live): the caller takes it over with a new
+	// lost its claim (outside the hard requirement, or out of region while
+	// an in-region candidate is live): the caller takes it over with a new
 	// epoch, which fences the old holder out.
 	Supersede *Lease
+	// Release: the caller holds a current lease but is refused or no
+	// longer a candidate (its own probe fails): it gives the lease up.
+	Release bool
 }
 
 // Decide runs the election cascade (docs/egress.md): the live re-resolve
@@ -103,12 +106,15 @@ type Decision struct {
 // locality a preference in front of it: a current holder that is live,
 // eligible and in the same residency tier as the top candidate keeps its
 // lease even when outranked (no flapping on a priority change); a holder
-// that is live but ineligible, or out of region while an in-region
-// candidate is live, is taken over by the top candidate; a holder that is
-// not live keeps its lease until it expires, then the top one acquires.
+// that is live but outside the hard requirement, or out of region while an
+// in-region candidate is live, is taken over by the top candidate; a
+// holder whose own probe fails releases its lease; a holder that is not
+// live keeps its lease until it expires, then the top one acquires.
 func Decide(in Input) Decision {
+	// A holder refused, or no longer a candidate, gives its lease up.
+	holds := in.Lease.Current(in.Now) && in.Lease.Holder == in.Caller
 	refuse := func(stage, reason string) Decision {
-		return Decision{Outcome: edgeapi.OutcomeRefused, Stage: stage, Reason: reason}
+		return Decision{Outcome: edgeapi.OutcomeRefused, Stage: stage, Reason: reason, Release: holds}
 	}
 	if in.Policy.Destination == "" {
 		return refuse(edgeapi.StageLiveResolve, ReasonNoDestination)
@@ -150,6 +156,9 @@ func Decide(in Input) Decision {
 		return d
 	}
 	if !callerIn {
+		// A holder that says it cannot reach (or no longer meets the
+		// requirement) gives its lease up rather than leave it to expire.
+		d.Release = holds
 		return defer0(edgeapi.StageRanking, ReasonNotACandidate)
 	}
 	alone := len(in.Candidates) == 1
@@ -178,7 +187,11 @@ func Decide(in Input) Decision {
 	}
 	h := in.Candidates[hi]
 	inRegion := func(c Candidate) bool { return in.Policy.Region != "" && c.Region == in.Policy.Region }
-	keeps := meets(h, in.Policy.Require) && h.Reachable && (inRegion(h) || !inRegion(*top))
+	// A peer's word on the holder's reach may be late or missing (status
+	// reports come every few seconds): only the holder's own call gives
+	// its lease up for that (Release). The requirement and the region are
+	// the control plane's own knowledge.
+	keeps := meets(h, in.Policy.Require) && (inRegion(h) || !inRegion(*top))
 	switch {
 	case keeps && in.Caller == holder:
 		d.Renew = true
@@ -284,3 +297,14 @@ func scoreFrom(h uint64, edge string) uint64 {
 	h ^= h >> 33
 	return h
 }
+
+// Fence refusal reasons (edgeapi.FenceRefusal.Reason), stable.
+const (
+	FenceNoLease      = "no_lease"        // the scope has no active lease
+	FenceNotHolder    = "not_holder"      // another edge holds the lease
+	FenceStaleEpoch   = "stale_epoch"     // the caller held it at another epoch
+	FenceLeaseExpired = "lease_expired"   // the caller's lease ran out
+	FencePeerNotInOrg = "peer_not_in_org" // the forwarding peer is unknown or of another org
+	FencePeerNotLive  = "peer_not_live"   // the forwarding peer is not a live edge
+	FenceUnknownClass = "unknown_class"   // not one of the eight classes
+)

@@ -39,6 +39,7 @@ func TestDecide(t *testing.T) {
 		alone     bool
 		renew     bool
 		supersede bool
+		release   bool
 		wantTopOf string
 	}{
 		// The seed's table, row by row.
@@ -100,8 +101,17 @@ func TestDecide(t *testing.T) {
 		{name: "out-of-region holder defers once an in-region edge is live", caller: "us-1",
 			cands: []Candidate{cand("us-1", "us", "", true), cand("eu-1", "eu", "", true)}, pol: pol, lease: current("us-1", 9),
 			outcome: edgeapi.OutcomeDeferred, stage: edgeapi.StageRanking, reason: ReasonOutranked},
-		{name: "top takes over from a live holder that cannot reach", caller: top,
+		{name: "a peer's view of the holder as unreachable does not take it over", caller: top,
 			cands: []Candidate{cand(top, "eu", "", true), cand(other, "eu", "", false)}, pol: pol, lease: current(other, 5),
+			outcome: edgeapi.OutcomeDeferred, stage: edgeapi.StageLeaseRace, reason: ReasonLeaseHeldByPeer},
+		{name: "holder whose own probe fails releases", caller: other,
+			cands: []Candidate{cand(top, "eu", "", true), cand(other, "eu", "", false)}, pol: pol, lease: current(other, 5),
+			outcome: edgeapi.OutcomeDeferred, stage: edgeapi.StageRanking, reason: ReasonNotACandidate, release: true},
+		{name: "refused holder releases", caller: "a", cands: []Candidate{cand("a", "eu", "", false)}, pol: pol, lease: current("a", 2),
+			outcome: edgeapi.OutcomeRefused, stage: edgeapi.StageNoBlackHole, reason: ReasonNoReachable, release: true},
+		{name: "top takes over from a holder outside a new hard requirement", caller: "z1",
+			cands: []Candidate{cand("z1", "eu", "z1", true), cand("z2", "eu", "z2", true)},
+			pol:   Policy{Destination: pol.Destination, Require: edgeapi.Requirement{Zone: "z1"}}, lease: current("z2", 5),
 			outcome: Race, stage: edgeapi.StageLeaseRace, reason: ReasonWonLease, supersede: true},
 		{name: "holder not live: its lease stands until expiry", caller: top, cands: two, pol: pol, lease: current("gone", 5),
 			outcome: edgeapi.OutcomeDeferred, stage: edgeapi.StageLeaseRace, reason: ReasonLeaseHeldByPeer},
@@ -118,6 +128,9 @@ func TestDecide(t *testing.T) {
 			}
 			if d.Alone != tc.alone || d.Renew != tc.renew || (d.Supersede != nil) != tc.supersede {
 				t.Fatalf("alone %t renew %t supersede %v, want %t %t %t", d.Alone, d.Renew, d.Supersede, tc.alone, tc.renew, tc.supersede)
+			}
+			if d.Release != tc.release {
+				t.Fatalf("release %t, want %t", d.Release, tc.release)
 			}
 			if tc.supersede && *d.Supersede != *tc.lease {
 				t.Fatalf("supersede %+v, want %+v", *d.Supersede, *tc.lease)
