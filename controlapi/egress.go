@@ -2,7 +2,6 @@ package controlapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -73,11 +72,11 @@ func (s *Server) Elect(ctx context.Context, caller string, class egress.Class, r
 		return resp, err
 	}
 	resp.Destination = pol.Destination
-	members, err := s.liveMembers(ctx, me, now)
+	members, err := s.liveMembers(ctx, me, class, pol.Destination, now)
 	if err != nil {
 		return resp, err
 	}
-	cands := candidates(members, caller, reachable, class, pol.Destination, now.Add(-s.o.EgressReachWindow))
+	cands := candidates(members, caller, reachable, pol.Destination)
 	var cur *egress.Lease
 	stored, err := s.st.ActiveLease(ctx, me.Org, string(class))
 	switch {
@@ -164,9 +163,9 @@ func (s *Server) takeLease(ctx context.Context, org string, class egress.Class, 
 // window (the lease duration), by this replica's sightings not yet
 // written too, the caller always among them. The caller's own sighting
 // is written when the stored one lags, for the other replicas.
-func (s *Server) liveMembers(ctx context.Context, me store.Edge, now time.Time) ([]store.EgressMember, error) {
+func (s *Server) liveMembers(ctx context.Context, me store.Edge, class egress.Class, dest string, now time.Time) ([]store.EgressMember, error) {
 	live := now.Add(-s.o.EgressLease)
-	ms, err := s.st.EgressMembers(ctx, me.Org, live.Add(-s.o.TouchInterval))
+	ms, err := s.st.EgressMembers(ctx, me.Org, string(class), dest, live.Add(-s.o.TouchInterval), now.Add(-s.o.EgressReachWindow))
 	if err != nil {
 		return nil, err
 	}
@@ -203,23 +202,14 @@ func (s *Server) liveMembers(ctx context.Context, me store.Edge, now time.Time) 
 }
 
 // candidates turns live members into the election's candidates: a
-// member reaches the destination when its latest report says so for this
-// very destination, checked since fresh; the caller's word is its
-// request's.
-func candidates(ms []store.EgressMember, caller string, reachable bool, class egress.Class, dest string, fresh time.Time) []egress.Candidate {
+// member reaches the destination when its latest probe says so for this
+// very destination, checked within the reach window (the store's
+// query); the caller's word is its request's.
+func candidates(ms []store.EgressMember, caller string, reachable bool, dest string) []egress.Candidate {
 	out := make([]egress.Candidate, len(ms))
 	for i, m := range ms {
-		c := egress.Candidate{EdgeID: m.ID, Region: m.Region, Zone: m.Zone, Priority: m.Priority, CostTier: m.CostTier, Weight: m.Weight}
-		if m.ID == caller {
-			c.Reachable = reachable && dest != ""
-		} else if len(m.Egress) > 0 && dest != "" {
-			var rep edgeapi.EgressReport
-			if json.Unmarshal(m.Egress, &rep) == nil {
-				rr, ok := rep.Reach[string(class)]
-				c.Reachable = ok && rr.Reachable && rr.Destination == dest && !rr.CheckedAt.Before(fresh)
-			}
-		}
-		out[i] = c
+		out[i] = egress.Candidate{EdgeID: m.ID, Region: m.Region, Zone: m.Zone, Priority: m.Priority, CostTier: m.CostTier, Weight: m.Weight,
+			Reachable: dest != "" && (m.ID == caller && reachable || m.ID != caller && m.Reachable)}
 	}
 	return out
 }
@@ -227,24 +217,15 @@ func candidates(ms []store.EgressMember, caller string, reachable bool, class eg
 // holderView is the lease holder as a peer reaches it.
 func (s *Server) holderView(ctx context.Context, l *egress.Lease, ms []store.EgressMember) *edgeapi.Holder {
 	h := &edgeapi.Holder{EdgeID: l.Holder, Epoch: l.Epoch, ExpiresAt: l.ExpiresAt}
-	var rep []byte
-	found := false
 	for _, m := range ms {
 		if m.ID == l.Holder {
-			h.Region, rep, found = m.Region, m.Egress, true
-			break
+			h.Region, h.IntakeURL = m.Region, m.IntakeURL
+			return h
 		}
 	}
-	if !found {
-		// Not live: still named, with where it was.
-		if e, err := s.st.Edge(ctx, l.Holder); err == nil {
-			h.Region = e.Region
-		}
-		return h
-	}
-	var er edgeapi.EgressReport
-	if len(rep) > 0 && json.Unmarshal(rep, &er) == nil {
-		h.IntakeURL = er.IntakeURL
+	// Not live: still named, with where it was.
+	if e, err := s.st.Edge(ctx, l.Holder); err == nil {
+		h.Region = e.Region
 	}
 	return h
 }
@@ -324,39 +305,38 @@ func (s *Server) Fence(ctx context.Context, caller string, req edgeapi.FenceRequ
 	return "", nil, nil
 }
 
-// putEgressReport stores the egress part of a status report, normalized:
+// putEgressReport stores the egress part of a status report, checked:
 // an intake URL that is not https is dropped, probes of unknown classes
-// are dropped, and each probe's time is moved onto this clock (its age on
-// the agent's clock, at the report's time, subtracted from now), so that
-// an agent whose clock is off neither ages nor freshens its probes.
+// or with oversized destinations are dropped, and each probe's time is
+// moved onto this clock (its age on the agent's clock, at the report's
+// time, subtracted from now), so that an agent whose clock is off neither
+// ages nor freshens its probes. A report without an egress part clears it.
 func (s *Server) putEgressReport(ctx context.Context, id string, rep *edgeapi.EgressReport, at time.Time) error {
 	if rep == nil {
-		return s.st.PutEgressReport(ctx, id, nil, s.o.Now())
+		return s.st.PutEgressReport(ctx, id, "", nil)
 	}
 	now := s.o.Now()
-	out := edgeapi.EgressReport{Reach: map[string]edgeapi.ReachReport{}}
+	intake := ""
 	if rep.IntakeURL != "" {
 		if u, err := url.Parse(rep.IntakeURL); err != nil || u.Scheme != "https" || u.Host == "" || len(rep.IntakeURL) > maxEgressURL {
 			s.log.Warn("egress report: intake URL refused (want https://HOST:PORT/)", zap.String("edge", id), zap.String("intake_url", trunc(rep.IntakeURL)))
 		} else {
-			out.IntakeURL = rep.IntakeURL
+			intake = rep.IntakeURL
 		}
 	}
+	reach := map[string]store.Reach{}
 	for class, rr := range rep.Reach {
 		if !egress.Class(class).Valid() || len(rr.Destination) > maxEgressURL || rr.CheckedAt.IsZero() {
 			continue
 		}
+		checked := rr.CheckedAt
 		if !at.IsZero() {
 			age := max(at.Sub(rr.CheckedAt), 0) // a probe "after" its report is as fresh as the report
-			rr.CheckedAt = now.Add(-age).UTC()
+			checked = now.Add(-age)
 		}
-		out.Reach[class] = rr
+		reach[class] = store.Reach{Destination: rr.Destination, Reachable: rr.Reachable, CheckedAt: checked}
 	}
-	data, err := json.Marshal(out)
-	if err != nil {
-		return err
-	}
-	return s.st.PutEgressReport(ctx, id, data, now)
+	return s.st.PutEgressReport(ctx, id, intake, reach)
 }
 
 func trunc(s string) string {

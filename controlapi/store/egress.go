@@ -46,30 +46,60 @@ func (s *Store) SetTopology(ctx context.Context, id string, t Topology) error {
 	return nil
 }
 
-// PutEgressReport stores the egress part of an edge's status report (JSON,
-// already normalized by the caller), received at at.
-func (s *Store) PutEgressReport(ctx context.Context, id string, report []byte, at time.Time) error {
-	if _, err := s.db.ExecContext(ctx, s.q(`UPDATE edges SET egress = ?, egress_at = ? WHERE id = ?`), string(report), ms(at), id); err != nil {
+// Reach is an edge's latest probe of a class's destination.
+type Reach struct {
+	Destination string
+	Reachable   bool
+	CheckedAt   time.Time
+}
+
+// PutEgressReport replaces the egress part of an edge's status report:
+// its intake URL and its probes by class (already checked and put on
+// this clock by the caller).
+func (s *Store) PutEgressReport(ctx context.Context, id, intakeURL string, reach map[string]Reach) error {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET egress_intake = ? WHERE id = ?`), intakeURL, id); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM edge_reach WHERE edge_id = ?`), id); err != nil {
+			return err
+		}
+		for class, r := range reach {
+			ok := 0
+			if r.Reachable {
+				ok = 1
+			}
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO edge_reach (edge_id, class, destination, reachable, checked_at) VALUES (?, ?, ?, ?, ?)`),
+				id, class, r.Destination, ok, ms(r.CheckedAt)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("egress report of edge %s: %w", id, err)
 	}
 	return nil
 }
 
-// EgressMember is an enrolled edge of an org as the election reads it.
+// EgressMember is an enrolled edge of an org as an election reads it.
 type EgressMember struct {
 	ID string
 	Topology
-	LastSeen time.Time
-	// Egress is its latest egress report (JSON), EgressAt when it came.
-	Egress   []byte
-	EgressAt time.Time
+	LastSeen  time.Time
+	IntakeURL string
+	// Reachable: its latest probe of the class reached dest, checked
+	// since fresh.
+	Reachable bool
 }
 
 // EgressMembers returns the org's enrolled edges last seen at or after
-// since, by id: one indexed query, read afresh on every call.
-func (s *Store) EgressMembers(ctx context.Context, org string, since time.Time) ([]EgressMember, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT id, region, zone, priority, cost_tier, weight, last_seen, egress, egress_at
-		FROM edges WHERE org = ? AND last_seen >= ? AND cert_serial <> '' ORDER BY id`), org, ms(since))
+// since, with whether each one's probe of class reached dest since fresh:
+// one indexed query, read afresh on every call.
+func (s *Store) EgressMembers(ctx context.Context, org, class, dest string, since, fresh time.Time) ([]EgressMember, error) {
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT e.id, e.region, e.zone, e.priority, e.cost_tier, e.weight, e.last_seen, e.egress_intake,
+		r.edge_id IS NOT NULL FROM edges e LEFT JOIN edge_reach r ON r.edge_id = e.id AND r.class = ? AND r.destination = ? AND r.reachable = 1
+		AND r.checked_at >= ? WHERE e.org = ? AND e.last_seen >= ? AND e.cert_serial <> ''`), class, dest, ms(fresh), org, ms(since))
 	if err != nil {
 		return nil, fmt.Errorf("egress members of %s: %w", org, err)
 	}
@@ -77,15 +107,11 @@ func (s *Store) EgressMembers(ctx context.Context, org string, since time.Time) 
 	var out []EgressMember
 	for rows.Next() {
 		var m EgressMember
-		var seen, at int64
-		var rep string
-		if err := rows.Scan(&m.ID, &m.Region, &m.Zone, &m.Priority, &m.CostTier, &m.Weight, &seen, &rep, &at); err != nil {
+		var seen int64
+		if err := rows.Scan(&m.ID, &m.Region, &m.Zone, &m.Priority, &m.CostTier, &m.Weight, &seen, &m.IntakeURL, &m.Reachable); err != nil {
 			return nil, fmt.Errorf("egress members of %s: %w", org, err)
 		}
-		m.LastSeen, m.EgressAt = fromMS(seen), fromMS(at)
-		if rep != "" {
-			m.Egress = []byte(rep)
-		}
+		m.LastSeen = fromMS(seen)
 		out = append(out, m)
 	}
 	return out, rows.Err()

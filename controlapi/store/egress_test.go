@@ -203,23 +203,47 @@ func TestEgressPoliciesAndMembers(t *testing.T) {
 		if err := s.Touch(c, map[string]time.Time{e.ID: leaseT0}); err != nil {
 			t.Fatal(err)
 		}
-		if ms, err := s.EgressMembers(c, "acme", leaseT0.Add(-time.Minute)); err != nil || len(ms) != 0 {
+		if ms, err := s.EgressMembers(c, "acme", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0); err != nil || len(ms) != 0 {
 			t.Fatalf("members before enrollment %+v, %v", ms, err)
 		}
 		if err := s.Enroll(c, e.ID, "tok-fra-1", "csr", "pem", "serial"); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.PutEgressReport(c, e.ID, []byte(`{"intake_url":"https://127.0.0.1:1/"}`), leaseT0); err != nil {
+		reach := map[string]Reach{
+			"metering": {Destination: "https://d/m", Reachable: true, CheckedAt: leaseT0},
+			"license":  {Destination: "https://d/l", Reachable: false, CheckedAt: leaseT0},
+		}
+		if err := s.PutEgressReport(c, e.ID, "https://127.0.0.1:1/", reach); err != nil {
 			t.Fatal(err)
 		}
-		ms, err := s.EgressMembers(c, "acme", leaseT0.Add(-time.Minute))
-		if err != nil || len(ms) != 1 || ms[0].Topology != tp || string(ms[0].Egress) != `{"intake_url":"https://127.0.0.1:1/"}` || !ms[0].EgressAt.Equal(leaseT0) {
-			t.Fatalf("members %+v, %v", ms, err)
+		for _, q := range []struct {
+			class, dest string
+			fresh       time.Time
+			reachable   bool
+		}{
+			{"metering", "https://d/m", leaseT0, true},
+			{"metering", "https://d/m", leaseT0.Add(time.Millisecond), false}, // stale probe
+			{"metering", "https://d/other", leaseT0, false},                   // another destination
+			{"license", "https://d/l", leaseT0, false},                        // probed, unreachable
+			{"siem_forwarding", "https://d/m", leaseT0, false},                // never probed
+		} {
+			ms, err := s.EgressMembers(c, "acme", q.class, q.dest, leaseT0.Add(-time.Minute), q.fresh)
+			if err != nil || len(ms) != 1 || ms[0].Topology != tp || ms[0].IntakeURL != "https://127.0.0.1:1/" || ms[0].Reachable != q.reachable {
+				t.Fatalf("members for %+v: %+v, %v", q, ms, err)
+			}
 		}
-		if ms, err := s.EgressMembers(c, "acme", leaseT0.Add(time.Second)); err != nil || len(ms) != 0 {
+		// A new report replaces the old one whole.
+		if err := s.PutEgressReport(c, e.ID, "", nil); err != nil {
+			t.Fatal(err)
+		}
+		if ms, err := s.EgressMembers(c, "acme", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0); err != nil || len(ms) != 1 ||
+			ms[0].Reachable || ms[0].IntakeURL != "" {
+			t.Fatalf("members after an empty report: %+v, %v", ms, err)
+		}
+		if ms, err := s.EgressMembers(c, "acme", "metering", "https://d/m", leaseT0.Add(time.Second), leaseT0); err != nil || len(ms) != 0 {
 			t.Fatalf("members seen since after its last sighting: %+v, %v", ms, err)
 		}
-		if ms, err := s.EgressMembers(c, "other", leaseT0.Add(-time.Minute)); err != nil || len(ms) != 0 {
+		if ms, err := s.EgressMembers(c, "other", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0); err != nil || len(ms) != 0 {
 			t.Fatalf("another org's members: %+v, %v", ms, err)
 		}
 	})
