@@ -14,14 +14,20 @@ import (
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
+	"cellvisor/internal/testutil"
 )
 
 // BenchmarkElect: election decisions per second on one control replica
 // for 1,000 live edges in one org, re-resolve included (the org's members
 // and their reach read from the store, the lease read and renewed or
-// acquired), on SQLite.
+// acquired), on SQLite and on PostgreSQL.
 func BenchmarkElect(b *testing.B) {
-	e := serveOn(b, filepath.Join(b.TempDir(), "control.db"), make([]byte, 32))
+	b.Run(store.SQLite, func(b *testing.B) { benchElect(b, filepath.Join(b.TempDir(), "control.db")) })
+	b.Run(store.Postgres, func(b *testing.B) { benchElect(b, testutil.Postgres(b)) })
+}
+
+func benchElect(b *testing.B, dsn string) {
+	e := serveOn(b, dsn, make([]byte, 32))
 	c := ctx(b)
 	if _, err := e.admin.SetEgressPolicy(c, "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
 		b.Fatal(err)
