@@ -58,6 +58,14 @@ type EdgeView struct {
 	// Drains are the edge's cell drains, the latest of each cell (one
 	// edge only).
 	Drains []DrainView `json:"drains,omitempty"`
+
+	// Region, Zone and the egress ranking (lower priority and cost tier,
+	// higher weight preferred).
+	Region   string `json:"region,omitempty"`
+	Zone     string `json:"zone,omitempty"`
+	Priority int    `json:"priority"`
+	CostTier int    `json:"cost_tier"`
+	Weight   int    `json:"weight"`
 }
 
 // Enrollment states.
@@ -316,6 +324,7 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("DELETE "+AdminDomains+"/{name}", s.handle(s.deleteDomain))
 	mux.HandleFunc("POST "+AdminDomains+"/{name}/rollback", s.handle(s.rollbackDomain))
 	mux.HandleFunc("POST "+AdminKeys+"/rotate", s.handle(s.rotateKey))
+	s.egressAdminRoutes(mux)
 	mux.Handle("GET "+PathMetrics, s.metrics.Handler())
 	fleet := s.fleetHandler() // authenticates by itself: session cookie or bearer token
 	return s.instrument(metrics.Admin, mux, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

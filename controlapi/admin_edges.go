@@ -46,7 +46,7 @@ func (s *Server) createEdge(w http.ResponseWriter, r *http.Request) error {
 	e, err := s.st.CreateEdge(r.Context(), store.NewEdge{
 		ID: uuid.NewString(), Name: req.Name, Org: req.Org, Country: req.Country, Continent: req.Continent,
 		MgmtIPv4: req.MgmtIPv4, MgmtIPv6: req.MgmtIPv6, Slots: req.Slots, TokenHash: hashToken(token), TokenExpiresAt: expires,
-		Assignments: InitialAssignments(req.Slots),
+		Assignments: InitialAssignments(req.Slots), Topology: req.topology(),
 	}, s.sign)
 	if err != nil {
 		return err
@@ -141,7 +141,7 @@ func ptime(t time.Time) *time.Time {
 func (s *Server) view(e store.Edge, assign map[string]string) EdgeView {
 	v := EdgeView{
 		ID: e.ID, Name: e.Name, Org: e.Org, Country: e.Country, Continent: e.Continent, MgmtIPv4: e.MgmtIPv4, MgmtIPv6: e.MgmtIPv6,
-		Slots: e.Slots, Enrollment: EnrollmentPending, EnrolledAt: ptime(e.EnrolledAt), Rotations: e.Rotations,
+		Slots: e.Slots, Region: e.Region, Zone: e.Zone, Priority: e.Priority, CostTier: e.CostTier, Weight: e.Weight, Enrollment: EnrollmentPending, EnrolledAt: ptime(e.EnrolledAt), Rotations: e.Rotations,
 		LastSeen: ptime(e.LastSeen), Sequence: e.Sequence, ActiveSequence: e.ActiveSequence, Assignments: assign, StatusAt: ptime(e.StatusAt),
 	}
 	if e.Enrolled() {

@@ -79,6 +79,15 @@ type Options struct {
 	// to apply the domain and report ready before it fails; zero means
 	// 5 minutes.
 	MoveReadyWithin time.Duration
+	// EgressLease is how long an egress lease lasts unless renewed
+	// (holders renew every third of it); zero means DefaultEgressLease,
+	// at most MaxEgressLease. It is also the live window: an edge not seen
+	// for that long is not a candidate.
+	EgressLease time.Duration
+	// EgressReachWindow is how long an edge's reported probe of a
+	// destination counts; zero means twice the lease, at least a minute
+	// (agents report status every 15 s by default).
+	EgressReachWindow time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Now is the clock, or nil for time.Now.
@@ -153,6 +162,9 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	if o.MoveReadyWithin <= 0 {
 		o.MoveReadyWithin = 5 * time.Minute
+	}
+	if err := egressDefaults(&o); err != nil {
+		return nil, err
 	}
 	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1)}
 	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, s.log)

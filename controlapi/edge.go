@@ -34,6 +34,8 @@ func (s *Server) EdgeHandler() http.Handler {
 	mux.HandleFunc("POST "+edgeapi.PathStatus, s.edge(s.status))
 	mux.HandleFunc("GET "+edgeapi.PathTasks, s.edge(s.tasks))
 	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.edge(s.taskAck))
+	mux.HandleFunc("POST "+edgeapi.PathEgressElect, s.edge(s.elect))
+	mux.HandleFunc("POST "+edgeapi.PathEgressFence, s.edge(s.fence))
 	return s.instrument(metrics.Edge, mux, mux)
 }
 
@@ -314,6 +316,10 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 		return nil
 	}
 	if err := s.st.PutStatus(r.Context(), st.ID, rep.Status, rep.At); err != nil {
+		s.cache.wroteStatus(st.ID, digest, now, true)
+		return err
+	}
+	if err := s.putEgressReport(r.Context(), st.ID, sum.Egress, rep.At); err != nil {
 		s.cache.wroteStatus(st.ID, digest, now, true)
 		return err
 	}

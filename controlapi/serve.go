@@ -47,6 +47,8 @@ type Config struct {
 	MetricsTokenFile string
 	// MoveTick and MoveReadyWithin are Options' (zero: their defaults).
 	MoveTick, MoveReadyWithin time.Duration
+	// EgressLease is Options' (zero: DefaultEgressLease).
+	EgressLease time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
 }
@@ -149,7 +151,7 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	defer st.Close()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, MetricsToken: metricsToken, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log,
-		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin})
+		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease})
 	cancel()
 	if err != nil {
 		return err

@@ -17,6 +17,10 @@ var (
 	volatileControl = []string{"last_poll", "last_success"}
 	volatileSlot    = []string{"usage", "liveness"}
 	volatileCell    = []string{"connections", "requests", "refused", "cache", "origins"}
+	// volatileReach: when a destination probe ran (its outcome is not
+	// volatile). The stored probe is refreshed at least every
+	// StatusRewrite, inside the egress reach window.
+	volatileReach = []string{"checked_at"}
 )
 
 // statusDigest is the SHA-256 of an agent's status with its volatile
@@ -31,6 +35,15 @@ func statusDigest(raw []byte) ([32]byte, error) {
 	if top, ok := v.(map[string]any); ok {
 		if c, ok := top["control"].(map[string]any); ok {
 			drop(c, volatileControl)
+		}
+		if e, ok := top["egress"].(map[string]any); ok {
+			if reach, ok := e["reach"].(map[string]any); ok {
+				for _, r := range reach {
+					if r, ok := r.(map[string]any); ok {
+						drop(r, volatileReach)
+					}
+				}
+			}
 		}
 		if slots, ok := top["slots"].([]any); ok {
 			for _, sl := range slots {

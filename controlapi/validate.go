@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"cellvisor/controlapi/store"
 )
 
 // EdgeRequest creates an edge.
@@ -22,6 +24,9 @@ type EdgeRequest struct {
 	// TokenTTL is how long the bootstrap token enrolls, a Go duration from
 	// MinTokenTTL to MaxTokenTTL; empty means DefaultTokenTTL.
 	TokenTTL string `json:"token_ttl,omitempty"`
+	// Region, Zone and the egress ranking (absent: priority 100, cost
+	// tier 0, weight 100), changed later with PATCH /v1/edges/{id}.
+	EdgeUpdateRequest
 }
 
 // DefaultSlots is an edge's slot count unless chosen at creation.
@@ -83,6 +88,9 @@ func (r *EdgeRequest) Validate() error {
 		return bad("continent", "%q: want one of AF, AN, AS, EU, NA, OC, SA", r.Continent)
 	case r.Slots < 1 || r.Slots > 32:
 		return bad("slots", "%d: want 1–32", r.Slots)
+	}
+	if err := r.apply(new(store.Topology)); err != nil {
+		return err
 	}
 	if r.MgmtIPv4 != "" {
 		a, err := netip.ParseAddr(r.MgmtIPv4)

@@ -40,9 +40,11 @@ line to run on the edge host. The token is shown once.`,
 	f.StringVar(&r.MgmtIPv4, "mgmt-ipv4", "", "management IPv4 address (inventory only)")
 	f.StringVar(&r.MgmtIPv6, "mgmt-ipv6", "", "management IPv6 address (inventory only)")
 	f.IntVar(&r.Slots, "slots", 0, "slots, 1–32; 0 for the default (8)")
+	fill := topologyFlags(cmd, &r.EdgeUpdateRequest)
 	ttl := tokenTTLFlag(cmd)
 	controlURL := controlURLFlag(cmd)
 	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) (controlapi.CreatedEdge, error) {
+		fill()
 		r.TokenTTL = ttl.String()
 		return ac.CreateEdge(ctx, r)
 	}, func(w io.Writer, ce controlapi.CreatedEdge, _ time.Time) error {
@@ -72,9 +74,9 @@ func (c *app) edgeList() *cobra.Command {
 	return listCmd(c, &cobra.Command{Use: "list", Short: "list the edges", Args: cli.ExactArgs(0)},
 		func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.EdgeView, error) {
 			return ac.Edges(ctx)
-		}, "NAME\tID\tORG\tCOUNTRY\tCONTINENT\tSLOTS\tENROLLMENT\tLAST SEEN\tSEQUENCE/ACTIVE", func(e controlapi.EdgeView, now time.Time) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d", e.Name, e.ID, e.Org, e.Country, e.Continent,
-				e.Slots, e.Enrollment, age(e.LastSeen, now), e.Sequence, e.ActiveSequence)
+		}, "NAME\tID\tORG\tCOUNTRY\tCONTINENT\tREGION\tZONE\tSLOTS\tENROLLMENT\tLAST SEEN\tSEQUENCE/ACTIVE", func(e controlapi.EdgeView, now time.Time) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d", e.Name, e.ID, e.Org, e.Country, e.Continent,
+				dash(e.Region), dash(e.Zone), e.Slots, e.Enrollment, age(e.LastSeen, now), e.Sequence, e.ActiveSequence)
 		})
 }
 
@@ -96,6 +98,8 @@ func printEdge(w io.Writer, e controlapi.EdgeView, now time.Time) error {
 		mgmt = "-"
 	}
 	fmt.Fprintf(w, "  org %s, %s/%s, %d slots, management %s\n", e.Org, e.Country, e.Continent, e.Slots, mgmt)
+	fmt.Fprintf(w, "  region %s, zone %s; egress ranking: priority %d, cost tier %d, weight %d\n",
+		dash(e.Region), dash(e.Zone), e.Priority, e.CostTier, e.Weight)
 	enrolled := e.Enrollment
 	if e.EnrolledAt != nil {
 		enrolled += " " + age(e.EnrolledAt, now)

@@ -46,8 +46,8 @@ The admin flags (--admin, --token-file, --admin-ca-file) may stand before or aft
 command.`,
 	}
 	c.g.register(root)
-	edge := &cobra.Command{Use: "edge", Short: "create, list, show, rotate and delete edges"}
-	edge.AddCommand(c.edgeCreate(), c.edgeList(), c.edgeShow(), c.edgeRotate(), c.edgeDelete())
+	edge := &cobra.Command{Use: "edge", Short: "create, list, show, update, rotate and delete edges"}
+	edge.AddCommand(c.edgeCreate(), c.edgeList(), c.edgeShow(), c.edgeRotate(), c.edgeDelete(), c.edgeUpdate())
 	task := &cobra.Command{Use: "task", Short: "drain, undrain or restart an edge's cell (delivered by its next poll)"}
 	task.AddCommand(c.taskCreate(), c.taskList())
 	pool := &cobra.Command{Use: "pool", Short: "create, show, list, update and delete pools"}
@@ -58,6 +58,6 @@ command.`,
 	domain.AddCommand(c.domainPublish(), c.domainList(), c.domainShow(), c.domainDelete(), c.domainRollback(), c.domainMove(), c.domainRouting())
 	key := &cobra.Command{Use: "key", Short: "rotate the control plane's signing key"}
 	key.AddCommand(c.keyRotate())
-	root.AddCommand(serveCmd(), edge, task, pool, cell, domain, key, c.ca())
+	root.AddCommand(serveCmd(), edge, task, pool, cell, domain, key, c.ca(), c.egressCmd())
 	return root
 }

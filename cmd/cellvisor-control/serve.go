@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -92,6 +93,8 @@ its variable. The systemd unit reads them from /etc/cellvisor/control.env.`,
 	f.StringVar(&c.KeyFile, "key-file", "", "the key that seals keys at rest; empty for <data>/seal.key")
 	f.StringVar(&c.AdminTokenFile, "admin-token-file", "", "the admin token, created when absent; empty for <data>/admin.token")
 	f.StringVar(&c.MetricsTokenFile, "metrics-token-file", "", "the token that reads /metrics on the admin listener (and nothing else), created when absent; empty for <data>/metrics.token")
+	f.DurationVar(&c.EgressLease, "egress-lease", controlapi.DefaultEgressLease,
+		fmt.Sprintf("how long an egress lease lasts unless renewed (renewed every third of it), %s–%s", controlapi.MinEgressLease, controlapi.MaxEgressLease))
 	f.StringVar(&format, "log-format", "json", "log encoding: json or console (coloured on a terminal)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

@@ -49,6 +49,8 @@ type Edge struct {
 	Status         []byte
 	StatusAt       time.Time
 	CreatedAt      time.Time
+	// Topology and ranking for governed egress (see Egress).
+	Topology
 }
 
 // Enrolled reports whether the edge holds a valid certificate.
@@ -64,11 +66,14 @@ type NewEdge struct {
 	TokenExpiresAt time.Time
 	// Assignments maps cells to pools.
 	Assignments map[string]string
+	// Topology is the edge's region, zone and egress ranking, stored as
+	// given (DefaultTopology has the shipped ranking).
+	Topology Topology
 }
 
 const edgeColumns = `id, name, org, country, continent, mgmt_ipv4, mgmt_ipv6, slots, csr_hash, cert_pem, cert_serial,
 	rotations, sequence, active_sequence, enrolled_at, last_seen, status, status_at, created_at,
-	token_expires_at, pending_csr_hash, pending_cert_pem, pending_serial`
+	token_expires_at, pending_csr_hash, pending_cert_pem, pending_serial, region, zone, priority, cost_tier, weight`
 
 type scanner interface{ Scan(...any) error }
 
@@ -78,7 +83,8 @@ func scanEdge(r scanner) (Edge, error) {
 	var status string
 	err := r.Scan(&e.ID, &e.Name, &e.Org, &e.Country, &e.Continent, &e.MgmtIPv4, &e.MgmtIPv6, &e.Slots, &e.CSRHash,
 		&e.CertPEM, &e.CertSerial, &e.Rotations, &e.Sequence, &e.ActiveSequence, &enrolled, &seen, &status, &statusAt, &created,
-		&tokenExpires, &e.PendingCSRHash, &e.PendingCertPEM, &e.PendingSerial)
+		&tokenExpires, &e.PendingCSRHash, &e.PendingCertPEM, &e.PendingSerial,
+		&e.Region, &e.Zone, &e.Priority, &e.CostTier, &e.Weight)
 	e.EnrolledAt, e.LastSeen, e.StatusAt, e.CreatedAt = fromMS(enrolled), fromMS(seen), fromMS(statusAt), fromMS(created)
 	e.TokenExpiresAt = fromMS(tokenExpires)
 	if status != "" {
@@ -96,9 +102,11 @@ func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, e
 		if err != nil {
 			return err
 		}
+		tp := n.Topology
 		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO edges (id, name, org, country, continent, mgmt_ipv4, mgmt_ipv6, slots, token_hash,
-			token_expires_at, created_at, gen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-			n.ID, n.Name, n.Org, n.Country, n.Continent, n.MgmtIPv4, n.MgmtIPv6, n.Slots, n.TokenHash, ms(n.TokenExpiresAt), now, gen)
+			token_expires_at, created_at, gen, region, zone, priority, cost_tier, weight) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			n.ID, n.Name, n.Org, n.Country, n.Continent, n.MgmtIPv4, n.MgmtIPv6, n.Slots, n.TokenHash, ms(n.TokenExpiresAt), now, gen,
+			tp.Region, tp.Zone, tp.Priority, tp.CostTier, tp.Weight)
 		if isUnique(err) {
 			return fmt.Errorf("edge name %q: %w", n.Name, ErrConflict)
 		}

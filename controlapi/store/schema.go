@@ -228,4 +228,56 @@ CREATE TABLE cell_drains (
 );
 CREATE INDEX cell_drains_state ON cell_drains (state);
 `,
+	// 8: governed egress. Edges carry their topology (region, zone) and
+	// ranking (priority, cost tier, weight), their intake URL and their
+	// latest probes of each class's destination (edge_reach); each (org, class) has a policy, at most one
+	// active lease (the partial unique index is the invariant), and a
+	// fencing epoch that only grows, kept apart from the lease rows so
+	// that pruning them never lets an epoch be reused.
+	`
+ALTER TABLE edges ADD COLUMN region TEXT NOT NULL DEFAULT '';
+ALTER TABLE edges ADD COLUMN zone TEXT NOT NULL DEFAULT '';
+ALTER TABLE edges ADD COLUMN priority INTEGER NOT NULL DEFAULT 100;
+ALTER TABLE edges ADD COLUMN cost_tier INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE edges ADD COLUMN weight INTEGER NOT NULL DEFAULT 100;
+ALTER TABLE edges ADD COLUMN egress_intake TEXT NOT NULL DEFAULT '';
+CREATE INDEX edges_org ON edges (org, last_seen);
+CREATE TABLE edge_reach (
+	edge_id     TEXT NOT NULL REFERENCES edges (id) ON DELETE CASCADE,
+	class       TEXT NOT NULL,
+	destination TEXT NOT NULL,
+	reachable   INTEGER NOT NULL,
+	checked_at  {{bigint}} NOT NULL,
+	PRIMARY KEY (edge_id, class)
+);
+CREATE TABLE egress_policies (
+	org            TEXT NOT NULL,
+	class          TEXT NOT NULL,
+	destination    TEXT NOT NULL,
+	region         TEXT NOT NULL DEFAULT '',
+	require_region TEXT NOT NULL DEFAULT '',
+	require_zone   TEXT NOT NULL DEFAULT '',
+	updated_at     {{bigint}} NOT NULL,
+	PRIMARY KEY (org, class)
+);
+CREATE TABLE egress_epochs (
+	org   TEXT NOT NULL,
+	class TEXT NOT NULL,
+	epoch {{bigint}} NOT NULL,
+	PRIMARY KEY (org, class)
+);
+CREATE TABLE egress_leases (
+	org         TEXT NOT NULL,
+	class       TEXT NOT NULL,
+	epoch       {{bigint}} NOT NULL,
+	holder      TEXT NOT NULL,
+	active      INTEGER NOT NULL,
+	acquired_at {{bigint}} NOT NULL,
+	renewed_at  {{bigint}} NOT NULL,
+	expires_at  {{bigint}} NOT NULL,
+	ended_at    {{bigint}} NOT NULL DEFAULT 0,
+	PRIMARY KEY (org, class, epoch)
+);
+CREATE UNIQUE INDEX egress_leases_one_active ON egress_leases (org, class) WHERE active = 1;
+`,
 }
