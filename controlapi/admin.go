@@ -317,6 +317,10 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("DELETE "+AdminDomains+"/{name}", s.handle(s.deleteDomain))
 	mux.HandleFunc("POST "+AdminDomains+"/{name}/rollback", s.handle(s.rollbackDomain))
 	mux.HandleFunc("POST "+AdminKeys+"/rotate", s.handle(s.rotateKey))
+	mux.HandleFunc("PUT "+AdminEdges+"/{id}/frontdoor", s.handle(s.setFrontDoor))
+	mux.HandleFunc("DELETE "+AdminEdges+"/{id}/frontdoor", s.handle(s.clearFrontDoor))
+	mux.HandleFunc("GET "+AdminFrontDoors, s.handle(s.listFrontDoors))
+	mux.HandleFunc("GET "+AdminFrontDoors+"/resolve", s.handle(s.resolveFrontDoor))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.o.AdminToken)) != 1 {

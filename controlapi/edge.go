@@ -33,6 +33,7 @@ func (s *Server) EdgeHandler() http.Handler {
 	mux.HandleFunc("POST "+edgeapi.PathStatus, s.edge(s.status))
 	mux.HandleFunc("GET "+edgeapi.PathTasks, s.edge(s.tasks))
 	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.edge(s.taskAck))
+	mux.HandleFunc("GET "+edgeapi.PathFrontDoors, s.edge(s.edgeFrontDoors))
 	return mux
 }
 
@@ -283,8 +284,16 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 	if len(rep.Status) == 0 || json.Unmarshal(rep.Status, &sum) != nil {
 		return errorf(http.StatusBadRequest, "status: want the agent's status object")
 	}
+	if err := validGateways(rep.Gateways); err != nil {
+		return err
+	}
 	if err := s.st.PutStatus(r.Context(), st.ID, rep.Status, rep.At); err != nil {
 		return err
+	}
+	if rep.Gateways != nil {
+		if err := s.syncGateways(r.Context(), st.ID, rep.Gateways); err != nil {
+			return err
+		}
 	}
 	s.nudgeMoves()
 	w.WriteHeader(http.StatusNoContent)
