@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -51,6 +52,10 @@ type Agent struct {
 	enrollment string
 	controlErr string  // why an enrolled identity is unusable
 	tasks      *ledger // control tasks that ran, until their ack is taken
+	// fd is the front-door fetch's state; rtt the last status report's
+	// round trip to the control API, in microseconds.
+	fd  frontDoors
+	rtt atomic.Int64
 }
 
 // CellLimits converts the configured per-cell limits.

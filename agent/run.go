@@ -35,8 +35,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 	}
 	if a.client != nil {
-		side.Add(3)
+		side.Add(4)
 		go func() { defer side.Done(); a.taskLoop(ctx) }()
+		go func() { defer side.Done(); a.frontDoorLoop(ctx) }()
 		go func() { defer side.Done(); a.reportLoop(ctx) }()
 		go func() { defer side.Done(); a.renewLoop(ctx) }()
 	}

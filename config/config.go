@@ -59,6 +59,8 @@ type Agent struct {
 	// IdentityFile holds the edge id and the pinned control-plane key; empty
 	// means <state_dir>/identity.json.
 	IdentityFile string `yaml:"identity_file"`
+	// Topology is the edge's region, zone and locality (optional).
+	Topology Topology `yaml:"topology"`
 }
 
 // Source configures the manifest source.
@@ -421,6 +423,7 @@ func (c Agent) Validate() error {
 	if n := l.RestartThreshold; n < l.FailureThreshold || n > 1000 {
 		bad("liveness.restart_threshold", "must be failure_threshold–1000, got %d", n)
 	}
+	c.Topology.validate(bad)
 	switch c.Log.Format {
 	case "json", "console":
 	default:

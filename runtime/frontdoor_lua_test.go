@@ -64,6 +64,16 @@ http {
             results[i] = { name = c.name, edge = edge or "", reason = reason or "",
                 canonical = fd.normalize(c.url) or "" }
         end
+        -- resolve() through runtime files: good rows, undecodable, missing.
+        local files = {}
+        for _, f in ipairs({ "good.json", "bad.json", "missing.json" }) do
+            fd.init({ rows_file = "` + dir + `/" .. f })
+            for _, u in ipairs({ "https://Shop.example.com/x", "https://nobody.example.com", "mailto:x" }) do
+                local edge, reason = fd.resolve(u)
+                files[#files + 1] = f .. " " .. u .. " " .. (edge or "") .. (reason or "")
+            end
+        end
+        results = { cases = results, files = files }
         local o = assert(io.open("` + out + `", "wb"))
         o:write(cjson.encode(results))
         o:close()
@@ -72,6 +82,8 @@ http {
     }
 }
 `)
+	os.WriteFile(filepath.Join(dir, "good.json"), []byte(`{"org":"acme","rows":[{"edge":"edge-a","url":"https://shop.example.com:443"}]}`), 0o644)
+	os.WriteFile(filepath.Join(dir, "bad.json"), []byte(`{"org":"acme","rows":[{"edge":`), 0o644)
 	confPath := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(confPath, []byte(conf.String()), 0o644); err != nil {
 		t.Fatal(err)
@@ -85,8 +97,26 @@ http {
 	}
 	var want []luaCase
 	readJSON(t, fix, &want)
-	var got []luaCase
-	readJSON(t, out, &got)
+	var res struct {
+		Cases []luaCase `json:"cases"`
+		Files []string  `json:"files"`
+	}
+	readJSON(t, out, &res)
+	got := res.Cases
+	wantFiles := []string{
+		"good.json https://Shop.example.com/x edge-a",
+		"good.json https://nobody.example.com unmapped",
+		"good.json mailto:x malformed",
+		"bad.json https://Shop.example.com/x corrupt_row",
+		"bad.json https://nobody.example.com corrupt_row",
+		"bad.json mailto:x malformed",
+		"missing.json https://Shop.example.com/x corrupt_row",
+		"missing.json https://nobody.example.com corrupt_row",
+		"missing.json mailto:x malformed",
+	}
+	if strings.Join(res.Files, "\n") != strings.Join(wantFiles, "\n") {
+		t.Errorf("resolve through runtime files:\n%s\nwant:\n%s", strings.Join(res.Files, "\n"), strings.Join(wantFiles, "\n"))
+	}
 	if len(got) != len(want) {
 		t.Fatalf("lua answered %d cases, the fixture has %d", len(got), len(want))
 	}
