@@ -195,11 +195,12 @@ func (s *Server) resolveFrontDoor(w http.ResponseWriter, r *http.Request) error 
 	v.Canonical, _ = frontdoor.Normalize(raw)
 	edge, err := frontdoor.Resolve(raw, rows)
 	if err != nil {
-		reason, ok := frontdoor.IsRefusal(err)
-		if !ok {
+		var ref *frontdoor.Refusal
+		if !errors.As(err, &ref) {
 			return err
 		}
-		v.Reason, v.Error = string(reason), err.Error()
+		reason := ref.Reason
+		v.Reason, v.Error = string(reason), ref.Detail
 		s.log.Info("front door resolve refused", zap.String("url", raw), zap.String("reason", string(reason)), zap.Error(err))
 		writeJSON(w, reasonStatus(reason), v)
 		return nil
