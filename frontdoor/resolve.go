@@ -49,30 +49,51 @@ type Row struct {
 //  4. more than one row matches: Ambiguous (even for the same edge: the set
 //     breaks the one-URL-one-row rule);
 //  5. exactly one: its edge.
+//
+// It checks every row on each call; NewTable checks them once for many
+// resolves against the same rows.
 func Resolve(raw string, rows []Row) (string, error) {
+	if _, err := Normalize(raw); err != nil {
+		return "", err
+	}
+	return NewTable(rows).Resolve(raw)
+}
+
+// Table is a set of rows checked once, to resolve many URLs against.
+type Table struct {
+	corrupt error               // the first corrupt row, or nil
+	byURL   map[string][]string // canonical URL -> the edges of its rows
+}
+
+// NewTable checks rows and indexes them by URL.
+func NewTable(rows []Row) *Table {
+	t := &Table{byURL: make(map[string][]string, len(rows))}
+	for i, r := range rows {
+		if err := CheckRow(r); err != nil {
+			t.corrupt = &Refusal{Reason: CorruptRow, Detail: fmt.Sprintf("row %d: %v", i+1, err)}
+			return t
+		}
+		t.byURL[r.URL] = append(t.byURL[r.URL], r.Edge)
+	}
+	return t
+}
+
+// Resolve is the package's Resolve against the table's rows.
+func (t *Table) Resolve(raw string) (string, error) {
 	want, err := Normalize(raw)
 	if err != nil {
 		return "", err
 	}
-	for i, r := range rows {
-		if err := CheckRow(r); err != nil {
-			return "", &Refusal{Reason: CorruptRow, Detail: fmt.Sprintf("row %d: %v", i+1, err)}
-		}
+	if t.corrupt != nil {
+		return "", t.corrupt
 	}
-	edge, n := "", 0
-	for _, r := range rows {
-		if r.URL == want {
-			edge = r.Edge
-			n++
-		}
-	}
-	switch n {
+	switch edges := t.byURL[want]; len(edges) {
 	case 0:
 		return "", &Refusal{Reason: Unmapped, Detail: want + " is no front door"}
 	case 1:
-		return edge, nil
+		return edges[0], nil
 	default:
-		return "", &Refusal{Reason: Ambiguous, Detail: fmt.Sprintf("%s is the front door of %d rows", want, n)}
+		return "", &Refusal{Reason: Ambiguous, Detail: fmt.Sprintf("%s is the front door of %d rows", want, len(edges))}
 	}
 }
 

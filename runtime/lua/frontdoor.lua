@@ -263,31 +263,45 @@ local function check_row(r)
     return type(r.url) == "string" and _M.normalize(r.url) == r.url
 end
 
--- decide runs the cascade over rows (a list of {edge=, url=}), as Go's
--- frontdoor.Resolve: malformed, corrupt_row, unmapped, ambiguous, or the
--- edge.
-function _M.decide(raw, rows)
+-- prepare checks rows once and indexes them by URL, as Go's NewTable:
+-- { corrupt = detail or nil, by_url = { [url] = { edge, ... } } }.
+function _M.prepare(rows)
+    local t = { by_url = {} }
+    if type(rows) ~= "table" then t.corrupt = "rows are not a list"; return t end
+    for i, r in ipairs(rows) do
+        if not check_row(r) then t.corrupt = "row " .. i .. " is corrupt"; return t end
+        local list = t.by_url[r.url]
+        if not list then list = {}; t.by_url[r.url] = list end
+        list[#list + 1] = r.edge
+    end
+    return t
+end
+
+-- resolve_in runs the cascade against a prepared table: malformed,
+-- corrupt_row, unmapped, ambiguous, or the edge.
+function _M.resolve_in(raw, t)
     local want, err = _M.normalize(raw)
     if not want then return nil, Malformed, err end
-    if type(rows) ~= "table" then return nil, "corrupt_row", "rows are not a list" end
-    for i, r in ipairs(rows) do
-        if not check_row(r) then return nil, "corrupt_row", "row " .. i .. " is corrupt" end
-    end
-    local edge, n = nil, 0
-    for _, r in ipairs(rows) do
-        if r.url == want then edge, n = r.edge, n + 1 end
-    end
-    if n == 0 then return nil, "unmapped", want .. " is no front door" end
-    if n > 1 then return nil, "ambiguous", want .. " is the front door of " .. n .. " rows" end
-    return edge
+    if t.corrupt then return nil, "corrupt_row", t.corrupt end
+    local edges = t.by_url[want]
+    if not edges then return nil, "unmapped", want .. " is no front door" end
+    if #edges > 1 then return nil, "ambiguous", want .. " is the front door of " .. #edges .. " rows" end
+    return edges[1]
+end
+
+-- decide runs the cascade over rows (a list of {edge=, url=}), as Go's
+-- frontdoor.Resolve.
+function _M.decide(raw, rows)
+    return _M.resolve_in(raw, _M.prepare(rows))
 end
 
 -- The runtime file, cached by size and modification time.
-local rows_file, cached_rows, cached_key, cached_err
+-- cached_table is the file's rows, prepared once per content.
+local rows_file, cached_table, cached_key, cached_err
 
 function _M.init(opts)
     rows_file = opts and opts.rows_file
-    cached_rows, cached_key, cached_err = nil, nil, nil
+    cached_table, cached_key, cached_err = nil, nil, nil
 end
 
 local MAX_FILE = 4 * 1024 * 1024
@@ -296,31 +310,34 @@ local function load_rows()
     if not rows_file then return nil, "no front-door file configured" end
     local f, err = io.open(rows_file, "rb")
     if not f then return nil, "front-door file: " .. tostring(err) end
+    -- A file over MAX_FILE, or one that cannot seek (a FIFO or a device),
+    -- is refused. Lua's io cannot open without blocking, so a FIFO put in
+    -- the file's place would still block here: the file lives in the
+    -- agent's state directory, writable by the agent's user only.
     local size = f:seek("end")
     if not size or size > MAX_FILE then f:close(); return nil, "front-door file is too large" end
     f:seek("set", 0)
     local data = f:read(MAX_FILE + 1)
     f:close()
-    if not data then return {} end
-    local key = #data .. ":" .. ngx.crc32_long(data)
-    if key == cached_key then return cached_rows, cached_err end
+    if not data then data = "" end
+    local key = ngx.sha1_bin(data)
+    if key == cached_key then return cached_table, cached_err end
     local doc = require("cjson.safe").decode(data)
     if type(doc) ~= "table" or type(doc.rows) ~= "table" then
-        cached_key, cached_rows, cached_err = key, nil, "front-door file does not decode"
+        cached_key, cached_table, cached_err = key, nil, "front-door file does not decode"
     else
-        cached_key, cached_rows, cached_err = key, doc.rows, nil
+        cached_key, cached_table, cached_err = key, _M.prepare(doc.rows), nil
     end
-    return cached_rows, cached_err
+    return cached_table, cached_err
 end
 
--- resolve answers the edge for url from the agent's runtime file.
+-- resolve answers the edge for url from the agent's runtime file. A file
+-- that cannot be read or decoded refuses every well-formed URL as
+-- corrupt_row.
 function _M.resolve(url)
-    local rows, err = load_rows()
-    if not rows then
-        if _M.normalize(url) == nil then return nil, Malformed, "url is malformed" end
-        return nil, "corrupt_row", err
-    end
-    return _M.decide(url, rows)
+    local t, err = load_rows()
+    if not t then t = { by_url = {}, corrupt = err } end
+    return _M.resolve_in(url, t)
 end
 
 return _M
