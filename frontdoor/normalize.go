@@ -117,9 +117,7 @@ func normalizeHost(h string) (string, error) {
 	if strings.HasPrefix(h, "[") || strings.Contains(h, ":") {
 		return "", malformed("host %q is an IP literal", h)
 	}
-	if strings.HasSuffix(h, ".") {
-		h = h[:len(h)-1]
-	}
+	h = strings.TrimSuffix(h, ".")
 	if h == "" {
 		return "", malformed("host is empty")
 	}
