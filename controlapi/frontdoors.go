@@ -215,15 +215,15 @@ func (s *Server) resolveFrontDoor(w http.ResponseWriter, r *http.Request) error 
 // before they leave: a corrupt row is sent as it is, and the cells refuse
 // it (corrupt_row), but it is logged here.
 func (s *Server) edgeFrontDoors(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
-	e, err := s.st.Edge(r.Context(), st.ID)
+	org, err := s.st.EdgeOrg(r.Context(), st.ID)
 	if err != nil {
 		return err
 	}
-	gws, err := s.st.FrontDoors(r.Context(), e.Org)
+	gws, err := s.st.FrontDoors(r.Context(), org)
 	if err != nil {
 		return err
 	}
-	out := edgeapi.FrontDoors{Org: e.Org, Rows: []edgeapi.FrontDoorRow{}}
+	out := edgeapi.FrontDoors{Org: org, Rows: []edgeapi.FrontDoorRow{}}
 	for _, g := range gws {
 		row := frontdoor.Row{Edge: g.EdgeID, URL: g.FrontDoorURL}
 		if err := frontdoor.CheckRow(row); err != nil {

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -205,4 +206,28 @@ func rawEdgePost(t *testing.T, e *env, dir, path, body string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// BenchmarkFrontDoorPoll304: an edge's unchanged front-door poll (mTLS,
+// kept-alive connection, SQLite), with its org's 100 front doors.
+func BenchmarkFrontDoorPoll304(b *testing.B) {
+	e := start(b, b.TempDir()+"/control.db")
+	created := e.createEdge(b, "bench")
+	cl, _, _ := e.enroll(b, created.Token)
+	for i := range 100 {
+		c := e.createEdge(b, fmt.Sprintf("fd-%03d", i))
+		if _, err := e.admin.SetFrontDoor(ctx(b), c.Edge.ID, controlapi.FrontDoorRequest{URL: fmt.Sprintf("https://shop-%03d.example.com", i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	_, tag, err := cl.FrontDoors(ctx(b), "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, _, err := cl.FrontDoors(ctx(b), tag); !errors.Is(err, controlclient.ErrNotModified) {
+			b.Fatal(err)
+		}
+	}
 }

@@ -215,3 +215,17 @@ func (s *Store) queryGateways(ctx context.Context, q string, args ...any) ([]Gat
 	}
 	return out, nil
 }
+
+// EdgeOrg returns an edge's org: the one column the edge's front-door
+// fetch needs, without the edge's status report.
+func (s *Store) EdgeOrg(ctx context.Context, edgeID string) (string, error) {
+	var org string
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT org FROM edges WHERE id = ?`), edgeID).Scan(&org)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("edge %s: %w", edgeID, ErrNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("edge %s: %w", edgeID, err)
+	}
+	return org, nil
+}
