@@ -65,6 +65,10 @@ type Agent struct {
 	end atomic.Pointer[context.CancelFunc]
 	// metrics serves /metrics; nil when metrics.listen is empty.
 	metrics *agentmetrics.Server
+	// fd is the front-door fetch's state; rtt the last status report's
+	// round trip to the control API, in microseconds.
+	fd  frontDoors
+	rtt atomic.Int64
 }
 
 // CellLimits converts the configured per-cell limits.

@@ -149,7 +149,11 @@ func (a *Agent) report(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	err = a.client.Report(rctx, edgeapi.StatusReport{At: time.Now().UTC(), Status: data})
+	start := time.Now()
+	err = a.client.Report(rctx, edgeapi.StatusReport{At: start.UTC(), Status: data, Gateways: a.gateways(st)})
+	if err == nil {
+		a.rtt.Store(time.Since(start).Microseconds())
+	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		a.log.Debug("status report", zap.Error(err))
 	}

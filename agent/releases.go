@@ -87,6 +87,7 @@ func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runt
 		WorkerShutdownTimeout: int(cfg.OpenResty.WorkerShutdownTimeout.D().Seconds()),
 		CacheMaxBytes:         int64(cfg.Limits.Cache),
 		RequestMaxBytes:       int64(cfg.Limits.RequestTmp),
+		FrontDoorFile:         FrontDoorFile(cfg.StateDir),
 	}
 	if os.Geteuid() == 0 {
 		// Cells run as the agent's user; as root that needs saying, or

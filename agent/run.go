@@ -60,8 +60,9 @@ func (a *Agent) Run(parent context.Context) error {
 		go func() { defer side.Done(); a.metrics.Run(ctx) }()
 	}
 	if a.client != nil {
-		side.Add(3)
+		side.Add(4)
 		go func() { defer side.Done(); a.taskLoop(ctx) }()
+		go func() { defer side.Done(); a.frontDoorLoop(ctx) }()
 		go func() { defer side.Done(); a.reportLoop(ctx) }()
 		go func() { defer side.Done(); a.renewLoop(ctx) }()
 		a.runEgress(ctx, &side)

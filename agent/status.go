@@ -29,6 +29,7 @@ func (a *Agent) decorate(st *supervisor.Status) {
 		c.EdgeID, c.ControlURL = a.id.EdgeID, a.id.ControlURL
 	}
 	if a.client != nil {
+		c.FrontDoors = a.frontDoorStatus()
 		if ok, _ := a.client.LastSuccess(); !ok.IsZero() {
 			c.LastSuccess = &ok
 		}

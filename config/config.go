@@ -67,6 +67,8 @@ type Agent struct {
 	Egress Egress `yaml:"egress"`
 	// Metrics is the Prometheus endpoint.
 	Metrics Metrics `yaml:"metrics"`
+	// Topology is the edge's region, zone and locality (optional).
+	Topology Topology `yaml:"topology"`
 }
 
 // Egress configures the agent's outbound bundles (security events as
@@ -498,6 +500,7 @@ func (c Agent) Validate() error {
 	}
 	c.validateEgress(bad)
 	c.validateMetrics(bad)
+	c.Topology.validate(bad)
 	switch c.Log.Format {
 	case "json", "console":
 	default:

@@ -324,6 +324,10 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("DELETE "+AdminDomains+"/{name}", s.handle(s.deleteDomain))
 	mux.HandleFunc("POST "+AdminDomains+"/{name}/rollback", s.handle(s.rollbackDomain))
 	mux.HandleFunc("POST "+AdminKeys+"/rotate", s.handle(s.rotateKey))
+	mux.HandleFunc("PUT "+AdminEdges+"/{id}/frontdoor", s.handle(s.setFrontDoor))
+	mux.HandleFunc("DELETE "+AdminEdges+"/{id}/frontdoor", s.handle(s.clearFrontDoor))
+	mux.HandleFunc("GET "+AdminFrontDoors, s.handle(s.listFrontDoors))
+	mux.HandleFunc("GET "+AdminFrontDoors+"/resolve", s.handle(s.resolveFrontDoor))
 	s.egressAdminRoutes(mux)
 	mux.Handle("GET "+PathMetrics, s.metrics.Handler())
 	fleet := s.fleetHandler() // authenticates by itself: session cookie or bearer token

@@ -26,6 +26,9 @@ type AdminClient struct {
 type AdminError struct {
 	Status  int
 	Message string
+	// Reason is the stable code of a front-door resolve's refusal
+	// (frontdoor.Reason), empty for other refusals.
+	Reason string
 }
 
 func (e *AdminError) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status) }
@@ -62,12 +65,13 @@ func (c *AdminClient) do(ctx context.Context, method, path string, in, out any) 
 	}
 	if resp.StatusCode >= 300 {
 		var e struct {
-			Error string `json:"error"`
+			Error  string `json:"error"`
+			Reason string `json:"reason"`
 		}
 		if json.Unmarshal(data, &e) != nil || e.Error == "" {
 			e.Error = strings.TrimSpace(string(data))
 		}
-		return &AdminError{Status: resp.StatusCode, Message: e.Error}
+		return &AdminError{Status: resp.StatusCode, Message: e.Error, Reason: e.Reason}
 	}
 	if out == nil {
 		return nil

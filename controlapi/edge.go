@@ -36,6 +36,7 @@ func (s *Server) EdgeHandler() http.Handler {
 	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.edge(s.taskAck))
 	mux.HandleFunc("POST "+edgeapi.PathEgressElect, s.edge(s.elect))
 	mux.HandleFunc("POST "+edgeapi.PathEgressFence, s.edge(s.fence))
+	mux.HandleFunc("GET "+edgeapi.PathFrontDoors, s.edge(s.edgeFrontDoors))
 	return s.instrument(metrics.Edge, mux, mux)
 }
 
@@ -303,14 +304,17 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 	if len(rep.Status) == 0 || json.Unmarshal(rep.Status, &sum) != nil {
 		return errorf(http.StatusBadRequest, "status: want the agent's status object")
 	}
-	digest, err := statusDigest(rep.Status)
+	if err := validGateways(rep.Gateways); err != nil {
+		return err
+	}
+	digest, err := statusDigest(rep.Status, rep.Gateways)
 	if err != nil {
 		return errorf(http.StatusBadRequest, "status: %v", err)
 	}
 	now := s.o.Now()
 	if s.cache.statusUnchanged(st.ID, digest, now, s.o.StatusRewrite) {
 		// Nothing the control plane reads changed: last seen is the cache's
-		// (edge() saw it), and the stored report stays.
+		// (edge() saw it), and the stored report and gateway rows stay.
 		s.metrics.Status(metrics.StatusUnchanged)
 		w.WriteHeader(http.StatusNoContent)
 		return nil
@@ -322,6 +326,12 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 	if err := s.putEgressReport(r.Context(), st.ID, sum.Egress, rep.At); err != nil {
 		s.cache.wroteStatus(st.ID, digest, now, true)
 		return err
+	}
+	if rep.Gateways != nil {
+		if err := s.syncGateways(r.Context(), st.ID, rep.Gateways); err != nil {
+			s.cache.wroteStatus(st.ID, digest, now, true)
+			return err
+		}
 	}
 	s.cache.wroteStatus(st.ID, digest, now, false)
 	s.metrics.Status(metrics.StatusWritten)

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+
+	"cellvisor/edgeapi"
 )
 
 // volatile are the fields of an agent's status that change with every
@@ -24,8 +26,11 @@ var (
 )
 
 // statusDigest is the SHA-256 of an agent's status with its volatile
-// fields removed, in a canonical form (object keys sorted).
-func statusDigest(raw []byte) ([32]byte, error) {
+// fields removed, in a canonical form (object keys sorted), and of its
+// gateways without their round-trip times (health and topology are not
+// volatile; a gateway row's RTT and last-seen are refreshed at least every
+// StatusRewrite).
+func statusDigest(raw []byte, gateways []edgeapi.Gateway) ([32]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any
@@ -58,7 +63,16 @@ func statusDigest(raw []byte) ([32]byte, error) {
 			}
 		}
 	}
-	canon, err := json.Marshal(v)
+	gws := make([]edgeapi.Gateway, len(gateways))
+	for i, g := range gateways {
+		g.RTTMicros = 0
+		gws[i] = g
+	}
+	canon, err := json.Marshal(struct {
+		Status   any               `json:"status"`
+		Gateways []edgeapi.Gateway `json:"gateways"`
+		Reported bool              `json:"reported"` // nil (rows kept) differs from none
+	}{v, gws, gateways != nil})
 	if err != nil {
 		return [32]byte{}, fmt.Errorf("status digest: %w", err)
 	}

@@ -61,6 +61,11 @@ const (
 	// PathTasks lists the edge's pending control tasks (GET, []Task);
 	// PathTasks + "{id}/ack" takes a TaskAck (POST); 204.
 	PathTasks = "/v1/tasks/"
+	// PathFrontDoors serves the front doors of the edge's org (GET,
+	// FrontDoors), for its cells' Lua resolver. With If-None-Match: the
+	// ETag of the last answer and nothing changed, it answers 304 Not
+	// Modified and no body.
+	PathFrontDoors = "/v1/frontdoors"
 )
 
 // Headers.
@@ -78,6 +83,10 @@ const (
 	MaxStatusBytes = 1 << 20
 	MaxAckBytes    = 64 << 10
 	MaxTasksBytes  = 1 << 20
+	// MaxFrontDoorsBytes bounds a FrontDoors answer the agent reads.
+	MaxFrontDoorsBytes = 4 << 20
+	// MaxGateways bounds the gateways one status report carries.
+	MaxGateways = 64
 )
 
 // ErrorBody is the body of an error answer: read leniently, and as plain
@@ -169,6 +178,49 @@ type TaskAck struct {
 type StatusReport struct {
 	At     time.Time       `json:"at"`
 	Status json.RawMessage `json:"status"`
+	// Gateways are the edge's public services, with its topology and
+	// health; absent (nil) leaves the control API's rows as they are. A
+	// gateway carries no front-door URL: only an operator sets one.
+	Gateways []Gateway `json:"gateways,omitempty"`
+}
+
+// Gateway is one public service group of the edge, as its agent reports it.
+type Gateway struct {
+	// Service names the group: "http" or "https" (the cells' public
+	// listeners).
+	Service  string `json:"service"`
+	Protocol string `json:"protocol"`
+	// Host is the address the listeners bind ("" for all addresses); Port
+	// the first cell's port of the group.
+	Host string `json:"host"`
+	Port int    `json:"port"`
+	TLS  bool   `json:"tls"`
+	MTLS bool   `json:"mtls"`
+	// Region, Zone and Locality are the edge's topology (agent.yaml).
+	Region   string `json:"region,omitempty"`
+	Zone     string `json:"zone,omitempty"`
+	Locality string `json:"locality,omitempty"`
+	Priority int    `json:"priority"`
+	CostTier int    `json:"cost_tier"`
+	Weight   int    `json:"weight"`
+	// RTTMicros is the agent's last measured round trip to the control
+	// API, in microseconds (0 before one).
+	RTTMicros int64 `json:"rtt_us"`
+	// Healthy: at least one assigned cell of the group is ready.
+	Healthy bool `json:"healthy"`
+}
+
+// FrontDoors are the active front doors of the edge's org: what its cells
+// resolve a front-door URL against (frontdoor.Resolve and its Lua twin).
+type FrontDoors struct {
+	Org  string         `json:"org"`
+	Rows []FrontDoorRow `json:"rows"`
+}
+
+// FrontDoorRow is one front door: its canonical URL and its edge.
+type FrontDoorRow struct {
+	Edge string `json:"edge"`
+	URL  string `json:"url"`
 }
 
 // Summary is the part of an agent's status the control plane reads.

@@ -84,8 +84,8 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 	if p.Sequence < 0 || p.Sequence > MaxSequence {
 		return Release{}, fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
 	}
-	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua}}
-	hashes := map[string]string{"lua/cellvisor.lua": hashOf(cellLua)}
+	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua}}
+	hashes := map[string]string{"lua/cellvisor.lua": hashOf(cellLua), "lua/frontdoor.lua": hashOf(frontDoorLua)}
 	if p.Pool != "" {
 		if pool == nil {
 			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*domain.Domain{}}

@@ -12,6 +12,9 @@ import (
 //go:embed lua/cellvisor.lua
 var cellLua []byte
 
+//go:embed lua/frontdoor.lua
+var frontDoorLua []byte
+
 //go:embed nginx.conf.tmpl
 var nginxTmpl string
 
@@ -45,6 +48,10 @@ type RenderParams struct {
 	// AuthWindow is how far, in seconds, a private call's timestamp may be
 	// from the cell's clock either way; 0 means DefaultAuthWindow.
 	AuthWindow int
+	// FrontDoorFile is the agent's runtime file of the org's front doors
+	// that lua/frontdoor.lua resolves against; "" for none (every resolve
+	// refuses).
+	FrontDoorFile string
 }
 
 // PoolLimits are what every cell of a pool enforces: concurrent client

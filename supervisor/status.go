@@ -96,4 +96,15 @@ type ControlStatus struct {
 	RenewalError string     `json:"renewal_error,omitempty"`
 	// DroppedAcks counts damaged ack journal lines dropped at start.
 	DroppedAcks int `json:"dropped_acks,omitempty"`
+	// FrontDoors is the fetch of the org's front doors for the cells.
+	FrontDoors *FrontDoorStatus `json:"front_doors,omitempty"`
+}
+
+// FrontDoorStatus is the agent's copy of its org's front doors: how many
+// rows the cells resolve against, when they were last confirmed, and why
+// the last answer was refused (the previous rows stay).
+type FrontDoorStatus struct {
+	Rows      int        `json:"rows"`
+	LastFetch *time.Time `json:"last_fetch,omitempty"`
+	Error     string     `json:"error,omitempty"`
 }

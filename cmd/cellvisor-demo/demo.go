@@ -209,6 +209,9 @@ func (e *env) steps(ctx context.Context) error {
 	if err := e.placement(ctx); err != nil {
 		return err
 	}
+	if err := e.frontDoor(ctx); err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "\nTry it:   curl -H 'Host: %s' %s\n", demoHost, e.cellAddr(reservedCells[0]))
 	fmt.Fprintf(out, "          curl -H 'Host: %s' %s\n", reservedHost, e.cellAddr(reservedCells[1]))
 	fmt.Fprintf(out, "Status:   ./bin/cellvisor --config %s status -o json\n", relPath(e.cfgPath))

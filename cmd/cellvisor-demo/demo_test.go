@@ -88,6 +88,9 @@ func TestDemoCheck(t *testing.T) {
 		"move shared-default → reserved-demo: done",
 		"during the move, 0 failed",
 		"demo.cellvisor.test: pool reserved-demo, revision 3 (was 2 in shared-default), served by cell-03 and cell-04",
+		"$CTL frontdoor set ", "(https): https://shop.demo.example:443",
+		"HTTPS://Shop.Demo.Example.:443/checkout -> edge ", "refused (unmapped)",
+		"check: cell-01 resolves HTTPS://Shop.Demo.Example.:443/checkout to edge ",
 		"demo check: every step worked",
 	} {
 		if !strings.Contains(string(out), want) {

@@ -280,4 +280,34 @@ CREATE TABLE egress_leases (
 );
 CREATE UNIQUE INDEX egress_leases_one_active ON egress_leases (org, class) WHERE active = 1;
 `,
+	// 9: gateway rows per edge (front doors). The agent's status report
+	// refreshes a row's service, topology, ranking and health; only the
+	// operator sets front_door_url ('' for none), stored canonical
+	// (frontdoor.Normalize). One active URL is one row (so one edge), and
+	// an edge has at most one front door.
+	`
+CREATE TABLE gateways (
+	edge_id        TEXT NOT NULL REFERENCES edges (id) ON DELETE CASCADE,
+	service        TEXT NOT NULL,
+	protocol       TEXT NOT NULL DEFAULT '',
+	host           TEXT NOT NULL DEFAULT '',
+	port           INTEGER NOT NULL DEFAULT 0,
+	tls            INTEGER NOT NULL DEFAULT 0,
+	mtls           INTEGER NOT NULL DEFAULT 0,
+	region         TEXT NOT NULL DEFAULT '',
+	zone           TEXT NOT NULL DEFAULT '',
+	locality       TEXT NOT NULL DEFAULT '',
+	priority       INTEGER NOT NULL DEFAULT 0,
+	cost_tier      INTEGER NOT NULL DEFAULT 0,
+	weight         INTEGER NOT NULL DEFAULT 0,
+	rtt_us         {{bigint}} NOT NULL DEFAULT 0,
+	healthy        INTEGER NOT NULL DEFAULT 0,
+	last_seen      {{bigint}} NOT NULL DEFAULT 0,
+	front_door_url TEXT NOT NULL DEFAULT '',
+	front_door_at  {{bigint}} NOT NULL DEFAULT 0,
+	PRIMARY KEY (edge_id, service)
+);
+CREATE UNIQUE INDEX gateways_front_door_url ON gateways (front_door_url) WHERE front_door_url <> '';
+CREATE UNIQUE INDEX gateways_front_door_edge ON gateways (edge_id) WHERE front_door_url <> '';
+`,
 }

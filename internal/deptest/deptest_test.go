@@ -44,6 +44,8 @@ func TestLayering(t *testing.T) {
 			"the domain model is a leaf both sides import"},
 		{"./manifest", append(hostSide, controlPlane...), "manifests are verified the same way on both sides"},
 		{"./edgeapi", append(hostSide, controlPlane...), "the wire contract is shared"},
+		{"./frontdoor", append(append([]string{"net/http", "database/sql"}, hostSide...), controlPlane...),
+			"the front-door resolver is pure: both sides run it, no store and no HTTP inside"},
 		{"./cmd/cellvisor", controlPlane, "the agent on every edge host carries no control plane or database driver"},
 		{"./cmd/cellvisor", packaging, "the agent carries nothing of the package builder"},
 		{"./cmd/cellvisor-control", packaging, "the control API carries nothing of the package builder"},

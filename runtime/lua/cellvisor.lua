@@ -4,7 +4,8 @@
 -- readiness probe (503 while drained), counts requests and records
 -- passive-origin failures.
 -- Private side (unix socket only): GET /status, POST /drain, POST /undrain,
--- each authenticated with the cell's secret (see auth below).
+-- GET /frontdoor?url=U (the org's front door for U, or the refusal), each
+-- authenticated with the cell's secret (see auth below).
 --
 -- init() runs in the master on every (re)load: the pool JSON and the secret
 -- are read once per load; the shared dict (drained flag, counters, nonces)
@@ -319,6 +320,13 @@ function _M.private()
         dict:set("drained", true)
     elseif uri == "/undrain" and method == "POST" then
         dict:set("drained", false)
+    elseif uri == "/frontdoor" and method == "GET" then
+        -- Resolves ?url= against the org's front doors (lua/frontdoor.lua):
+        -- read only, so the query need not be signed.
+        local edge, reason, detail = require("frontdoor").resolve(ngx.req.get_uri_args(8).url)
+        ngx.header["Content-Type"] = "application/json"
+        ngx.say(cjson.encode({ edge = edge, reason = reason, detail = detail }))
+        return
     else
         ngx.status = 404
         ngx.say(cjson.encode({ error = "no such call" }))

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"cellvisor/cellapi"
+	"cellvisor/controlapi"
+)
+
+// The demo edge's front door, and URLs the resolver must refuse.
+const (
+	demoFrontDoor = "https://shop.demo.example"
+	// demoResolve is how a visitor might spell it: case, trailing dot,
+	// explicit default port, a path.
+	demoResolve   = "HTTPS://Shop.Demo.Example.:443/checkout"
+	demoUnmapped  = "https://elsewhere.demo.example"
+	demoMalformed = "https://user@shop.demo.example"
+)
+
+// frontDoor sets the demo edge's front door, prints a resolve and a
+// refusal, and (with --check) checks them in the control API and in
+// cell-01, which resolves through the agent's runtime file.
+func (e *env) frontDoor(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, checkWait)
+	defer cancel()
+	out := e.o.out
+	v, err := e.admin.SetFrontDoor(ctx, e.edgeID, controlapi.FrontDoorRequest{URL: demoFrontDoor})
+	if err != nil {
+		return fmt.Errorf("set the front door: %w", err)
+	}
+	fmt.Fprintf(out, "\n$ $CTL frontdoor set %s %s\nfront door of edge %s (%s): %s\n", e.edgeID, demoFrontDoor, v.EdgeID, v.Service, v.URL)
+	r, err := e.admin.Resolve(ctx, demoResolve, "")
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", demoResolve, err)
+	}
+	fmt.Fprintf(out, "$ $CTL frontdoor resolve '%s'\n%s -> edge %s (org %s, front door %s)\n", demoResolve, r.URL, r.EdgeID, r.Org, r.Canonical)
+	_, uerr := e.admin.Resolve(ctx, demoUnmapped, "")
+	var ae *controlapi.AdminError
+	if errors.As(uerr, &ae) {
+		fmt.Fprintf(out, "$ $CTL frontdoor resolve %s\nrefused (%s): %s\n", demoUnmapped, ae.Reason, ae.Message)
+	}
+	if !e.o.check {
+		return nil
+	}
+	if r.EdgeID != e.edgeID || r.Canonical != "https://shop.demo.example:443" {
+		return fmt.Errorf("check: %s resolved to %+v, want edge %s", demoResolve, r, e.edgeID)
+	}
+	if ae == nil || ae.Reason != "unmapped" {
+		return fmt.Errorf("check: %s: %v, want an unmapped refusal", demoUnmapped, uerr)
+	}
+	if _, err := e.admin.Resolve(ctx, demoMalformed, ""); !errors.As(err, &ae) || ae.Reason != "malformed" {
+		return fmt.Errorf("check: %s: %v, want a malformed refusal", demoMalformed, err)
+	}
+	// The cell resolves it too, once the agent fetched the front doors.
+	err = poll(ctx, func() error {
+		edge, reason, err := e.cellResolve(ctx, "cell-01", demoResolve)
+		if err == nil && edge != e.edgeID {
+			err = fmt.Errorf("cell-01 resolves %s to %q (%s)", demoResolve, edge, reason)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("check: %w", err)
+	}
+	if edge, reason, err := e.cellResolve(ctx, "cell-01", demoUnmapped); err != nil || edge != "" || reason != "unmapped" {
+		return fmt.Errorf("check: cell-01 resolves %s: %q %q %v, want unmapped", demoUnmapped, edge, reason, err)
+	}
+	fmt.Fprintf(out, "check: cell-01 resolves %s to edge %s and refuses %s (unmapped)\n", demoResolve, e.edgeID, demoUnmapped)
+	return nil
+}
+
+// cellResolve asks a cell, on its private socket with its secret, to
+// resolve u against the org's front doors.
+func (e *env) cellResolve(ctx context.Context, cell, u string) (edge, reason string, err error) {
+	secret, err := os.ReadFile(filepath.Join(e.cfg.StateDir, "cells", cell, "secret"))
+	if err != nil {
+		return "", "", err
+	}
+	sock := filepath.Join(e.cfg.RunDir, cell, "private.sock")
+	c := cellapi.New(sock, []byte(strings.TrimSpace(string(secret))))
+	defer c.Close()
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://cell/frontdoor?url="+url.QueryEscape(u), nil)
+	if err != nil {
+		return "", "", err
+	}
+	req.Header = c.Headers(http.MethodGet, "/frontdoor", time.Now())
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", "", err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return "", "", fmt.Errorf("%s answered %s: %s", cell, resp.Status, body)
+	}
+	var res struct{ Edge, Reason string }
+	if err := json.Unmarshal(body, &res); err != nil {
+		return "", "", fmt.Errorf("decode %s: %w", body, err)
+	}
+	return res.Edge, res.Reason, nil
+}
