@@ -40,8 +40,10 @@ if [ ! -d /run/systemd/system ]; then
 else
 	systemctl daemon-reload || echo "$name: systemctl daemon-reload failed (ignored)" >&2
 	if [ "$upgrade" = yes ]; then
-		# try-restart restarts the agent only if it was running. What happens to
-		# the cells is the unit's KillMode= (docs/operations.md, "Upgrade").
+		# try-restart restarts the agent only if it was running. The cells keep
+		# serving: they live in the cells' own scope, outside the unit's cgroup,
+		# and a restart job is not a stop (docs/cgroups.md, "Under systemd");
+		# the new agent adopts them (docs/operations.md, "Upgrade").
 		systemctl try-restart $unit || echo "$name: systemctl try-restart $unit failed (see journalctl -u $unit)" >&2
 	fi
 fi
