@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -32,7 +33,10 @@ var (
 	api   = Row{Edge: "edge-b", URL: "https://api.example.com:8443"}
 	plain = Row{Edge: "edge-c", URL: "http://www.example.com:80"}
 	idn   = Row{Edge: "edge-d", URL: "https://xn--bcher-kva.example:443"}
-	std   = []Row{shop, api, plain, idn}
+	// catalan is a front door whose U-label has a Latin-1 code point the
+	// profile allows (U+00B7, the middle dot of "l·l").
+	catalan = Row{Edge: "edge-e", URL: "https://xn--collegi-xma.example:443"}
+	std     = []Row{shop, api, plain, idn}
 )
 
 // fixtureInputs are the cases; -update computes their answers.
@@ -100,7 +104,28 @@ var fixtureInputs = []FixtureCase{
 	{Name: "greek u-label", URL: "https://ελ.example", Rows: std},
 	{Name: "c1 control u-label", URL: "https://a\u0085b.example", Rows: std},
 	{Name: "latin-1 upper case", URL: "https://Éclair.example", Rows: std},
+	{Name: "latin-1 middle dot resolves", URL: "https://col·legi.example/", Rows: append(append([]Row(nil), std...), catalan)},
+	{Name: "latin-1 middle dot a-label resolves", URL: "https://xn--collegi-xma.example", Rows: append(append([]Row(nil), std...), catalan)},
+	{Name: "latin-1 symbol the profile allows", URL: "https://a£b.example", Rows: std},
+	{Name: "latin-1 inverted question mark the profile allows", URL: "https://¿a.example", Rows: std},
+	{Name: "multiplication sign the profile allows", URL: "https://a×b.example", Rows: std},
+	{Name: "division sign the profile allows", URL: "https://a÷b.example", Rows: std},
+	{Name: "no-break space", URL: "https://a\u00a0b.example", Rows: std},
+	{Name: "soft hyphen", URL: "https://shop\u00adexample.com", Rows: std},
+	{Name: "feminine ordinal", URL: "https://aªb.example", Rows: std},
+	{Name: "superscript two", URL: "https://a²b.example", Rows: std},
+	{Name: "micro sign", URL: "https://aµb.example", Rows: std},
+	{Name: "vulgar fraction", URL: "https://a½b.example", Rows: std},
+	{Name: "latin-1 upper case o with stroke", URL: "https://Øl.example", Rows: std},
 	{Name: "too long", URL: "https://shop.example.com/" + repeat('x', MaxURLLen), Rows: std},
+}
+
+// Every Latin-1 code point inside a U-label, one case each: the Lua twin
+// names exactly the ones Go's profile refuses.
+func init() {
+	for cp := rune(0x80); cp <= 0xff; cp++ {
+		fixtureInputs = append(fixtureInputs, FixtureCase{Name: fmt.Sprintf("latin-1 U+%04X in a u-label", cp), URL: "https://a" + string(cp) + "b.example", Rows: std})
+	}
 }
 
 func repeat(c byte, n int) string { return string(bytes.Repeat([]byte{c}, n)) }

@@ -14,7 +14,7 @@
 -- IDNA: a non-ASCII label is Punycode-encoded to its A-label and an
 -- "xn--" label is decoded, re-encoded and must round-trip. The Go side
 -- checks code points against the IDNA2008 tables; Lua refuses only the
--- ranges it can name (Latin-1 controls, symbols, upper case, x and /;
+-- ranges it can name (the Latin-1 code points Go refuses, exactly;
 -- specials and noncharacters).
 -- Where the two could differ the Lua answer can only be another refusal
 -- (malformed or unmapped), never an edge: every row is canonical by the Go
@@ -157,9 +157,24 @@ local function puny_decode(s)
     return cps
 end
 
+-- latin1_refused are the Latin-1 code points (U+0080-U+00FF) that Go's
+-- profile refuses, exactly: the C1 controls and no-break space, and those
+-- it maps (diaeresis, ordinals, soft hyphen, macron, superscripts, acute,
+-- micro, cedilla, fractions, upper-case letters). It allows the others,
+-- symbols among them (U+00A1 ¡, U+00B7 · of "l·l", U+00D7 ×, U+00F7 ÷),
+-- and a row may hold them.
+local latin1_refused = {}
+for cp = 0x80, 0xA0 do latin1_refused[cp] = true end
+for _, cp in ipairs({ 0xA8, 0xAA, 0xAD, 0xAF, 0xB2, 0xB3, 0xB4, 0xB5, 0xB8, 0xB9, 0xBA, 0xBC, 0xBD, 0xBE }) do
+    latin1_refused[cp] = true
+end
+for cp = 0xC0, 0xDE do
+    if cp ~= 0xD7 then latin1_refused[cp] = true end
+end
+
 -- ulabel_ok checks the code points of a U-label: ASCII only a-z, 0-9 and
--- '-'; no C1 control, Latin-1 symbol, Latin-1 upper-case letter, x or /;
--- no surrogate (utf8_decode refuses those).
+-- '-'; no Latin-1 code point Go refuses; no surrogate (utf8_decode
+-- refuses those).
 local function ulabel_ok(cps)
     local nonascii = false
     for _, cp in ipairs(cps) do
@@ -167,7 +182,7 @@ local function ulabel_ok(cps)
             if not ((cp >= 97 and cp <= 122) or (cp >= 48 and cp <= 57) or cp == 45) then return false end
         else
             nonascii = true
-            if cp <= 0xBF or (cp >= 0xC0 and cp <= 0xDE) or cp == 0xF7 then return false end
+            if latin1_refused[cp] then return false end
             -- Specials (U+FFF0-U+FFFF, the replacement character among
             -- them) and the noncharacters U+FDD0-U+FDEF.
             if (cp >= 0xFFF0 and cp <= 0xFFFF) or (cp >= 0xFDD0 and cp <= 0xFDEF) then return false end
