@@ -307,7 +307,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 	if err := validGateways(rep.Gateways); err != nil {
 		return err
 	}
-	digest, err := statusDigest(rep.Status, rep.Gateways)
+	digest, err := statusDigest(rep.Status, sum, rep.Gateways)
 	if err != nil {
 		return errorf(http.StatusBadRequest, "status: %v", err)
 	}
