@@ -7,9 +7,9 @@
 -- "unmapped", "ambiguous", "corrupt_row", "malformed". Never a guess.
 --
 -- Rows come from the runtime file the agent writes (init{rows_file=...}):
--- {"rows":[{"edge":..,"url":..}]}; it is re-read when its size or
--- modification time changes. An unreadable or undecodable file refuses
--- every resolve as corrupt_row.
+-- {"rows":[{"edge":..,"url":..}]}; it is read on every resolve and its
+-- rows prepared once per content. An unreadable or undecodable file (a
+-- FIFO, a directory, over 4 MiB) refuses every resolve as corrupt_row.
 --
 -- IDNA: a non-ASCII label is Punycode-encoded to its A-label and an
 -- "xn--" label is decoded, re-encoded and must round-trip. The Go side
@@ -28,6 +28,7 @@ local MAX_EDGE_LEN = 64
 
 local byte, sub, find, lower = string.byte, string.sub, string.find, string.lower
 local floor = math.floor
+local bit = require "bit"
 
 local Malformed = "malformed"
 
@@ -321,20 +322,51 @@ end
 
 local MAX_FILE = 4 * 1024 * 1024
 
+-- The file is read through the C library: opened without blocking, so
+-- that a FIFO put in its place (or a link to one) is refused at once
+-- rather than holding the worker until a writer comes, and accepted only
+-- when it can seek (a regular file: a FIFO or socket cannot, a device
+-- reads as empty). Lua's io.open cannot open without blocking.
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+int open(const char *pathname, int flags, ...);
+int close(int fd);
+long lseek(int fd, long offset, int whence);
+long read(int fd, void *buf, unsigned long count);
+]]) -- declared once per Lua state; a second cdef of the same would fail
+local O_RDONLY, O_NONBLOCK, O_CLOEXEC = 0, 0x800, 0x80000
+local SEEK_SET, SEEK_END = 0, 2
+
+-- read_file reads the whole of path, at most MAX_FILE bytes, or answers
+-- nil and why.
+local function read_file(path)
+    local fd = ffi.C.open(path, bit.bor(O_RDONLY, O_NONBLOCK, O_CLOEXEC))
+    if fd < 0 then return nil, "front-door file: cannot open (errno " .. ffi.errno() .. ")" end
+    local size = tonumber(ffi.C.lseek(fd, 0, SEEK_END))
+    if size < 0 then
+        ffi.C.close(fd)
+        return nil, "front-door file is not a regular file"
+    end
+    if size > MAX_FILE then ffi.C.close(fd); return nil, "front-door file is too large" end
+    ffi.C.lseek(fd, 0, SEEK_SET)
+    local buf = ffi.new("char[?]", size + 1)
+    local got = 0
+    while got <= size do
+        local n = tonumber(ffi.C.read(fd, buf + got, size + 1 - got))
+        if n < 0 then ffi.C.close(fd); return nil, "front-door file: read failed (errno " .. ffi.errno() .. ")" end
+        if n == 0 then break end
+        got = got + n
+    end
+    ffi.C.close(fd)
+    -- Grown since the seek: read again next time.
+    if got > size then return nil, "front-door file is being replaced" end
+    return ffi.string(buf, got)
+end
+
 local function load_rows()
     if not rows_file then return nil, "no front-door file configured" end
-    local f, err = io.open(rows_file, "rb")
-    if not f then return nil, "front-door file: " .. tostring(err) end
-    -- A file over MAX_FILE, or one that cannot seek (a FIFO or a device),
-    -- is refused. Lua's io cannot open without blocking, so a FIFO put in
-    -- the file's place would still block here: the file lives in the
-    -- agent's state directory, writable by the agent's user only.
-    local size = f:seek("end")
-    if not size or size > MAX_FILE then f:close(); return nil, "front-door file is too large" end
-    f:seek("set", 0)
-    local data = f:read(MAX_FILE + 1)
-    f:close()
-    if not data then data = "" end
+    local data, err = read_file(rows_file)
+    if not data then return nil, err end
     local key = ngx.sha1_bin(data)
     if key == cached_key then return cached_table, cached_err end
     local doc = require("cjson.safe").decode(data)
