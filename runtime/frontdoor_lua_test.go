@@ -25,6 +25,7 @@ type luaCase struct {
 	Edge      string          `json:"edge"`
 	Reason    string          `json:"reason"`
 	Canonical string          `json:"canonical"`
+	LuaReason string          `json:"lua_reason"`
 }
 
 // TestFrontdoorLuaFixture runs every case of the Go resolver's golden file
@@ -144,6 +145,13 @@ http {
 	}
 	for i, w := range want {
 		g := got[i]
+		if w.LuaReason != "" {
+			// A known difference (the IDNA tables): another refusal, never an edge.
+			if g.Edge != "" || g.Reason != w.LuaReason {
+				t.Errorf("%s: lua resolve(%q) = edge %q reason %q; want the known difference: reason %q (go: %q)", w.Name, w.URL, g.Edge, g.Reason, w.LuaReason, w.Reason)
+			}
+			continue
+		}
 		if g.Edge != w.Edge || g.Reason != w.Reason || g.Canonical != w.Canonical {
 			t.Errorf("%s: lua resolve(%q) = edge %q reason %q canonical %q; go: edge %q reason %q canonical %q",
 				w.Name, w.URL, g.Edge, g.Reason, g.Canonical, w.Edge, w.Reason, w.Canonical)
