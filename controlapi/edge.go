@@ -34,7 +34,7 @@ func (s *Server) EdgeHandler() http.Handler {
 	mux.HandleFunc("POST "+edgeapi.PathStatus, s.edge(s.status))
 	mux.HandleFunc("GET "+edgeapi.PathTasks, s.edge(s.tasks))
 	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.edge(s.taskAck))
-	mux.HandleFunc("POST "+edgeapi.PathEgressElect, s.edge(s.elect))
+	mux.HandleFunc("POST "+edgeapi.PathEgressElect, s.edge(s.limited(newEdgeLimiter(electBurst, electRate), s.elect)))
 	mux.HandleFunc("POST "+edgeapi.PathEgressFence, s.edge(s.fence))
 	mux.HandleFunc("GET "+edgeapi.PathFrontDoors, s.edge(s.edgeFrontDoors))
 	return s.instrument(metrics.Edge, mux, mux)
@@ -307,7 +307,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 	if err := validGateways(rep.Gateways); err != nil {
 		return err
 	}
-	digest, err := statusDigest(rep.Status, rep.Gateways)
+	digest, err := statusDigest(rep.Status, sum, rep.Gateways)
 	if err != nil {
 		return errorf(http.StatusBadRequest, "status: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"cellvisor/edgeapi"
 )
@@ -26,11 +27,13 @@ var (
 )
 
 // statusDigest is the SHA-256 of an agent's status with its volatile
-// fields removed, in a canonical form (object keys sorted), and of its
-// gateways without their round-trip times (health and topology are not
-// volatile; a gateway row's RTT and last-seen are refreshed at least every
+// fields removed, in a canonical form (object keys sorted), of sum, the
+// status as the control plane reads it (a status whose keys repeat reads
+// differently as a map and as a Summary: both count), and of its gateways
+// without their round-trip times (health and topology are not volatile; a
+// gateway row's RTT and last-seen are refreshed at least every
 // StatusRewrite).
-func statusDigest(raw []byte, gateways []edgeapi.Gateway) ([32]byte, error) {
+func statusDigest(raw []byte, sum edgeapi.Summary, gateways []edgeapi.Gateway) ([32]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any
@@ -68,11 +71,25 @@ func statusDigest(raw []byte, gateways []edgeapi.Gateway) ([32]byte, error) {
 		g.RTTMicros = 0
 		gws[i] = g
 	}
+	if sum.Egress != nil {
+		// A probe's time is volatile; whether it has one is not (a probe
+		// without one is not stored).
+		e := *sum.Egress
+		e.Reach = make(map[string]edgeapi.ReachReport, len(sum.Egress.Reach))
+		for class, r := range sum.Egress.Reach {
+			if !r.CheckedAt.IsZero() {
+				r.CheckedAt = time.Unix(1, 0).UTC()
+			}
+			e.Reach[class] = r
+		}
+		sum.Egress = &e
+	}
 	canon, err := json.Marshal(struct {
 		Status   any               `json:"status"`
+		Read     edgeapi.Summary   `json:"read"`
 		Gateways []edgeapi.Gateway `json:"gateways"`
 		Reported bool              `json:"reported"` // nil (rows kept) differs from none
-	}{v, gws, gateways != nil})
+	}{v, sum, gws, gateways != nil})
 	if err != nil {
 		return [32]byte{}, fmt.Errorf("status digest: %w", err)
 	}

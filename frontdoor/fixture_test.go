@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -25,6 +26,11 @@ type FixtureCase struct {
 	Reason Reason `json:"reason,omitempty"`
 	// Canonical is Normalize(URL), or empty when it is malformed.
 	Canonical string `json:"canonical,omitempty"`
+	// LuaReason, set by hand, is the cells' Lua twin's answer where it
+	// knowingly differs: a code point Go refuses from the IDNA tables,
+	// which Lua cannot carry, is Punycode-encoded there and answers
+	// unmapped (never an edge: no row can hold it). Go must refuse it.
+	LuaReason Reason `json:"lua_reason,omitempty"`
 }
 
 var (
@@ -32,7 +38,10 @@ var (
 	api   = Row{Edge: "edge-b", URL: "https://api.example.com:8443"}
 	plain = Row{Edge: "edge-c", URL: "http://www.example.com:80"}
 	idn   = Row{Edge: "edge-d", URL: "https://xn--bcher-kva.example:443"}
-	std   = []Row{shop, api, plain, idn}
+	// catalan is a front door whose U-label has a Latin-1 code point the
+	// profile allows (U+00B7, the middle dot of "l·l").
+	catalan = Row{Edge: "edge-e", URL: "https://xn--collegi-xma.example:443"}
+	std     = []Row{shop, api, plain, idn}
 )
 
 // fixtureInputs are the cases; -update computes their answers.
@@ -100,7 +109,42 @@ var fixtureInputs = []FixtureCase{
 	{Name: "greek u-label", URL: "https://ελ.example", Rows: std},
 	{Name: "c1 control u-label", URL: "https://a\u0085b.example", Rows: std},
 	{Name: "latin-1 upper case", URL: "https://Éclair.example", Rows: std},
+	{Name: "latin-1 middle dot resolves", URL: "https://col·legi.example/", Rows: append(append([]Row(nil), std...), catalan)},
+	{Name: "latin-1 middle dot a-label resolves", URL: "https://xn--collegi-xma.example", Rows: append(append([]Row(nil), std...), catalan)},
+	{Name: "latin-1 symbol the profile allows", URL: "https://a£b.example", Rows: std},
+	{Name: "latin-1 inverted question mark the profile allows", URL: "https://¿a.example", Rows: std},
+	{Name: "multiplication sign the profile allows", URL: "https://a×b.example", Rows: std},
+	{Name: "division sign the profile allows", URL: "https://a÷b.example", Rows: std},
+	{Name: "no-break space", URL: "https://a\u00a0b.example", Rows: std},
+	{Name: "soft hyphen", URL: "https://shop\u00adexample.com", Rows: std},
+	{Name: "feminine ordinal", URL: "https://aªb.example", Rows: std},
+	{Name: "superscript two", URL: "https://a²b.example", Rows: std},
+	{Name: "micro sign", URL: "https://aµb.example", Rows: std},
+	{Name: "vulgar fraction", URL: "https://a½b.example", Rows: std},
+	{Name: "latin-1 upper case o with stroke", URL: "https://Øl.example", Rows: std},
+	{Name: "fullwidth full stop", URL: "https://shop\uff0eexample\uff0ecom", Rows: std, LuaReason: Unmapped},
+	{Name: "ideographic full stop", URL: "https://shop\u3002example\u3002com", Rows: std, LuaReason: Unmapped},
+	{Name: "zero width joiner", URL: "https://sh\u200dop.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "zero width non-joiner", URL: "https://sh\u200cop.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "byte order mark", URL: "https://\ufeffshop.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "leading combining mark", URL: "https://\u0301shop.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "not in NFC", URL: "https://bu\u0308cher.example", Rows: std, LuaReason: Unmapped},
+	{Name: "greek upper case", URL: "https://\u03a3hop.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "kelvin sign", URL: "https://\u212aey.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "capital sharp s", URL: "https://\u1e9ehop.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "long s", URL: "https://\u017fhop.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "dotted capital i", URL: "https://\u0130shop.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "bidi: hebrew and latin in one label", URL: "https://a\u05d0.example.com", Rows: std, LuaReason: Unmapped},
+	{Name: "emoji the profile allows", URL: "https://\U0001f600.example.com", Rows: std},
 	{Name: "too long", URL: "https://shop.example.com/" + repeat('x', MaxURLLen), Rows: std},
+}
+
+// Every Latin-1 code point inside a U-label, one case each: the Lua twin
+// names exactly the ones Go's profile refuses.
+func init() {
+	for cp := rune(0x80); cp <= 0xff; cp++ {
+		fixtureInputs = append(fixtureInputs, FixtureCase{Name: fmt.Sprintf("latin-1 U+%04X in a u-label", cp), URL: "https://a" + string(cp) + "b.example", Rows: std})
+	}
 }
 
 func repeat(c byte, n int) string { return string(bytes.Repeat([]byte{c}, n)) }
@@ -151,6 +195,12 @@ func TestFixture(t *testing.T) {
 		}
 		if c.Edge == "" && c.Reason == "" {
 			t.Errorf("%s: neither an edge nor a reason", c.Name)
+		}
+		if c.LuaReason != fixtureInputs[i].LuaReason {
+			t.Errorf("%s: lua_reason %q in the file, %q in the Go list: run -update", c.Name, c.LuaReason, fixtureInputs[i].LuaReason)
+		}
+		if c.LuaReason != "" && (c.Reason != Malformed || c.LuaReason == Malformed) {
+			t.Errorf("%s: Go answers %q, Lua %q: a known difference is only Go refusing malformed what Lua refuses otherwise", c.Name, c.Reason, c.LuaReason)
 		}
 		seen[c.Reason]++
 	}

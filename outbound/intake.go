@@ -27,10 +27,21 @@ import (
 type Intake struct {
 	s   *Sender
 	log *zap.Logger
+	// inFlight holds a token per forward being read or checked.
+	inFlight chan struct{}
 }
 
+// MaxIntakeInFlight bounds the forwards an intake reads and checks at
+// once: each may hold a bundle of up to edgeapi.MaxBundleBytes in memory,
+// and the agent runs in 128 MiB. Beyond it a forward is answered 503 at
+// once, before its body is read, and its sender delivers it itself; a
+// forward takes a fence's round trip, so honest peers rarely meet it.
+const MaxIntakeInFlight = 16
+
 // NewIntake serves s's intake.
-func NewIntake(s *Sender) *Intake { return &Intake{s: s, log: s.log.Named("intake")} }
+func NewIntake(s *Sender) *Intake {
+	return &Intake{s: s, log: s.log.Named("intake"), inFlight: make(chan struct{}, MaxIntakeInFlight)}
+}
 
 // Serve serves the intake on ln with the edges' mutual TLS until ctx
 // ends, then shuts down (requests in flight get 5s).
@@ -106,6 +117,12 @@ func (in *Intake) accept(r *http.Request) (peer, class string, _ error) {
 	}
 	if r.Method != http.MethodPost {
 		return peer, class, refuse(http.StatusMethodNotAllowed, "POST a bundle")
+	}
+	select {
+	case in.inFlight <- struct{}{}:
+		defer func() { <-in.inFlight }()
+	default:
+		return peer, class, refuse(http.StatusServiceUnavailable, "intake busy: %d forwards in flight", MaxIntakeInFlight)
 	}
 	data, err := io.ReadAll(io.LimitReader(r.Body, edgeapi.MaxBundleBytes+1))
 	if err != nil {

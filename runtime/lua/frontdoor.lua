@@ -7,14 +7,14 @@
 -- "unmapped", "ambiguous", "corrupt_row", "malformed". Never a guess.
 --
 -- Rows come from the runtime file the agent writes (init{rows_file=...}):
--- {"rows":[{"edge":..,"url":..}]}; it is re-read when its size or
--- modification time changes. An unreadable or undecodable file refuses
--- every resolve as corrupt_row.
+-- {"rows":[{"edge":..,"url":..}]}; it is read on every resolve and its
+-- rows prepared once per content. An unreadable or undecodable file (a
+-- FIFO, a directory, over 4 MiB) refuses every resolve as corrupt_row.
 --
 -- IDNA: a non-ASCII label is Punycode-encoded to its A-label and an
 -- "xn--" label is decoded, re-encoded and must round-trip. The Go side
 -- checks code points against the IDNA2008 tables; Lua refuses only the
--- ranges it can name (Latin-1 controls, symbols, upper case, x and /;
+-- ranges it can name (the Latin-1 code points Go refuses, exactly;
 -- specials and noncharacters).
 -- Where the two could differ the Lua answer can only be another refusal
 -- (malformed or unmapped), never an edge: every row is canonical by the Go
@@ -28,6 +28,7 @@ local MAX_EDGE_LEN = 64
 
 local byte, sub, find, lower = string.byte, string.sub, string.find, string.lower
 local floor = math.floor
+local bit = require "bit"
 
 local Malformed = "malformed"
 
@@ -157,9 +158,24 @@ local function puny_decode(s)
     return cps
 end
 
+-- latin1_refused are the Latin-1 code points (U+0080-U+00FF) that Go's
+-- profile refuses, exactly: the C1 controls and no-break space, and those
+-- it maps (diaeresis, ordinals, soft hyphen, macron, superscripts, acute,
+-- micro, cedilla, fractions, upper-case letters). It allows the others,
+-- symbols among them (U+00A1 ¡, U+00B7 · of "l·l", U+00D7 ×, U+00F7 ÷),
+-- and a row may hold them.
+local latin1_refused = {}
+for cp = 0x80, 0xA0 do latin1_refused[cp] = true end
+for _, cp in ipairs({ 0xA8, 0xAA, 0xAD, 0xAF, 0xB2, 0xB3, 0xB4, 0xB5, 0xB8, 0xB9, 0xBA, 0xBC, 0xBD, 0xBE }) do
+    latin1_refused[cp] = true
+end
+for cp = 0xC0, 0xDE do
+    if cp ~= 0xD7 then latin1_refused[cp] = true end
+end
+
 -- ulabel_ok checks the code points of a U-label: ASCII only a-z, 0-9 and
--- '-'; no C1 control, Latin-1 symbol, Latin-1 upper-case letter, x or /;
--- no surrogate (utf8_decode refuses those).
+-- '-'; no Latin-1 code point Go refuses; no surrogate (utf8_decode
+-- refuses those).
 local function ulabel_ok(cps)
     local nonascii = false
     for _, cp in ipairs(cps) do
@@ -167,7 +183,7 @@ local function ulabel_ok(cps)
             if not ((cp >= 97 and cp <= 122) or (cp >= 48 and cp <= 57) or cp == 45) then return false end
         else
             nonascii = true
-            if cp <= 0xBF or (cp >= 0xC0 and cp <= 0xDE) or cp == 0xF7 then return false end
+            if latin1_refused[cp] then return false end
             -- Specials (U+FFF0-U+FFFF, the replacement character among
             -- them) and the noncharacters U+FDD0-U+FDEF.
             if (cp >= 0xFFF0 and cp <= 0xFFFF) or (cp >= 0xFDD0 and cp <= 0xFDEF) then return false end
@@ -306,20 +322,51 @@ end
 
 local MAX_FILE = 4 * 1024 * 1024
 
+-- The file is read through the C library: opened without blocking, so
+-- that a FIFO put in its place (or a link to one) is refused at once
+-- rather than holding the worker until a writer comes, and accepted only
+-- when it can seek (a regular file: a FIFO or socket cannot, a device
+-- reads as empty). Lua's io.open cannot open without blocking.
+local ffi = require "ffi"
+pcall(ffi.cdef, [[
+int open(const char *pathname, int flags, ...);
+int close(int fd);
+long lseek(int fd, long offset, int whence);
+long read(int fd, void *buf, unsigned long count);
+]]) -- declared once per Lua state; a second cdef of the same would fail
+local O_RDONLY, O_NONBLOCK, O_CLOEXEC = 0, 0x800, 0x80000
+local SEEK_SET, SEEK_END = 0, 2
+
+-- read_file reads the whole of path, at most MAX_FILE bytes, or answers
+-- nil and why.
+local function read_file(path)
+    local fd = ffi.C.open(path, bit.bor(O_RDONLY, O_NONBLOCK, O_CLOEXEC))
+    if fd < 0 then return nil, "front-door file: cannot open (errno " .. ffi.errno() .. ")" end
+    local size = tonumber(ffi.C.lseek(fd, 0, SEEK_END))
+    if size < 0 then
+        ffi.C.close(fd)
+        return nil, "front-door file is not a regular file"
+    end
+    if size > MAX_FILE then ffi.C.close(fd); return nil, "front-door file is too large" end
+    ffi.C.lseek(fd, 0, SEEK_SET)
+    local buf = ffi.new("char[?]", size + 1)
+    local got = 0
+    while got <= size do
+        local n = tonumber(ffi.C.read(fd, buf + got, size + 1 - got))
+        if n < 0 then ffi.C.close(fd); return nil, "front-door file: read failed (errno " .. ffi.errno() .. ")" end
+        if n == 0 then break end
+        got = got + n
+    end
+    ffi.C.close(fd)
+    -- Grown since the seek: read again next time.
+    if got > size then return nil, "front-door file is being replaced" end
+    return ffi.string(buf, got)
+end
+
 local function load_rows()
     if not rows_file then return nil, "no front-door file configured" end
-    local f, err = io.open(rows_file, "rb")
-    if not f then return nil, "front-door file: " .. tostring(err) end
-    -- A file over MAX_FILE, or one that cannot seek (a FIFO or a device),
-    -- is refused. Lua's io cannot open without blocking, so a FIFO put in
-    -- the file's place would still block here: the file lives in the
-    -- agent's state directory, writable by the agent's user only.
-    local size = f:seek("end")
-    if not size or size > MAX_FILE then f:close(); return nil, "front-door file is too large" end
-    f:seek("set", 0)
-    local data = f:read(MAX_FILE + 1)
-    f:close()
-    if not data then data = "" end
+    local data, err = read_file(rows_file)
+    if not data then return nil, err end
     local key = ngx.sha1_bin(data)
     if key == cached_key then return cached_table, cached_err end
     local doc = require("cjson.safe").decode(data)

@@ -1,0 +1,89 @@
+package outbound
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"cellvisor/edgeapi"
+)
+
+// Forwards that send their headers and then dribble a bundle of the
+// largest size hold the intake only up to MaxIntakeInFlight: the next one
+// is answered 503 before its body is read (a sender delivers it itself),
+// so that peers cannot make the agent hold more than that many bundles in
+// memory. Once they are gone a forward is taken again.
+func TestIntakeBoundsForwardsInFlight(t *testing.T) {
+	_, a, b := twoEdges(t)
+	p := peerTLS(t, b.identity)
+	addr := strings.TrimPrefix(a.intake, "https://")
+	var slow []*tls.Conn
+	closeSlow := func() {
+		for _, c := range slow {
+			c.Close()
+		}
+		slow = nil
+	}
+	t.Cleanup(closeSlow)
+	for range MaxIntakeInFlight {
+		c, err := tls.Dial("tcp", addr, p.ClientConfig(a.id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		slow = append(slow, c)
+		fmt.Fprintf(c, "POST %smetering HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", edgeapi.PathIntake, addr, edgeapi.MaxBundleBytes)
+	}
+	bundle := func() edgeapi.Bundle {
+		bd, err := NewBundle(org, b.id, "metering", time.Now(), []Metering{{Cell: "cell-01", Requests: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bd
+	}
+	// The slow ones reach the handler in their own time: ask until the
+	// intake says it is busy.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		code, reason, err := postIntake(t, a, b.id, bundle(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code == http.StatusServiceUnavailable {
+			if !strings.Contains(reason, "busy") {
+				t.Fatalf("503 %q: want the intake busy", reason)
+			}
+			break
+		}
+		if pause(ctx) != nil {
+			t.Fatalf("with %d forwards dribbling their bodies the intake still answers %d (%s): want 503", MaxIntakeInFlight, code, reason)
+		}
+	}
+	closeSlow()
+	for {
+		code, reason, err := postIntake(t, a, b.id, bundle(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code == http.StatusAccepted {
+			break
+		}
+		if pause(ctx) != nil {
+			t.Fatalf("after the slow forwards went away the intake answers %d (%s): want 202", code, reason)
+		}
+	}
+}
+
+// pause waits a little before asking again, or answers ctx's end.
+func pause(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(10 * time.Millisecond):
+		return nil
+	}
+}
