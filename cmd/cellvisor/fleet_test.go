@@ -191,8 +191,10 @@ func TestFleetPageInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Drained is set at once; the state follows once the slot's routine has
+	// seen it: the page is checked after the control API holds both.
 	c.awaitEdge(t, id, "cell-01 reported drained", func(v controlapi.EdgeView) bool {
-		return len(v.Cells) == 3 && v.Cells[0].Drained && len(v.Tasks) == 1 && v.Tasks[0].State == "done"
+		return len(v.Cells) == 3 && v.Cells[0].Drained && v.Cells[0].State == "drained" && len(v.Tasks) == 1 && v.Tasks[0].State == "done"
 	})
 	if err := chromedp.Do(bctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("tasks"))); err != nil {
 		t.Fatal(err)
