@@ -35,8 +35,9 @@ BUILDFLAGS := -trimpath
 # the headless browser of the fleet page's test (chromedp); dbus provides
 # dbus-daemon: the tests of the cells' systemd scope run a private bus with a
 # fake systemd on it (internal/fakesystemd). prometheus ships promtool: make
-# test checks the sample alert rules and a real scrape of a running agent with
-# it. Debian starts the Prometheus server the package also ships (on :9090);
+# test checks the sample alert rules with it, and the Go tests run promtool
+# check metrics on real scrapes of a running agent and of a running control
+# API. Debian starts the Prometheus server the package also ships (on :9090);
 # deps stops and disables it when it installs the package, since only
 # promtool is wanted.
 DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm daemontools s6 runit chromium dbus prometheus
@@ -143,6 +144,9 @@ packages: build ## build the cellvisor and cellvisor-control .deb and .rpm packa
 packages-test: deps ## build both formats, check them with dpkg-deb and rpm -qp, install, upgrade and purge the .debs (as root)
 	$(GO) test -race -count=1 -timeout 10m -v ./packaging/...
 
+# promtool is on PATH from here on (deps installed it; check rules fails
+# without it), so the tests' promtool check metrics of a real agent scrape
+# (cmd/cellvisor) and of a real control API scrape (controlapi) run.
 test: deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
 	promtool check rules docs/alerts/cellvisor.rules.yml
 	@$(WITH_PG) $(GO) test -race -count=1 -timeout 30m ./...

@@ -34,6 +34,13 @@ func (a *Agent) setupMetrics(topo runtime.Topology) error {
 	if a.act != nil {
 		o.Activation = func() activation.Stats { return a.act.Stats() }
 	}
+	if a.egress != nil {
+		eo := agentmetrics.EgressOptions{Status: a.egressStatus}
+		if s := a.egress.sender; s != nil && a.egress.intake != nil {
+			eo.Intake = s.IntakeCounts
+		}
+		o.Collectors = append(o.Collectors, agentmetrics.NewEgressCollector(eo))
+	}
 	reg, err := agentmetrics.NewRegistry(o)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)

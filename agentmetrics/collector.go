@@ -31,8 +31,8 @@ type Options struct {
 	LogBytes func(cell string) (int64, error)
 	// ScrapeTimeout bounds one scrape's calls to the cells; zero means 2s.
 	ScrapeTimeout time.Duration
-	// Collectors are registered beside the agent's: the hook for metrics
-	// of parts that come later (egress routes, lease ownership, placement).
+	// Collectors are registered beside the agent's: the egress collector
+	// (NewEgressCollector) and any that come later.
 	Collectors []prometheus.Collector
 }
 
@@ -114,6 +114,13 @@ func (c *collector) collectAgent(ch chan<- prometheus.Metric, st supervisor.Stat
 		}
 		if ctl.CertExpires != nil {
 			gauge(ch, certExpiry, unix(*ctl.CertExpires))
+		}
+		if fd := ctl.FrontDoors; fd != nil {
+			gauge(ch, frontDoorRows, float64(fd.Rows))
+			gauge(ch, frontDoorFailing, b2f(fd.Error != ""))
+			if fd.LastFetch != nil {
+				gauge(ch, frontDoorFetched, unix(*fd.LastFetch))
+			}
 		}
 	}
 	for _, e := range enrollments {

@@ -19,10 +19,13 @@ import (
 	"cellvisor/supervisor"
 )
 
+var fetched = time.Unix(1500, 0)
+
 func fakeStatus(context.Context) supervisor.Status {
 	return supervisor.Status{
 		Version: "v1.2.3", CgroupMode: cgroup.ModeV2, Enforced: true, StartedAt: time.Unix(1000, 0),
-		Control: &supervisor.ControlStatus{Enrollment: "not enrolled", ActiveSequence: 7, PendingAcks: 2},
+		Control: &supervisor.ControlStatus{Enrollment: "not enrolled", ActiveSequence: 7, PendingAcks: 2,
+			FrontDoors: &supervisor.FrontDoorStatus{Rows: 3, LastFetch: &fetched, Error: "front doors refused: row 2: not canonical"}},
 		Slots: []supervisor.SlotStatus{
 			{Name: "cell-01", Pool: "shared-default", Assignment: supervisor.Assigned, State: supervisor.StateReady, PID: 42,
 				Restarts: 3, OperatorRestarts: 1, Limits: cgroup.Limits{MemoryBytes: 512 << 20, CPUQuotaUS: 50000, CPUPeriodUS: 100000, PIDs: 128},
@@ -86,12 +89,22 @@ cellvisor_activation_last_outcome{outcome="applied"} 0
 cellvisor_activation_last_outcome{outcome="failed"} 0
 cellvisor_activation_last_outcome{outcome="partial"} 0
 cellvisor_activation_last_outcome{outcome="refused"} 1
+# HELP cellvisor_frontdoor_rows Front doors of the edge's org in the cells' runtime file (the last answer taken).
+# TYPE cellvisor_frontdoor_rows gauge
+cellvisor_frontdoor_rows 3
+# HELP cellvisor_frontdoor_fetch_failing 1 when the last front-door fetch failed or its answer was refused (the previous rows stay).
+# TYPE cellvisor_frontdoor_fetch_failing gauge
+cellvisor_frontdoor_fetch_failing 1
+# HELP cellvisor_frontdoor_last_fetch_timestamp_seconds When the control API last confirmed or changed the front doors, as a Unix timestamp.
+# TYPE cellvisor_frontdoor_last_fetch_timestamp_seconds gauge
+cellvisor_frontdoor_last_fetch_timestamp_seconds 1500
 # HELP cellvisor_activation_last_duration_seconds How long the last activation took, from the start of the poll that found it to its ack in the journal.
 # TYPE cellvisor_activation_last_duration_seconds gauge
 cellvisor_activation_last_duration_seconds 1.5
 `
 	names := []string{"cellvisor_cell_restarts_total", "cellvisor_cell_origin_failures_total", "cellvisor_cell_cpu_seconds_total",
-		"cellvisor_cell_drained", "cellvisor_agent_enrollment_state", "cellvisor_activation_last_outcome", "cellvisor_activation_last_duration_seconds"}
+		"cellvisor_cell_drained", "cellvisor_agent_enrollment_state", "cellvisor_activation_last_outcome", "cellvisor_activation_last_duration_seconds",
+		"cellvisor_frontdoor_rows", "cellvisor_frontdoor_fetch_failing", "cellvisor_frontdoor_last_fetch_timestamp_seconds"}
 	if err := promtest.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}
@@ -130,7 +143,7 @@ func TestDocsListEveryMetric(t *testing.T) {
 		documented = append(documented, r[1])
 	}
 	var described []string
-	for _, d := range allDescs {
+	for _, d := range append(slices.Clone(allDescs), egressDescs...) {
 		name := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(d.String())[1]
 		described = append(described, name)
 		if !slices.Contains(documented, name) {

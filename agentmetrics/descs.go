@@ -22,6 +22,9 @@ var (
 	pollFailing        = desc("poll_failing", "1 when the last poll of the manifest source failed (unreachable, local I/O); a refusal is not a failure.")
 	pollLastSuccess    = desc("poll_last_success_timestamp_seconds", "When a poll of the manifest source last ended without error, as a Unix timestamp.")
 	certExpiry         = desc("cert_expiry_timestamp_seconds", "When the edge's client certificate expires, as a Unix timestamp.")
+	frontDoorRows      = desc("frontdoor_rows", "Front doors of the edge's org in the cells' runtime file (the last answer taken).")
+	frontDoorFetched   = desc("frontdoor_last_fetch_timestamp_seconds", "When the control API last confirmed or changed the front doors, as a Unix timestamp.")
+	frontDoorFailing   = desc("frontdoor_fetch_failing", "1 when the last front-door fetch failed or its answer was refused (the previous rows stay).")
 
 	activationLastDuration = desc("activation_last_duration_seconds", "How long the last activation took, from the start of the poll that found it to its ack in the journal.")
 	activationLastTime     = desc("activation_last_timestamp_seconds", "When the last activation ended, as a Unix timestamp.")
@@ -57,7 +60,7 @@ var (
 
 	allDescs = []*prometheus.Desc{
 		agentInfo, limitsEnforced, startTime, enrollmentState, activeSequence, ackPending, ackDropped,
-		controlLastSuccess, pollLast, pollFailing, pollLastSuccess, certExpiry,
+		controlLastSuccess, pollLast, pollFailing, pollLastSuccess, certExpiry, frontDoorRows, frontDoorFetched, frontDoorFailing,
 		activationLastDuration, activationLastTime, activationLastSequence, activationLastOutcome, activations, refusals,
 		cellInfo, cellState, cellReady, cellDrained, cellUp, cellRestarts, cellSequence, cellMemory, cellMemoryLimit,
 		cellCPU, cellCPULimit, cellThrottled, cellThrottledPeriods, cellPIDs, cellPIDsLimit, cellPIDsRefused, cellOOM,

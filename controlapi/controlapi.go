@@ -168,7 +168,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1)}
 	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, s.log)
-	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Now: o.Now, Logger: s.log})
+	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})
 	// The store is this server's: it reports its writes and placements here.
 	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement}
 	var err error

@@ -108,19 +108,42 @@ func isFleetPath(p string) bool {
 type loginPage struct{ Error string }
 
 // EgressHolder is the edge holding the egress lease of one (org, traffic
-// class).
+// class), at its fencing epoch, until its expiry unless renewed.
 type EgressHolder struct {
-	Org, Class, EdgeID, EdgeName string
-	Until                        time.Time
+	Org, Class, EdgeID, EdgeName, Region string
+	Epoch                                int64
+	Until                                time.Time
 }
 
-// egressHolders returns the current egress lease holders. Governed egress
-// has not landed: there are none yet, and the page says so.
-func (s *Server) egressHolders(context.Context) ([]EgressHolder, error) { return nil, nil }
+// egressHolders returns the current egress lease holders, up to
+// FleetPageMax, and how many there are: a lease past its expiry is
+// nobody's, and is not shown.
+func (s *Server) egressHolders(ctx context.Context) ([]EgressHolder, int, error) {
+	ls, total, err := s.st.HeldLeases(ctx, s.o.Now(), FleetPageMax)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := make([]EgressHolder, 0, len(ls))
+	for _, l := range ls {
+		out = append(out, EgressHolder{Org: l.Org, Class: l.Class, EdgeID: l.Holder, EdgeName: l.HolderName,
+			Region: regionZone(l.Region, l.Zone), Epoch: l.Epoch, Until: l.ExpiresAt})
+	}
+	return out, total, nil
+}
 
-// edgeRegion is the edge's region and zone, when the store has them (not
-// yet): the page shows the column only when some edge has one.
-func edgeRegion(store.Edge) string { return "" }
+// edgeRegion is the edge's region and zone: the page shows the column
+// only when some edge has one.
+func edgeRegion(e store.Edge) string { return regionZone(e.Region, e.Zone) }
+
+func regionZone(region, zone string) string {
+	switch {
+	case zone == "":
+		return region
+	case region == "":
+		return zone
+	}
+	return region + " / " + zone
+}
 
 // fleetEdge is an edge as the fleet page shows it.
 type fleetEdge struct {
@@ -183,6 +206,7 @@ type fleetPage struct {
 	Paged        bool
 	FailingMoves []MoveView
 	Egress       []EgressHolder
+	EgressTotal  int
 	Refusals     []store.EdgeAck
 }
 
@@ -248,7 +272,7 @@ func (s *Server) fleetPage(w http.ResponseWriter, r *http.Request) {
 		for _, m := range moves {
 			p.FailingMoves = append(p.FailingMoves, *moveView(m))
 		}
-		if p.Egress, err = s.egressHolders(ctx); err != nil {
+		if p.Egress, p.EgressTotal, err = s.egressHolders(ctx); err != nil {
 			return err
 		}
 		p.Refusals, err = s.st.RecentAcks(ctx, manifest.AckRefused, fleetRecent)

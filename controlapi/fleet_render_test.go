@@ -124,3 +124,31 @@ func TestSessionCookies(t *testing.T) {
 		t.Error("a session is valid at its expiry")
 	}
 }
+
+// The egress section shows each holder with its edge, region, epoch and
+// expiry, escaped, and says when it shows only part of them.
+func TestFleetRenderingShowsHolders(t *testing.T) {
+	until := time.Date(2026, 1, 2, 3, 6, 0, 0, time.UTC)
+	p := fleetPage{Now: until, SilentAfter: SilentAfter, EgressTotal: 3, Egress: []EgressHolder{
+		{Org: "acme", Class: "metering", EdgeID: "id-1", EdgeName: "eu-1", Region: "eu / eu-a", Epoch: 7, Until: until},
+		{Org: `<b>x</b>`, Class: "siem_forwarding", EdgeID: "id-2", Epoch: 1, Until: until},
+	}}
+	var buf bytes.Buffer
+	if err := fleetTemplates.ExecuteTemplate(&buf, "fleet", p); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{
+		`<tr class="holder" data-scope="acme/metering"><td>acme</td><td>metering</td><td><a href="/fleet/edges/id-1">eu-1</a></td><td>eu / eu-a</td><td>7</td><td>2026-01-02T03:06:00Z</td></tr>`,
+		// A holder since deleted has no name: its id stands in.
+		`<td>&lt;b&gt;x&lt;/b&gt;</td><td>siem_forwarding</td><td><a href="/fleet/edges/id-2">id-2</a></td>`,
+		`2 of 3 shown`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("page lacks %s", want)
+		}
+	}
+	if strings.Contains(out, "<b>x") {
+		t.Error("an org name is not escaped")
+	}
+}

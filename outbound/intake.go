@@ -93,12 +93,14 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var rf *refusal
 	switch {
 	case err == nil:
+		in.s.intake.count(http.StatusAccepted)
 		w.WriteHeader(http.StatusAccepted)
 		return
 	case errors.As(err, &rf):
 	default:
 		rf = &refusal{code: http.StatusInternalServerError, reason: err.Error()}
 	}
+	in.s.intake.count(rf.code)
 	in.log.Warn("forward refused", zap.String("peer", peer), zap.String("class", class), zap.Int("status", rf.code), zap.String("reason", rf.reason))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(rf.code)

@@ -75,6 +75,8 @@ type Sender struct {
 	log  *zap.Logger
 	dest *http.Client
 	wake map[string]chan struct{}
+	// intake counts the intake's answers (atomics).
+	intake intakeStats
 
 	mu      sync.Mutex      // guards the following fields
 	reelect map[string]bool // elect before the next delivery

@@ -49,9 +49,35 @@ type EdgeSeen struct {
 }
 
 // LeaseHolder is one egress lease held: the edge holding it for (org,
-// traffic class).
+// traffic class), its fencing epoch and when it expires unless renewed.
 type LeaseHolder struct {
 	Org, Class, Edge string
+	Epoch            int64
+	Expires          time.Time
+}
+
+// Pools is the placement state the pool series are read from.
+type Pools struct {
+	// Pools lists every pool with its settings and domains.
+	Pools []Pool
+	// Ready lists, for each edge that reported its status, its ready cells
+	// in each pool it has cells in.
+	Ready []PoolReady
+}
+
+// Pool is one pool: its minimum of ready cells per edge and the domains
+// whose active pool it is.
+type Pool struct {
+	Name     string
+	MinReady int
+	Domains  int
+}
+
+// PoolReady is one edge's ready cells in one pool, from its latest status
+// report: running, ready and not drained.
+type PoolReady struct {
+	Edge, Pool string
+	Ready      int
 }
 
 // Options configure Metrics.
@@ -62,7 +88,10 @@ type Options struct {
 	// Leases lists the egress leases held at scrape time, or nil until
 	// egress exists (no lease series then).
 	Leases func(ctx context.Context) ([]LeaseHolder, error)
-	// ScrapeTimeout bounds Fleet and Leases; zero means 10s.
+	// Pools reads the pools and each edge's ready cells per pool at
+	// scrape time, or nil for no pool series.
+	Pools func(ctx context.Context) (Pools, error)
+	// ScrapeTimeout bounds Fleet, Leases and Pools together; zero means 10s.
 	ScrapeTimeout time.Duration
 	// Now is the clock, or nil for time.Now.
 	Now func() time.Time
@@ -192,12 +221,23 @@ var (
 		[]string{"edge"}, nil)
 	leaseDesc = prometheus.NewDesc("cellvisor_control_egress_lease_holder",
 		"1 for the edge holding the egress lease of (org, class).", []string{"org", "class", "edge"}, nil)
+	leaseEpochDesc = prometheus.NewDesc("cellvisor_control_egress_lease_epoch",
+		"The fencing epoch of the egress lease of (org, class): it grows with every new holder.", []string{"org", "class"}, nil)
+	leaseExpiryDesc = prometheus.NewDesc("cellvisor_control_egress_lease_expiry_timestamp_seconds",
+		"When the egress lease of (org, class) expires unless its holder renews it, Unix seconds.", []string{"org", "class"}, nil)
+	poolMinReadyDesc = prometheus.NewDesc("cellvisor_control_pool_min_ready_cells",
+		"The pool's minimum of ready cells on an edge for new placements there.", []string{"pool"}, nil)
+	poolReadyDesc = prometheus.NewDesc("cellvisor_control_pool_ready_cells",
+		"An edge's ready (running, ready, not drained) cells in a pool it has cells in, from its latest status report.", []string{"edge", "pool"}, nil)
+	poolDomainsDesc = prometheus.NewDesc("cellvisor_control_pool_domains",
+		"Domains whose active pool is the pool.", []string{"pool"}, nil)
 	scrapeErrDesc = prometheus.NewDesc("cellvisor_control_fleet_scrape_error",
 		"1 when this scrape could not read the fleet (its edge series are then missing).", nil, nil)
 )
 
-// fleet collects the per-edge and per-lease series at scrape time, from
-// the database: bounded by the fleet's size (one series per edge).
+// fleet collects the per-edge, per-lease and per-pool series at scrape
+// time, from the database: bounded by the fleet's size (one series per
+// edge, one per pool each edge has cells in).
 type fleet struct{ m *Metrics }
 
 func (f *fleet) Describe(ch chan<- *prometheus.Desc) {
@@ -205,6 +245,11 @@ func (f *fleet) Describe(ch chan<- *prometheus.Desc) {
 	ch <- ageDesc
 	ch <- lastSeenDesc
 	ch <- leaseDesc
+	ch <- leaseEpochDesc
+	ch <- leaseExpiryDesc
+	ch <- poolMinReadyDesc
+	ch <- poolReadyDesc
+	ch <- poolDomainsDesc
 	ch <- scrapeErrDesc
 }
 
@@ -226,11 +271,41 @@ func (f *fleet) Collect(ch chan<- prometheus.Metric) {
 			o.Logger.Warn("metrics: read the egress leases", zap.Error(err))
 			failed = 1
 		}
-		for _, l := range leases {
-			ch <- prometheus.MustNewConstMetric(leaseDesc, prometheus.GaugeValue, 1, l.Org, l.Class, l.Edge)
+		collectLeases(ch, leases)
+	}
+	if o.Pools != nil {
+		pools, err := o.Pools(ctx)
+		if err != nil {
+			o.Logger.Warn("metrics: read the pools", zap.Error(err))
+			failed = 1
 		}
+		collectPools(ch, pools)
 	}
 	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, failed)
+}
+
+// collectLeases emits each lease's holder, epoch and expiry: one series
+// each per (org, class).
+func collectLeases(ch chan<- prometheus.Metric, leases []LeaseHolder) {
+	for _, l := range leases {
+		ch <- prometheus.MustNewConstMetric(leaseDesc, prometheus.GaugeValue, 1, l.Org, l.Class, l.Edge)
+		ch <- prometheus.MustNewConstMetric(leaseEpochDesc, prometheus.GaugeValue, float64(l.Epoch), l.Org, l.Class)
+		if !l.Expires.IsZero() {
+			ch <- prometheus.MustNewConstMetric(leaseExpiryDesc, prometheus.GaugeValue, float64(l.Expires.UnixMilli())/1000, l.Org, l.Class)
+		}
+	}
+}
+
+// collectPools emits every pool's minimum and domains, and each edge's
+// ready cells per pool: edges × their pools at most.
+func collectPools(ch chan<- prometheus.Metric, p Pools) {
+	for _, pl := range p.Pools {
+		ch <- prometheus.MustNewConstMetric(poolMinReadyDesc, prometheus.GaugeValue, float64(pl.MinReady), pl.Name)
+		ch <- prometheus.MustNewConstMetric(poolDomainsDesc, prometheus.GaugeValue, float64(pl.Domains), pl.Name)
+	}
+	for _, r := range p.Ready {
+		ch <- prometheus.MustNewConstMetric(poolReadyDesc, prometheus.GaugeValue, float64(r.Ready), r.Edge, r.Pool)
+	}
 }
 
 // collectEdges emits the edge counts, age bands and last-seen times.
