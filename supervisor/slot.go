@@ -60,6 +60,9 @@ type slot struct {
 	// immediate restart starts the new master first (afterStart saves it).
 	// Only the slot's routine uses it.
 	unsaved bool
+	// spare is the slot's standby (standby.go), nil when it has none. Only
+	// the slot's routine uses it.
+	spare *spare
 }
 
 // restartReq is an operator restart; done receives nil once the new cell is
