@@ -18,7 +18,15 @@ import (
 
 // ensureGroup creates (or updates) the slot's cgroup with its limits.
 func (c *slot) ensureGroup() (cgroup.Group, error) {
-	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, c.s.settings().Limits)
+	l := c.s.settings().Limits
+	c.mu.Lock()
+	g, fresh := c.group, c.fresh
+	c.fresh = nil
+	c.mu.Unlock()
+	if g != nil && fresh != nil && *fresh == l {
+		return g, nil // createGroups just wrote these limits
+	}
+	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, l)
 	if err != nil {
 		return nil, err
 	}

@@ -54,6 +54,10 @@ type slot struct {
 	// adopted is the running master of a previous agent, verified and
 	// watched, that the slot's routine supervises instead of starting one.
 	adopted *proc
+	// fresh are the limits group was just created with (createGroups),
+	// nil once a start used it: a first start with the same limits need
+	// not write them again.
+	fresh *cgroup.Limits
 
 	saveMu sync.Mutex // serialises saveCounters
 	// unsaved says the restart count changed and is not persisted yet: an
