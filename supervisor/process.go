@@ -26,6 +26,12 @@ func (c *slot) ensureGroup() (cgroup.Group, error) {
 	if g != nil && fresh != nil && *fresh == l {
 		return g, nil // createGroups just wrote these limits
 	}
+	if g != nil && c.spare != nil && c.spare.limits == l {
+		// The spare joined the group with these limits in place (Update
+		// writes new ones to the group itself, and they then differ from
+		// the spare's): nothing to create or write on the restart's path.
+		return g, nil
+	}
 	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, l)
 	if err != nil {
 		return nil, err

@@ -37,13 +37,15 @@ import (
 //
 // spare is owned by the slot's routine, like unsaved.
 type spare struct {
-	cmd *exec.Cmd
-	sb  *cgroup.Standby
+	cmd    *exec.Cmd
+	sb     *cgroup.Standby
+	limits cgroup.Limits // the group's limits when it joined
 }
 
 // makeSpare starts a spare for the slot's group, if the group is joined
 // by a helper (v1) and the slot has none.
 func (c *slot) makeSpare() {
+	l := c.s.settings().Limits
 	c.mu.Lock()
 	g := c.group
 	c.mu.Unlock()
@@ -69,7 +71,7 @@ func (c *slot) makeSpare() {
 		c.log.Warn("start standby", zap.Error(err))
 		return
 	}
-	c.spare = &spare{cmd: cmd, sb: sb}
+	c.spare = &spare{cmd: cmd, sb: sb, limits: l}
 	c.log.Debug("standby started", zap.Int("pid", cmd.Process.Pid))
 }
 
