@@ -224,13 +224,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 // createGroups creates the cgroups of the slots about to start a cell, all
 // before any cell starts. On cgroup v1 a mkdir and a cell's join (the
 // helper writing itself into cgroup.procs) take the same global
-// cgroup_mutex, and a join holds it across an RCU grace period: creating a
-// group while other cells join queued that mkdir behind them (the eighth
-// cell's start took ~100 ms of which ~95 ms waiting), and its own join
-// then behind theirs. Created first, the mkdirs are quick, and the joins
-// that follow come back to back, so that the kernel's rcu_sync lets all but
-// the first skip their grace period. A failure is left to the slot's own
-// start, which tries again and reports it.
+// cgroup_mutex, and a join holds it while it waits for the threadgroup
+// rwsem: creating a group while other cells joined queued that mkdir
+// behind them (in one traced start the agent's side of the eighth cell's
+// start took 114 ms against 2 ms for the first), and its own join then
+// behind theirs. Created first, the mkdirs do not wait behind joins. A
+// failure is left to the slot's own start, which tries again and reports
+// it. (docs/performance.md: the whole-process benchmark shows no change of
+// the start beyond this host's noise.)
 func (s *Supervisor) createGroups() {
 	if s.o.Refusal != nil || s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
 		return
