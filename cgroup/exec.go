@@ -1,6 +1,10 @@
 package cgroup
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
 	"os/exec"
 	"syscall"
 )
@@ -16,7 +20,7 @@ const joinShell = "/bin/sh"
 
 // joinScript exits 126 if a cgroup cannot be joined, naming it on stderr
 // (the shell prints "cellvisor-cgexec: 1: cannot create …").
-const joinScript = `while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"`
+const joinScript = `while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@" 3<&-`
 
 // execArg0 names the helper in the cell's stderr log.
 const execArg0 = "cellvisor-cgexec"
@@ -33,4 +37,76 @@ func wrapExec(cmd *exec.Cmd, procsFiles []string) {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
 	cmd.SysProcAttr.Setpgid = true
+}
+
+// standbyScript is the join helper of a standby: it joins like joinScript,
+// then blocks reading fd 3 (a pipe from the agent). The line "exec" makes it
+// exec the cell at once, already inside its cgroups, with fd 3 closed; end
+// of file (the agent closed the pipe, or exited) makes it exit 0 without
+// starting anything, so a standby never outlives its agent.
+const standbyScript = `while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; read -r go <&3 || exit 0; [ "$go" = exec ] || exit 0; exec "$@" 3<&-`
+
+// standbyArg0 names a standby in the cell's stderr log and in ps.
+const standbyArg0 = "cellvisor-standby"
+
+// StandbyGroup is a group whose cells are started through a join (cgroup
+// v1): there a standby, joined ahead of time, takes the join off a
+// restart's path. On cgroup v2 a cell is cloned straight into its cgroup,
+// with nothing to take off; v2 and unenforced groups do not implement it.
+type StandbyGroup interface {
+	Group
+	// PrepareStandby makes cmd start as a standby of the group: it joins
+	// the group, then waits until Release execs cmd's program in place
+	// (same pid), or exits 0 once the returned Standby is closed. Call
+	// after, when not nil, once cmd.Start has returned.
+	PrepareStandby(cmd *exec.Cmd) (sb *Standby, after func(started bool), err error)
+	// KillExcept is Kill sparing keep, a standby of the group: the caller's
+	// own child, not yet reaped, so its pid cannot name another process.
+	KillExcept(ctx context.Context, keep int) error
+}
+
+// Standby is the agent's end of a standby's pipe.
+type Standby struct {
+	w *os.File
+}
+
+// Release tells the standby to exec its program now. It fails when the
+// standby is gone (EPIPE); the caller then starts the cell the usual way.
+func (s *Standby) Release() error {
+	_, err := s.w.WriteString("exec\n")
+	if cerr := s.w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("release standby: %w", err)
+	}
+	return nil
+}
+
+// Close ends the standby without starting anything: it reads end of file
+// and exits. Closing a released standby is a no-op.
+func (s *Standby) Close() error {
+	if err := s.w.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+		return err
+	}
+	return nil
+}
+
+// wrapStandby rewrites cmd to run as a standby joining procsFiles, waiting
+// on the read end of a pipe passed as fd 3.
+func wrapStandby(cmd *exec.Cmd, procsFiles []string) (*Standby, func(bool), error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("standby pipe: %w", err)
+	}
+	wrapExec(cmd, procsFiles)
+	cmd.Args[2], cmd.Args[3] = standbyScript, standbyArg0
+	cmd.ExtraFiles = []*os.File{r}
+	after := func(started bool) {
+		r.Close() // the standby holds its own copy
+		if !started {
+			w.Close()
+		}
+	}
+	return &Standby{w: w}, after, nil
 }

@@ -231,6 +231,16 @@ func (g *v1Group) Prepare(cmd *exec.Cmd) (func(bool), error) {
 	return nil, nil
 }
 
+// PrepareStandby makes cmd start as a standby joining this group's
+// hierarchies (see StandbyGroup).
+func (g *v1Group) PrepareStandby(cmd *exec.Cmd) (*Standby, func(bool), error) {
+	files := make([]string, 0, len(g.m.ctrls))
+	for _, c := range g.m.ctrls {
+		files = append(files, g.file(c, "cgroup.procs"))
+	}
+	return wrapStandby(cmd, files)
+}
+
 // Procs lists every process in any of the group's controllers (the exec
 // helper joins them one after another).
 func (g *v1Group) Procs() ([]int, error) {
@@ -257,7 +267,11 @@ func (g *v1Group) Procs() ([]int, error) {
 // Kill first sets pids.max to 0 so nothing in the group can fork, then
 // SIGKILLs every member until the group is empty: with no forks possible the
 // loop converges even against a fork bomb. The pids limit is restored after.
-func (g *v1Group) Kill(ctx context.Context) error {
+func (g *v1Group) Kill(ctx context.Context) error { return g.KillExcept(ctx, 0) }
+
+// KillExcept is Kill sparing keep (0: none), a standby of the group, which
+// forks nothing and so cannot keep the group from emptying of the rest.
+func (g *v1Group) KillExcept(ctx context.Context, keep int) error {
 	pidsMax := g.file("pids", "pids.max")
 	prev, err := os.ReadFile(pidsMax)
 	if err != nil {
@@ -272,6 +286,7 @@ func (g *v1Group) Kill(ctx context.Context) error {
 	var killed []int
 	err = waitEmpty(ctx, func() ([]int, error) {
 		pids, err := g.Procs()
+		pids = slices.DeleteFunc(pids, func(p int) bool { return p == keep })
 		killPIDs(pids)
 		killed = append(killed, pids...)
 		return pids, err

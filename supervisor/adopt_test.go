@@ -63,7 +63,7 @@ func TestAdoptsRunningCells(t *testing.T) {
 		t.Errorf("restart past the limit after an agent restart: %v, want ErrRateLimited", err)
 	}
 	// The adopted master dies: it is a crash like any other.
-	procs := cellProcs(t, h, "cell-02")
+	procs := nginxProcs(t, h, "cell-02") // its standby becomes the new master
 	if err := syscall.Kill(two.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -17,7 +18,21 @@ import (
 
 // ensureGroup creates (or updates) the slot's cgroup with its limits.
 func (c *slot) ensureGroup() (cgroup.Group, error) {
-	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, c.s.settings().Limits)
+	l := c.s.settings().Limits
+	c.mu.Lock()
+	g, fresh := c.group, c.fresh
+	c.fresh = nil
+	c.mu.Unlock()
+	if g != nil && fresh != nil && *fresh == l {
+		return g, nil // createGroups just wrote these limits
+	}
+	if g != nil && c.spare != nil && c.spare.limits == l {
+		// The spare joined the group with these limits in place (Update
+		// writes new ones to the group itself, and they then differ from
+		// the spare's): nothing to create or write on the restart's path.
+		return g, nil
+	}
+	g, err := c.s.o.Cgroups.Ensure(c.spec.Name, l)
 	if err != nil {
 		return nil, err
 	}
@@ -27,17 +42,20 @@ func (c *slot) ensureGroup() (cgroup.Group, error) {
 	return g, nil
 }
 
-// start launches the cell master inside its cgroup. Its record is written
-// by afterStart, once the readiness probe runs.
+// start launches the cell master inside its cgroup: by releasing the
+// slot's standby when it has one (already joined: no cgroup migration on
+// the restart's path), else through the group's own start. Its record is
+// written by afterStart, once the readiness probe runs.
 func (c *slot) start() (*proc, error) {
+	t0 := time.Now()
 	g, err := c.ensureGroup()
 	if err != nil {
 		return nil, err
 	}
-	if pids, _ := g.Procs(); len(pids) > 0 {
+	if pids, _ := g.Procs(); len(slices.DeleteFunc(pids, c.isSpare)) > 0 {
 		// Never start beside leftovers: an orphaned worker would hold the port.
 		kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := g.Kill(kctx)
+		err := c.killGroup(kctx, g)
 		cancel()
 		if err != nil {
 			return nil, err
@@ -48,21 +66,21 @@ func (c *slot) start() (*proc, error) {
 	if err := os.Remove(c.spec.PrivateSocket()); err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("remove stale private socket: %w", err)
 	}
-	stderr, err := os.OpenFile(filepath.Join(c.spec.LogsDir(), "stderr.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
-	if err != nil {
-		return nil, err
-	}
-	defer stderr.Close()
 	logs := markLogs(c.spec.LogsDir())
-	cmd := exec.Command(c.s.o.Binary,
-		"-p", c.spec.Dir+"/",
-		"-c", c.spec.ConfPath(),
-		"-e", filepath.Join(c.spec.LogsDir(), "error.log"))
-	cmd.Dir = c.spec.Dir
-	cmd.Stdout, cmd.Stderr = stderr, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cgroup.Start(g, cmd); err != nil {
-		return nil, fmt.Errorf("start %s: %w", c.s.o.Binary, err)
+	cmd, err := c.releaseSpare(g)
+	spared := cmd != nil
+	if err != nil {
+		c.log.Warn("standby unusable; starting the cell through a join", zap.Error(err))
+	}
+	if cmd == nil {
+		if cmd, err = c.cellCmd(); err != nil {
+			return nil, err
+		}
+		err = cgroup.Start(g, cmd)
+		closeOutput(cmd)
+		if err != nil {
+			return nil, fmt.Errorf("start %s: %w", c.s.o.Binary, err)
+		}
 	}
 	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: c.s.clk.Now(), logs: logs, pidfd: -1, wake: -1, group: g}
 	go func() {
@@ -72,8 +90,32 @@ func (c *slot) start() (*proc, error) {
 	c.mu.Lock()
 	c.pid = p.pid
 	c.mu.Unlock()
-	c.log.Debug("cell started", zap.Int("pid", p.pid))
+	c.log.Debug("cell started", zap.Int("pid", p.pid), zap.Bool("standby", spared), zap.Duration("took", time.Since(t0)))
 	return p, nil
+}
+
+// cellCmd is the command of the slot's master, its output appended to the
+// cell's stderr log (closeOutput closes the agent's copy once started).
+func (c *slot) cellCmd() (*exec.Cmd, error) {
+	stderr, err := os.OpenFile(filepath.Join(c.spec.LogsDir(), "stderr.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(c.s.o.Binary,
+		"-p", c.spec.Dir+"/",
+		"-c", c.spec.ConfPath(),
+		"-e", filepath.Join(c.spec.LogsDir(), "error.log"))
+	cmd.Dir = c.spec.Dir
+	cmd.Stdout, cmd.Stderr = stderr, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd, nil
+}
+
+// closeOutput closes the agent's copy of a started command's log file.
+func closeOutput(cmd *exec.Cmd) {
+	if f, ok := cmd.Stderr.(*os.File); ok {
+		f.Close()
+	}
 }
 
 // afterStart does the bookkeeping of a start that the new cell need not
@@ -122,7 +164,9 @@ func (c *slot) stop(p *proc, grace time.Duration) {
 // kills whatever the master left behind (an orphaned worker keeps the port
 // otherwise).
 func (c *slot) afterExit(p *proc, forced string) {
+	t0 := time.Now()
 	c.killLeftovers()
+	c.log.Debug("cell leftovers killed", zap.Duration("took", time.Since(t0)))
 	c.removeRecord()
 	why := describeExit(p.err)
 	if forced != "" {
@@ -146,7 +190,7 @@ func (c *slot) killLeftovers() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := g.Kill(ctx); err != nil {
+	if err := c.killGroup(ctx, g); err != nil {
 		c.log.Error("kill cell leftovers", zap.Error(err))
 	}
 }

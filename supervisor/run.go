@@ -67,7 +67,9 @@ func (c *slot) serve(ctx context.Context) bool {
 	tr := newTracker(c.s.settings().Policy, c.s.o.Jitter)
 	var pending *restartReq // an operator restart waiting for the new cell
 	defer func() { answer(&pending, errors.New("cell stopped")) }()
-	defer func() { // a restart that never got its new master still counts
+	defer c.discardSpare() // nothing of the slot outlives its run
+	defer func() {
+		// A restart that never got its new master still counts.
 		if c.unsaved {
 			c.unsaved = false
 			c.saveCounters()
@@ -226,6 +228,9 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 	var out outcome
 	var readyAt time.Time
 	var live <-chan error // liveness results, once the cell is ready
+	// spareDue fires once the cell is ready and every slot has had its
+	// first outcome: then the slot's next standby is joined.
+	var spareDue <-chan struct{}
 	stopLive := func() {}
 	finish := func() outcome {
 		cancel()
@@ -246,7 +251,13 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 			if ready, out.why = c.probed(ctx, p, err, pending); ready {
 				readyAt = c.s.clk.Now()
 				live, stopLive = c.startLiveness(ctx)
+				if c.spare == nil {
+					spareDue = c.s.ready
+				}
 			}
+		case <-spareDue:
+			spareDue = nil
+			c.makeSpare()
 		case err := <-live:
 			if why := c.onLiveness(err); why != "" {
 				stopLive()

@@ -54,12 +54,19 @@ type slot struct {
 	// adopted is the running master of a previous agent, verified and
 	// watched, that the slot's routine supervises instead of starting one.
 	adopted *proc
+	// fresh are the limits group was just created with (createGroups),
+	// nil once a start used it: a first start with the same limits need
+	// not write them again.
+	fresh *cgroup.Limits
 
 	saveMu sync.Mutex // serialises saveCounters
 	// unsaved says the restart count changed and is not persisted yet: an
 	// immediate restart starts the new master first (afterStart saves it).
 	// Only the slot's routine uses it.
 	unsaved bool
+	// spare is the slot's standby (standby.go), nil when it has none. Only
+	// the slot's routine uses it.
+	spare *spare
 }
 
 // restartReq is an operator restart; done receives nil once the new cell is

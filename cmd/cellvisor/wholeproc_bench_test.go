@@ -44,6 +44,11 @@ type wholeEnv struct {
 	nginx   string
 	mods    []string
 	floor   cgroup.Group // every floor supervisor runs in it, and is killed with it
+	// standby says the agent keeps a standby per slot (v1), which the
+	// crash waits for: false with CELLVISOR_BENCH_NO_STANDBY=1, to measure
+	// an earlier build named by CELLVISOR_BENCH_AGENT (a before/after in
+	// one sitting).
+	standby bool
 }
 
 func newWholeEnv(b *testing.B) *wholeEnv {
@@ -62,7 +67,11 @@ func newWholeEnv(b *testing.B) *wholeEnv {
 			b.Error(err)
 		}
 	})
-	e := &wholeEnv{bin: buildAgent(b), nginx: nginx, mods: mods, floor: floor}
+	e := &wholeEnv{bin: os.Getenv("CELLVISOR_BENCH_AGENT"), nginx: nginx, mods: mods, floor: floor,
+		standby: os.Getenv("CELLVISOR_BENCH_NO_STANDBY") == ""}
+	if e.bin == "" {
+		e.bin = buildAgent(b)
+	}
 	e.cfgPath, e.cfg = agentConfig(b, wholeSlots, "")
 	all := runtime.Assignments{}
 	for i := 1; i <= wholeSlots; i++ {
@@ -352,28 +361,44 @@ func BenchmarkWholeProcess8(b *testing.B) {
 	}
 	minimal := e.minimalConf(b, victim.HTTPPort)
 	s := samples{}
+	n := counts{}
 	for b.Loop() {
 		// The agent, from exec to every cell answering.
 		t0 := time.Now()
 		a := startAgentAsync(b, e.bin, e.cfgPath)
 		s["agent"] = append(s["agent"], e.awaitAll(b, t0))
+		startUse := leafUsage(b, g)
+		n["agent-throttled-start"] = append(n["agent-throttled-start"], float64(startUse.CPUThrottled))
+		n["agent-cpu-ms-start"] = append(n["agent-cpu-ms-start"], float64(startUse.CPUUsageNS)/1e6)
 
 		// Crash of cell-03, master and worker, with the agent running.
 		cg, err := g.Open(victim.Name)
 		if err != nil {
 			b.Fatal(err)
 		}
-		victims, err := cg.Procs()
-		if err != nil || len(victims) < 2 {
-			b.Fatalf("cell-03 processes %v: %v", victims, err)
+		// A crash comes long after the cell was ready: by then its slot
+		// has its standby (v1), which the kill spares (it is no nginx).
+		if g.Mode() == cgroup.ModeV1Hybrid && e.standby {
+			if err := await(context.Background(), func() bool { return standbyJoined(cg) }); err != nil {
+				b.Fatalf("cell-03 standby never joined: %v", err)
+			}
+		}
+		victims := nginxProcs(b, cg, e.nginx)
+		if len(victims) < 2 {
+			b.Fatalf("cell-03 nginx processes %v: want master and worker", victims)
 		}
 		t0 = time.Now()
 		for _, pid := range victims {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		// The port closes with the last of its holders: once none is alive,
-		// a dial accepted is the new master's.
-		if err := await(context.Background(), func() bool { return accepts(victim.HTTPPort) && !anyAlive(victims) }); err != nil {
+		// a dial accepted is the new master's. How long the kernel takes to
+		// tear the killed processes down is measured on the way.
+		if err := await(context.Background(), func() bool { return !anyAlive(victims) }); err != nil {
+			b.Fatalf("killed cell never died: %v", err)
+		}
+		s["crash-dead"] = append(s["crash-dead"], time.Since(t0))
+		if err := await(context.Background(), func() bool { return accepts(victim.HTTPPort) }); err != nil {
 			b.Fatalf("crashed cell never accepted again: %v", err)
 		}
 		s["crash-accept"] = append(s["crash-accept"], time.Since(t0))
@@ -381,6 +406,8 @@ func BenchmarkWholeProcess8(b *testing.B) {
 			b.Fatalf("crashed cell never answered again: %v", err)
 		}
 		s["crash-answer"] = append(s["crash-answer"], time.Since(t0))
+		crashUse := leafUsage(b, g)
+		n["agent-throttled-crash"] = append(n["agent-throttled-crash"], float64(crashUse.CPUThrottled-startUse.CPUThrottled))
 		if code := a.stop(b); code != 0 {
 			b.Fatalf("agent exit %d", code)
 		}
@@ -406,16 +433,103 @@ func BenchmarkWholeProcess8(b *testing.B) {
 		_, ans = execOne(b, e.nginx, minimal, victim.HTTPPort, "/")
 		s["minimal-answer"] = append(s["minimal-answer"], ans)
 	}
-	for _, k := range []string{"agent", "floor", "crash-accept", "crash-answer", "exec-accept", "exec-answer", "minimal-answer"} {
+	for _, k := range []string{"agent", "floor", "crash-dead", "crash-accept", "crash-answer", "exec-accept", "exec-answer", "minimal-answer"} {
 		b.ReportMetric(s.median(k), "ms-"+k)
 	}
 	for _, c := range have {
 		b.ReportMetric(s.median(c.name), "ms-"+c.name)
 	}
+	// Throttling is reported as its worst iteration: one throttled start
+	// is one too many.
+	b.ReportMetric(n.max("agent-throttled-start"), "agent-throttled-start-max")
+	b.ReportMetric(n.max("agent-throttled-crash"), "agent-throttled-crash-max")
+	b.ReportMetric(n.median("agent-cpu-ms-start"), "agent-cpu-ms-start")
 	b.ReportMetric(s.median("agent")/s.median("floor"), "ratio-start-vs-floor")
 	b.ReportMetric(s.median("crash-accept")/s.median("exec-accept"), "ratio-crash-accept-vs-exec")
 	b.ReportMetric(s.median("crash-answer")/s.median("exec-answer"), "ratio-crash-answer-vs-exec")
 	b.ReportMetric(s.median("exec-answer")/s.median("minimal-answer"), "ratio-cellconf-vs-minimal")
+}
+
+// counts collects one counter reading per iteration for each measure.
+type counts map[string][]float64
+
+func (c counts) median(k string) float64 {
+	v := slices.Clone(c[k])
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return v[len(v)/2]
+}
+
+func (c counts) max(k string) float64 {
+	if len(c[k]) == 0 {
+		return 0
+	}
+	return slices.Max(c[k])
+}
+
+// leafUsage reads the agent leaf's counters (cpu.stat's nr_throttled and
+// throttled_time, cpuacct.usage): deterministic where times are not.
+func leafUsage(b *testing.B, m cgroup.Manager) cgroup.Usage {
+	b.Helper()
+	leaf, err := m.Open(cgroup.AgentLeaf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	u, err := leaf.Usage()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return u
+}
+
+// nginxProcs are the group's processes running bin: the cell's master and
+// workers, not its standby.
+func nginxProcs(b *testing.B, g cgroup.Group, bin string) []int {
+	b.Helper()
+	pids, err := g.Procs()
+	if err != nil {
+		b.Fatal(err)
+	}
+	want, err := filepath.EvalSymlinks(bin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return slices.DeleteFunc(pids, func(pid int) bool {
+		exe, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe")
+		return err != nil || exe != want
+	})
+}
+
+// standbyJoined reports whether a standby (a process that is not nginx,
+// named cellvisor-standby) sits in every hierarchy of g.
+func standbyJoined(g cgroup.Group) bool {
+	pids, err := g.Procs()
+	if err != nil {
+		return false
+	}
+	for _, pid := range pids {
+		cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err != nil || !strings.Contains(string(cmdline), "cellvisor-standby") {
+			continue
+		}
+		if inAll(g, pid) {
+			return true
+		}
+	}
+	return false
+}
+
+// inAll reports whether pid is in g's cgroup.procs in every hierarchy.
+func inAll(g cgroup.Group, pid int) bool {
+	for c, p := range g.Paths() {
+		data, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", c, p, "cgroup.procs"))
+		if err != nil || !slices.Contains(strings.Fields(string(data)), strconv.Itoa(pid)) {
+			return false
+		}
+	}
+	return true
 }
 
 func anyAlive(pids []int) bool {
@@ -444,6 +558,10 @@ func startAgentAsync(b *testing.B, bin, cfgPath string) *runningAgent {
 			a.stop(b)
 		}
 		logf.Close()
+		if dst := os.Getenv("CELLVISOR_BENCH_AGENT_LOG"); dst != "" {
+			data, _ := os.ReadFile(logf.Name())
+			_ = os.WriteFile(dst, data, 0o644)
+		}
 		if b.Failed() {
 			data, _ := os.ReadFile(logf.Name())
 			b.Logf("agent log:\n%s", data)

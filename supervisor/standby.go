@@ -1,0 +1,135 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"cellvisor/cgroup"
+)
+
+// A restart on a cgroup v1 host costs a join: the helper that becomes the
+// new master writes itself into four cgroup.procs files, and each v1
+// migration queues behind the kernel's global cgroup_mutex and an RCU grace
+// period of the threadgroup rwsem, which other cgroup work on the host
+// holds for milliseconds to tens of milliseconds. So once a cell is ready
+// (and every slot has had its first outcome, so that no start waits behind
+// it), its slot keeps a spare: a standby helper, already joined to the
+// cell's cgroups, blocked on a pipe from the agent. A restart releases it
+// (one write: it execs the master in place), and a fresh spare is joined
+// once the new master is ready.
+//
+// The spare runs inside the cell's limits from its first write on, and it
+// only execs the slot's own master. It never outlives the slot's run: the
+// slot's routine discards it (closes its pipe, SIGKILLs and reaps it) when
+// the run ends (stop, unassignment, shutdown, leaving the cells to the
+// next agent), and if the agent dies the pipe closes and the spare exits on
+// its own. A next agent adopts the master by its record, pid file and start
+// time; a spare of the previous agent, if it has not exited yet, is a
+// leftover that a restart of the cell kills with the rest of the group.
+// The spare is the agent's unreaped child until it is released or
+// discarded, so its pid cannot be recycled: the leftover kill spares
+// exactly it. It counts as one task against the cell's pids limit.
+//
+// spare is owned by the slot's routine, like unsaved.
+type spare struct {
+	cmd    *exec.Cmd
+	sb     *cgroup.Standby
+	limits cgroup.Limits // the group's limits when it joined
+}
+
+// makeSpare starts a spare for the slot's group, if the group is joined
+// by a helper (v1) and the slot has none.
+func (c *slot) makeSpare() {
+	l := c.s.settings().Limits
+	c.mu.Lock()
+	g := c.group
+	c.mu.Unlock()
+	sg, ok := g.(cgroup.StandbyGroup)
+	if !ok || c.spare != nil {
+		return
+	}
+	cmd, err := c.cellCmd()
+	if err != nil {
+		c.log.Warn("standby", zap.Error(err))
+		return
+	}
+	sb, after, err := sg.PrepareStandby(cmd)
+	if err != nil {
+		closeOutput(cmd)
+		c.log.Warn("standby", zap.Error(err))
+		return
+	}
+	err = cmd.Start()
+	after(err == nil)
+	closeOutput(cmd)
+	if err != nil {
+		c.log.Warn("start standby", zap.Error(err))
+		return
+	}
+	c.spare = &spare{cmd: cmd, sb: sb, limits: l}
+	c.log.Debug("standby started", zap.Int("pid", cmd.Process.Pid))
+}
+
+// isSpare reports whether pid is the slot's spare.
+func (c *slot) isSpare(pid int) bool {
+	return c.spare != nil && c.spare.cmd.Process.Pid == pid
+}
+
+// killGroup kills every process of g but the slot's spare.
+func (c *slot) killGroup(ctx context.Context, g cgroup.Group) error {
+	if sg, ok := g.(cgroup.StandbyGroup); ok && c.spare != nil {
+		return sg.KillExcept(ctx, c.spare.cmd.Process.Pid)
+	}
+	return g.Kill(ctx)
+}
+
+// releaseSpare execs the slot's master from its spare, if it has one, and
+// returns the spare's command, which is now the master's. A spare that is
+// gone is discarded with the error; the caller starts the cell itself.
+func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
+	sp := c.spare
+	if sp == nil {
+		return nil, nil
+	}
+	if _, ok := g.(cgroup.StandbyGroup); !ok {
+		c.discardSpare()
+		return nil, errors.New("the group takes no standby")
+	}
+	c.spare = nil
+	if err := sp.sb.Release(); err != nil {
+		killReap(sp.cmd)
+		return nil, err
+	}
+	return sp.cmd, nil
+}
+
+// discardSpare ends the slot's spare, if it has one: its pipe closed, it
+// is SIGKILLed (it may be stopped, or blocked in a join) and reaped.
+func (c *slot) discardSpare() {
+	sp := c.spare
+	if sp == nil {
+		return
+	}
+	c.spare = nil
+	_ = sp.sb.Close()
+	killReap(sp.cmd)
+}
+
+// killReap SIGKILLs a child of the agent and reaps it, bounded: a process
+// in uninterruptible sleep is left to be reaped in the background.
+func killReap(cmd *exec.Cmd) {
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
+}
