@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -66,7 +67,7 @@ func (s *Server) elect(w http.ResponseWriter, r *http.Request, st store.EdgeStat
 func (s *Server) Elect(ctx context.Context, caller string, class egress.Class, reachable bool) (edgeapi.ElectResponse, error) {
 	now := s.o.Now()
 	resp := edgeapi.ElectResponse{Class: string(class), Renew: s.o.EgressLease / 3}
-	me, err := s.st.Edge(ctx, caller)
+	me, err := s.st.EgressEdge(ctx, caller)
 	if err != nil {
 		return resp, err
 	}
@@ -75,11 +76,10 @@ func (s *Server) Elect(ctx context.Context, caller string, class egress.Class, r
 		return resp, err
 	}
 	resp.Destination = pol.Destination
-	members, err := s.liveMembers(ctx, me, class, pol.Destination, now)
+	cands, err := s.liveCandidates(ctx, me, class, pol.Destination, reachable, now)
 	if err != nil {
 		return resp, err
 	}
-	cands := candidates(members, caller, reachable, pol.Destination)
 	var cur *egress.Lease
 	stored, err := s.st.ActiveLease(ctx, me.Org, string(class))
 	switch {
@@ -130,7 +130,7 @@ func (s *Server) Elect(ctx context.Context, caller string, class egress.Class, r
 		}
 	}
 	if cur.Current(now) {
-		resp.Holder = s.holderView(ctx, cur, members)
+		resp.Holder = s.holderView(ctx, cur, cands)
 	}
 	log.Debug("egress election", zap.String("outcome", resp.Outcome), zap.String("stage", resp.Stage), zap.String("reason", resp.Reason))
 	return resp, nil
@@ -162,73 +162,56 @@ func (s *Server) takeLease(ctx context.Context, org string, class egress.Class, 
 	return l, reason, err
 }
 
-// liveMembers are the caller's org's enrolled edges seen within the live
-// window (the lease duration), by this replica's sightings not yet
-// written too, the caller always among them. The caller's own sighting
-// is written when the stored one lags, for the other replicas.
-func (s *Server) liveMembers(ctx context.Context, me store.Edge, class egress.Class, dest string, now time.Time) ([]store.EgressMember, error) {
+// liveCandidates are the caller's org's enrolled edges seen within the
+// live window (the lease duration), by this replica's sightings not yet
+// written too, the caller always among them, as the election's
+// candidates: a member reaches the destination when its latest probe
+// says so for this very destination, checked within the reach window
+// (the store's query); the caller's word is its request's. The caller's
+// own sighting is written when the stored one lags, for the other
+// replicas.
+func (s *Server) liveCandidates(ctx context.Context, me store.EgressEdge, class egress.Class, dest string, reachable bool,
+	now time.Time) ([]egress.Candidate, error) {
 	live := now.Add(-s.o.EgressLease)
-	ms, err := s.st.EgressMembers(ctx, me.Org, string(class), dest, live.Add(-s.o.TouchInterval), now.Add(-s.o.EgressReachWindow))
+	gs, err := s.st.EgressGroups(ctx, me.Org, string(class), dest, live.Add(-s.o.TouchInterval), live, now.Add(-s.o.EgressReachWindow))
 	if err != nil {
 		return nil, err
 	}
-	out := ms[:0]
-	var self *store.EgressMember
-	for _, m := range ms {
-		seen := m.LastSeen
-		if at := s.cache.lastSeen(m.ID); at.After(seen) {
-			seen = at
-		}
-		if m.ID == me.ID {
-			if m.LastSeen.Before(now.Add(-s.o.EgressLease / 4)) {
-				if err := s.st.Touch(ctx, map[string]time.Time{me.ID: now}); err != nil {
-					return nil, err
-				}
-			}
-			seen = now
-		}
-		if seen.Before(live) {
-			continue
-		}
-		out = append(out, m)
-		if m.ID == me.ID {
-			self = &out[len(out)-1]
-		}
-	}
-	if self == nil {
+	if me.LastSeen.Before(now.Add(-s.o.EgressLease / 4)) {
 		if err := s.st.Touch(ctx, map[string]time.Time{me.ID: now}); err != nil {
 			return nil, err
 		}
-		out = append(out, store.EgressMember{ID: me.ID, Topology: me.Topology, LastSeen: now})
 	}
-	return out, nil
-}
-
-// candidates turns live members into the election's candidates: a
-// member reaches the destination when its latest probe says so for this
-// very destination, checked within the reach window (the store's
-// query); the caller's word is its request's.
-func candidates(ms []store.EgressMember, caller string, reachable bool, dest string) []egress.Candidate {
-	out := make([]egress.Candidate, len(ms))
-	for i, m := range ms {
-		out[i] = egress.Candidate{EdgeID: m.ID, Region: m.Region, Zone: m.Zone, Priority: m.Priority, CostTier: m.CostTier, Weight: m.Weight,
-			Reachable: dest != "" && (m.ID == caller && reachable || m.ID != caller && m.Reachable)}
+	n := 1
+	for _, g := range gs {
+		n += g.N
 	}
-	return out
-}
-
-// holderView is the lease holder as a peer reaches it.
-func (s *Server) holderView(ctx context.Context, l *egress.Lease, ms []store.EgressMember) *edgeapi.Holder {
-	h := &edgeapi.Holder{EdgeID: l.Holder, Epoch: l.Epoch, ExpiresAt: l.ExpiresAt}
-	for _, m := range ms {
-		if m.ID == l.Holder {
-			h.Region, h.IntakeURL = m.Region, m.IntakeURL
-			return h
+	out := make([]egress.Candidate, 0, n)
+	for _, g := range gs {
+		for id := range g.IDs() {
+			if id == me.ID || !g.Live && s.cache.lastSeen(id).Before(live) {
+				continue
+			}
+			out = append(out, egress.Candidate{EdgeID: id, Region: g.Region, Zone: g.Zone, Priority: g.Priority, CostTier: g.CostTier,
+				Weight: g.Weight, Reachable: dest != "" && g.Reachable})
 		}
 	}
+	return append(out, egress.Candidate{EdgeID: me.ID, Region: me.Region, Zone: me.Zone, Priority: me.Priority, CostTier: me.CostTier,
+		Weight: me.Weight, Reachable: dest != "" && reachable}), nil
+}
+
+// holderView is the lease holder as a peer reaches it: with its intake
+// when it is among the live candidates (nil: not known to be).
+func (s *Server) holderView(ctx context.Context, l *egress.Lease, live []egress.Candidate) *edgeapi.Holder {
+	h := &edgeapi.Holder{EdgeID: l.Holder, Epoch: l.Epoch, ExpiresAt: l.ExpiresAt}
+	e, err := s.st.EgressEdge(ctx, l.Holder)
+	if err != nil {
+		return h
+	}
 	// Not live: still named, with where it was.
-	if e, err := s.st.Edge(ctx, l.Holder); err == nil {
-		h.Region = e.Region
+	h.Region = e.Region
+	if slices.ContainsFunc(live, func(c egress.Candidate) bool { return c.EdgeID == l.Holder }) {
+		h.IntakeURL = e.IntakeURL
 	}
 	return h
 }

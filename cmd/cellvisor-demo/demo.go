@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"cellvisor/config"
 	"cellvisor/controlapi"
 	"cellvisor/internal/cli"
+	"cellvisor/internal/corpingest"
 	"cellvisor/runtime"
 )
 
@@ -51,8 +53,17 @@ type env struct {
 	edgeName string
 	cli      agentCLI
 	agent    *agentProc
-	cellURL  string
-	tokenRel string
+	spec     agentSpec
+	nginx    string
+	modules  []string
+	// edge2 is the second edge, in another region of the org, once
+	// started.
+	edge2 *edge2
+	// ingest is the corp ingest, the destination of the egress policies.
+	ingest    *corpingest.Server
+	ingestURL string
+	cellURL   string
+	tokenRel  string
 	// body is what the sample domain's latest revision answers.
 	body string
 }
@@ -83,21 +94,28 @@ func demo(ctx context.Context, o options) error {
 	}
 	defer lock.release()
 	subtree := demoSubtree(root)
-	lo := leftovers{root: root, agentBin: agentBin, nginx: nginx, subtree: subtree, out: o.out}
-	if err := lo.stop(ctx); err != nil {
-		return fmt.Errorf("stop what an earlier demo left running: %w", err)
+	for _, lo := range []leftovers{
+		{root: root, agentBin: agentBin, nginx: nginx, subtree: subtree, out: o.out},
+		{root: filepath.Join(root, edge2Dir), agentBin: agentBin, nginx: nginx, subtree: edge2Subtree(root), out: o.out},
+	} {
+		if err := lo.stop(ctx); err != nil {
+			return fmt.Errorf("stop what an earlier demo left running: %w", err)
+		}
 	}
 	// Every run is a new edge of a new control plane: no identity, topology
 	// or release of an earlier run is kept.
-	for _, d := range []string{"state", "run", agentPidFile} {
+	for _, d := range []string{"state", "run", agentPidFile, edge2Dir} {
 		if err := os.RemoveAll(filepath.Join(root, d)); err != nil {
 			return err
 		}
 	}
 	e := &env{o: o, root: root}
-	if e.cfgPath, e.cfg, err = writeConfig(root, nginx, modules, subtree, o.httpBase, o.out); err != nil {
+	e.spec = agentSpec{dir: root, slots: 8, httpBase: o.httpBase, httpsBase: o.httpBase + 363, subtree: subtree,
+		intake: o.httpBase + 12, region: regionEU, metrics: "127.0.0.1:9464"}
+	if e.cfgPath, e.cfg, err = writeConfig(e.spec, nginx, modules, o.out); err != nil {
 		return err
 	}
+	e.nginx, e.modules = nginx, modules
 	e.cli = agentCLI{bin: agentBin, cfg: e.cfgPath}
 	e.cellURL = fmt.Sprintf("http://127.0.0.1:%d/", o.httpBase)
 
@@ -133,6 +151,11 @@ func demo(ctx context.Context, o options) error {
 	}
 	e.admin = &controlapi.AdminClient{URL: e.ep.AdminURL, Token: e.ep.AdminToken}
 	e.tokenRel = filepath.Join(data, "admin.token")
+	// The corp ingest: the egress policies' destination, on loopback.
+	e.ingest = corpingest.New()
+	ingestSrv := httptest.NewServer(e.ingest)
+	defer ingestSrv.Close()
+	e.ingestURL = ingestSrv.URL + "/ingest"
 
 	err = e.runAgent(ctx, log)
 	stopCtl()
@@ -162,9 +185,22 @@ func (e *env) runAgent(ctx context.Context, log *zap.Logger) error {
 		log.Warn("cannot record the agent's pid", zap.Error(err))
 	}
 	err = e.steps(ctx)
-	// Ctrl-C reached the agent too (same process group): it is stopping.
+	// Ctrl-C reached the agents too (same process group): they are
+	// stopping. Both are waited for at once.
+	var serr2 error
+	stopped2 := make(chan struct{})
+	go func() {
+		defer close(stopped2)
+		if e.edge2 != nil {
+			serr2 = e.edge2.stop()
+		}
+	}()
 	if serr := a.stop(agentStopWait); serr != nil {
 		err = errors.Join(err, fmt.Errorf("agent: %w", serr))
+	}
+	<-stopped2
+	if serr2 != nil {
+		err = errors.Join(err, fmt.Errorf("second agent: %w", serr2))
 	}
 	_ = os.Remove(filepath.Join(e.root, agentPidFile))
 	if err == nil && e.o.check {
@@ -209,14 +245,22 @@ func (e *env) steps(ctx context.Context) error {
 	if err := e.placement(ctx); err != nil {
 		return err
 	}
+	if err := e.startEdge2(ctx); err != nil {
+		return err
+	}
 	if err := e.frontDoor(ctx); err != nil {
+		return err
+	}
+	if err := e.egress(ctx); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\nTry it:   curl -H 'Host: %s' %s\n", demoHost, e.cellAddr(reservedCells[0]))
 	fmt.Fprintf(out, "          curl -H 'Host: %s' %s\n", reservedHost, e.cellAddr(reservedCells[1]))
 	fmt.Fprintf(out, "Status:   ./bin/cellvisor --config %s status -o json\n", relPath(e.cfgPath))
+	fmt.Fprintf(out, "          ./bin/cellvisor --config %s status    # %s: routes per class under egress:\n", relPath(e.edge2.cli.cfg), edge2Name)
 	fmt.Fprintf(out, "Control:  ./bin/cellvisor-control --admin %s --token-file %s edge list\n", e.ep.AdminURL, e.tokenRel)
 	fmt.Fprintf(out, "          $CTL domain show %s; $CTL domain routing %s; $CTL pool list\n", demoHost, demoHost)
+	fmt.Fprintf(out, "          $CTL egress leases --org %s; $CTL egress policy list --org %s; $CTL frontdoor list\n", demoOrg, demoOrg)
 	fmt.Fprintf(out, "Edge id:  %s\n", e.edgeID)
 	fmt.Fprintf(out, "Fleet:    %s%s (a browser; sign in with the admin token in %s)\n", e.ep.AdminURL, controlapi.FleetPath, e.tokenRel)
 	fmt.Fprintf(out, "Metrics:  %s/metrics\n", e.ep.AdminURL)
@@ -239,15 +283,18 @@ func (e *env) steps(ctx context.Context) error {
 func (e *env) enroll(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	created, err := e.admin.CreateEdge(ctx, controlapi.EdgeRequest{Name: "demo-edge", Org: "demo", Country: "DE", Continent: "EU",
-		MgmtIPv4: "127.0.0.1", Slots: e.cfg.Slots})
+	if err := e.egressPolicies(ctx); err != nil {
+		return err
+	}
+	created, err := e.admin.CreateEdge(ctx, controlapi.EdgeRequest{Name: "demo-edge", Org: demoOrg, Country: "DE", Continent: "EU",
+		MgmtIPv4: "127.0.0.1", Slots: e.cfg.Slots, EdgeUpdateRequest: controlapi.EdgeUpdateRequest{Region: ptr(regionEU)}})
 	if err != nil {
 		return fmt.Errorf("create edge: %w", err)
 	}
 	e.edgeID, e.edgeName = created.Edge.ID, created.Edge.Name
 	out := e.o.out
 	fmt.Fprintf(out, "\ncontrol API: edge-control %s, admin %s\n", e.ep.EdgeURL, e.ep.AdminURL)
-	fmt.Fprintf(out, "created edge %s (%s, %d slots); one-time token issued\n", created.Edge.ID, created.Edge.Name, created.Edge.Slots)
+	fmt.Fprintf(out, "created edge %s (%s, %d slots, region %s); one-time token issued\n", created.Edge.ID, created.Edge.Name, created.Edge.Slots, regionEU)
 	caFile := filepath.Join(e.root, "ca.pem")
 	if err := os.WriteFile(caFile, []byte(e.ep.CA), 0o644); err != nil {
 		return err
@@ -391,31 +438,51 @@ func relPath(p string) string {
 	return p
 }
 
-// checkCleanedUp verifies, after the agent stopped, that no cell process and
-// no cell cgroup of the demo is left.
+// checkCleanedUp verifies, after the agents stopped, that no cell process
+// and no cell cgroup of the demo is left.
 func (e *env) checkCleanedUp() error {
 	var errs []error
-	for i := 1; i <= e.cfg.Slots; i++ {
-		pidFile := filepath.Join(e.root, "run", fmt.Sprintf("cell-%02d", i), "nginx.pid")
-		if v := readPidFile(pidFile); len(v) == 1 {
-			if p, ok := readProc(int(v[0])); ok && strings.Contains(p.cmdline, e.root) {
-				errs = append(errs, fmt.Errorf("after stop, cell-%02d's master (pid %d) still runs", i, v[0]))
+	specs := []agentSpec{e.spec}
+	if e.edge2 != nil {
+		specs = append(specs, e.edge2.spec)
+	}
+	for _, a := range specs {
+		for i := 1; i <= a.slots; i++ {
+			pidFile := filepath.Join(a.dir, "run", fmt.Sprintf("cell-%02d", i), "nginx.pid")
+			if v := readPidFile(pidFile); len(v) == 1 {
+				if p, ok := readProc(int(v[0])); ok && strings.Contains(p.cmdline, e.root) {
+					errs = append(errs, fmt.Errorf("after stop, cell-%02d's master (pid %d) of %s still runs", i, v[0], relPath(a.dir)))
+				}
 			}
 		}
-	}
-	if m, err := cgroup.New(cgroup.Options{Subtree: demoSubtree(e.root)}); err == nil && m.Mode() != cgroup.ModeUnenforced {
-		if names, _ := m.List(); len(names) > 0 {
-			errs = append(errs, fmt.Errorf("after stop, cell cgroups are left: %v", names))
+		if m, err := cgroup.New(cgroup.Options{Subtree: a.subtree}); err == nil && m.Mode() != cgroup.ModeUnenforced {
+			if names, _ := m.List(); len(names) > 0 {
+				errs = append(errs, fmt.Errorf("after stop, cell cgroups are left in %s: %v", a.subtree, names))
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// writeConfig writes the demo's agent configuration: 8 slots on loopback
-// ports from httpBase, in the demo's own cgroup subtree.
-func writeConfig(root, nginx string, modules []string, subtree string, httpBase int, out io.Writer) (string, config.Agent, error) {
+// agentSpec is one demo agent's place: its directory (configuration,
+// state, run), slots, ports, cgroup subtree, intake and region.
+type agentSpec struct {
+	dir       string
+	slots     int
+	httpBase  int
+	httpsBase int
+	subtree   string
+	intake    int // the intake's loopback port
+	region    string
+	// metrics is the agent's metrics endpoint (host:port).
+	metrics string
+}
+
+// writeConfig writes a demo agent's configuration: its slots on loopback
+// ports, in its own cgroup subtree, with its egress intake on loopback.
+func writeConfig(a agentSpec, nginx string, modules []string, out io.Writer) (string, config.Agent, error) {
 	enforce := true
-	cg, err := cgroup.New(cgroup.Options{Subtree: subtree})
+	cg, err := cgroup.New(cgroup.Options{Subtree: a.subtree})
 	if err == nil && cg.Mode() == cgroup.ModeUnenforced {
 		fmt.Fprintf(out, "note: cell limits cannot be enforced here (%v); the demo runs cells without them\n", cg.Reason())
 		enforce = false
@@ -427,7 +494,7 @@ func writeConfig(root, nginx string, modules []string, subtree string, httpBase 
 	yaml := fmt.Sprintf(`# cellvisor demo agent configuration (written by cellvisor-demo)
 state_dir: %[1]s/state
 run_dir: %[1]s/run
-slots: 8
+slots: %[8]d
 openresty:
   binary: %[2]s
   modules:%[3]s
@@ -447,11 +514,24 @@ source:
   poll_interval: 500ms
   max_backoff: 5s
   status_interval: 2s
+topology:
+  region: %[10]s
+egress:
+  # Governed egress: bundles every second, elections at least every 2s
+  # (the control API's lease is 2 minutes; holders renew every 40s).
+  intake_listen: 127.0.0.1:%[9]d
+  interval: 1s
+  max_renew: 2s
+metrics:
+  listen: %[11]s
 log:
   format: console
   level: info
-`, root, nginx, mods.String(), httpBase, httpBase+363, enforce, subtree)
-	path := filepath.Join(root, "agent.yaml")
+`, a.dir, nginx, mods.String(), a.httpBase, a.httpsBase, enforce, a.subtree, a.slots, a.intake, a.region, a.metrics)
+	path := filepath.Join(a.dir, "agent.yaml")
+	if err := os.MkdirAll(a.dir, 0o755); err != nil {
+		return "", config.Agent{}, err
+	}
 	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
 		return "", config.Agent{}, err
 	}

@@ -91,6 +91,12 @@ func TestDemoCheck(t *testing.T) {
 		"$CTL frontdoor set ", "(https): https://shop.demo.example:443",
 		"HTTPS://Shop.Demo.Example.:443/checkout -> edge ", "refused (unmapped)",
 		"check: cell-01 resolves HTTPS://Shop.Demo.Example.:443/checkout to edge ",
+		"https://API.demo.example/v1/orders -> edge ",
+		"$CTL edge create --name demo-edge-2 --org demo --country US --continent NA --region us-east --slots 2",
+		"hello from cellvisor: shared.cellvisor.test, shared-default on both edges",
+		"$CTL egress leases --org demo",
+		"metering direct (holds the lease)", "siem_forwarding direct (holds the lease)",
+		"check: each class has exactly one holder, in its region, that both agents agree on; both edges' bundles of both classes were ingested",
 		"demo check: every step worked",
 	} {
 		if !strings.Contains(string(out), want) {
@@ -101,8 +107,10 @@ func TestDemoCheck(t *testing.T) {
 	if !strings.Contains(string(out), "\tINFO\t") || strings.Contains(string(out), "\x1b[") {
 		t.Errorf("demo logs: want console logs without colour codes (not a terminal):\n%s", out)
 	}
-	if _, err := os.Stat(filepath.Join(dir, agentPidFile)); !os.IsNotExist(err) {
-		t.Errorf("agent pid file after a clean stop: %v, want it removed", err)
+	for _, f := range []string{agentPidFile, filepath.Join(edge2Dir, agentPidFile)} {
+		if _, err := os.Stat(filepath.Join(dir, f)); !os.IsNotExist(err) {
+			t.Errorf("agent pid file %s after a clean stop: %v, want it removed", f, err)
+		}
 	}
 	wantNoCells(t, dir)
 }
@@ -216,22 +224,27 @@ func TestSecondDemoRefused(t *testing.T) {
 	wantNoCells(t, dir)
 }
 
-// A demo killed with SIGKILL takes its agent down with it (Pdeathsig): the
-// agent stops its cells.
+// A demo killed with SIGKILL takes its agents down with it (Pdeathsig):
+// each agent stops its cells.
 func TestKilledDemoStopsItsAgent(t *testing.T) {
 	testutil.RequireOpenResty(t)
 	bin := buildDemo(t)
 	dir := t.TempDir()
 	d := startDemo(t, bin, demoArgs(t, dir))
-	agentPid := readAgentPid(t, dir)
-	cellPid := cellMaster(t, dir, "cell-01")
+	pids := map[string]int{
+		"agent": readAgentPid(t, dir), "cell-01": cellMaster(t, dir, "cell-01"),
+		"second agent": readAgentPid(t, filepath.Join(dir, edge2Dir)), "second edge's cell-01": cellMaster(t, filepath.Join(dir, edge2Dir), "cell-01"),
+	}
 	d.stop(t, syscall.SIGKILL)
 	testutil.Eventually(t, 60*time.Second, func() error {
-		if testutil.Alive(agentPid) || testutil.Alive(cellPid) {
-			return fmt.Errorf("agent %d alive %t, cell-01 %d alive %t", agentPid, testutil.Alive(agentPid), cellPid, testutil.Alive(cellPid))
+		for what, pid := range pids {
+			if testutil.Alive(pid) {
+				return fmt.Errorf("%s (pid %d) still alive", what, pid)
+			}
 		}
 		return nil
 	})
+	wantNoCells(t, dir)
 }
 
 // After a demo and its agent were both killed with SIGKILL, their cells run

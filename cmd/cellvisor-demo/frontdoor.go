@@ -23,14 +23,18 @@ const (
 	demoFrontDoor = "https://shop.demo.example"
 	// demoResolve is how a visitor might spell it: case, trailing dot,
 	// explicit default port, a path.
-	demoResolve   = "HTTPS://Shop.Demo.Example.:443/checkout"
-	demoUnmapped  = "https://elsewhere.demo.example"
-	demoMalformed = "https://user@shop.demo.example"
+	demoResolve  = "HTTPS://Shop.Demo.Example.:443/checkout"
+	demoUnmapped = "https://elsewhere.demo.example"
+	// The second edge's front door, and how a visitor spells it.
+	edge2FrontDoor = "https://api.demo.example"
+	edge2Resolve   = "https://API.demo.example/v1/orders"
+	demoMalformed  = "https://user@shop.demo.example"
 )
 
-// frontDoor sets the demo edge's front door, prints a resolve and a
-// refusal, and (with --check) checks them in the control API and in
-// cell-01, which resolves through the agent's runtime file.
+// frontDoor sets both edges' front doors, prints two resolves that answer
+// different edges and a refusal, and (with --check) checks them in the
+// control API and in the first edge's cell-01, which resolves through the
+// agent's runtime file (the org's front doors, the second edge's too).
 func (e *env) frontDoor(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, checkWait)
 	defer cancel()
@@ -45,6 +49,16 @@ func (e *env) frontDoor(ctx context.Context) error {
 		return fmt.Errorf("resolve %s: %w", demoResolve, err)
 	}
 	fmt.Fprintf(out, "$ $CTL frontdoor resolve '%s'\n%s -> edge %s (org %s, front door %s)\n", demoResolve, r.URL, r.EdgeID, r.Org, r.Canonical)
+	v2, err := e.admin.SetFrontDoor(ctx, e.edge2.id, controlapi.FrontDoorRequest{URL: edge2FrontDoor})
+	if err != nil {
+		return fmt.Errorf("set the second edge's front door: %w", err)
+	}
+	fmt.Fprintf(out, "$ $CTL frontdoor set %s %s\nfront door of edge %s (%s): %s\n", e.edge2.id, edge2FrontDoor, v2.EdgeID, v2.Service, v2.URL)
+	r2, err := e.admin.Resolve(ctx, edge2Resolve, "")
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", edge2Resolve, err)
+	}
+	fmt.Fprintf(out, "$ $CTL frontdoor resolve '%s'\n%s -> edge %s (org %s, front door %s)\n", edge2Resolve, r2.URL, r2.EdgeID, r2.Org, r2.Canonical)
 	_, uerr := e.admin.Resolve(ctx, demoUnmapped, "")
 	var ae *controlapi.AdminError
 	if errors.As(uerr, &ae) {
@@ -56,6 +70,9 @@ func (e *env) frontDoor(ctx context.Context) error {
 	if r.EdgeID != e.edgeID || r.Canonical != "https://shop.demo.example:443" {
 		return fmt.Errorf("check: %s resolved to %+v, want edge %s", demoResolve, r, e.edgeID)
 	}
+	if r2.EdgeID != e.edge2.id || r2.Canonical != "https://api.demo.example:443" {
+		return fmt.Errorf("check: %s resolved to %+v, want edge %s", edge2Resolve, r2, e.edge2.id)
+	}
 	if ae == nil || ae.Reason != "unmapped" {
 		return fmt.Errorf("check: %s: %v, want an unmapped refusal", demoUnmapped, uerr)
 	}
@@ -64,11 +81,16 @@ func (e *env) frontDoor(ctx context.Context) error {
 	}
 	// The cell resolves it too, once the agent fetched the front doors.
 	err = poll(ctx, func() error {
-		edge, reason, err := e.cellResolve(ctx, "cell-01", demoResolve)
-		if err == nil && edge != e.edgeID {
-			err = fmt.Errorf("cell-01 resolves %s to %q (%s)", demoResolve, edge, reason)
+		for _, c := range []struct{ url, edge string }{{demoResolve, e.edgeID}, {edge2Resolve, e.edge2.id}} {
+			edge, reason, err := e.cellResolve(ctx, "cell-01", c.url)
+			if err == nil && edge != c.edge {
+				err = fmt.Errorf("cell-01 resolves %s to %q (%s), want %s", c.url, edge, reason, c.edge)
+			}
+			if err != nil {
+				return err
+			}
 		}
-		return err
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("check: %w", err)
@@ -76,7 +98,8 @@ func (e *env) frontDoor(ctx context.Context) error {
 	if edge, reason, err := e.cellResolve(ctx, "cell-01", demoUnmapped); err != nil || edge != "" || reason != "unmapped" {
 		return fmt.Errorf("check: cell-01 resolves %s: %q %q %v, want unmapped", demoUnmapped, edge, reason, err)
 	}
-	fmt.Fprintf(out, "check: cell-01 resolves %s to edge %s and refuses %s (unmapped)\n", demoResolve, e.edgeID, demoUnmapped)
+	fmt.Fprintf(out, "check: cell-01 resolves %s to edge %s, %s to edge %s, and refuses %s (unmapped)\n",
+		demoResolve, e.edgeID, edge2Resolve, e.edge2.id, demoUnmapped)
 	return nil
 }
 

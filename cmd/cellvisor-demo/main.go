@@ -42,14 +42,22 @@ demo.cellvisor.test to shared-default, which cell-01 then serves on loopback por
 Then it shows placement, printing the cellvisor-control line of each step: the pool
 reserved-demo with 2 replicas on cell-03 and cell-04 serves reserved.cellvisor.test from
 both, and demo.cellvisor.test moves from shared-default into it, step by step, while a
-client requests it through the routing view every 50 ms. It prints how to reach the
-cells, the agent and the control API, and runs until Ctrl-C, which stops the agent
-(every cell gracefully) and the control API.
+client requests it through the routing view every 50 ms. Then a second edge of the org,
+in another region (us-east; the first is in eu-central), runs its own agent with 2 slots
+(in DIR/edge-2, on the ports from --http-base+8); both edges get a front door, and two
+resolves answer different edges. Egress policies send metering (preferring eu-central)
+and siem_forwarding (preferring us-east) to a corp ingest the demo runs: the demo prints
+who holds each class's lease, each agent's route, and the bundles the ingest got. It
+prints how to reach the cells, the agents and the control API, and runs until Ctrl-C,
+which stops both agents (every cell gracefully) and the control API.
 
 With --check it runs the README's scenario first: drain, undrain, a publish of revision
 2, an operator restart and the restart rate limit's refusal; then the placement steps,
 checked (no request failed during the move, the domain ends on cell-03 and cell-04 at a
-new revision); it exits non-zero unless every step worked.
+new revision); the front-door resolves, in the control API and in a cell; and governed
+egress: each class with a policy has exactly one holder, in its region, that both agents
+agree on, and both edges' bundles of both classes reached the ingest. It exits non-zero
+unless every step worked.
 
 One demo runs per directory: a second one is refused. Cells left running by a demo that
 was killed (SIGKILL) are found through their pid files and stopped first.`,
@@ -63,6 +71,6 @@ was killed (SIGKILL) are found through their pid files and stopped first.`,
 	f.StringVar(&o.dir, "dir", ".demo", "directory for the demo's files (configuration, state, CA certificate)")
 	f.BoolVar(&o.check, "check", false, "run the scenario non-interactively and exit 0 only if every step worked")
 	f.StringVar(&o.agent, "agent", "", "the cellvisor agent binary (default: cellvisor beside this executable)")
-	f.IntVar(&o.httpBase, "http-base", 18080, "the first cell's HTTP port; the 8 slots use it and the 7 after it (HTTPS: +363)")
+	f.IntVar(&o.httpBase, "http-base", 18080, "the first cell's HTTP port; the 8 slots use it and the 7 after it (HTTPS: +363); the second edge +8 to +11, the intakes +12 and +13, its metrics +14")
 	return cli.Execute(ctx, root, args, stdout, stderr)
 }

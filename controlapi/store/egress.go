@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"iter"
+	"strings"
 	"time"
 )
 
@@ -82,39 +84,91 @@ func (s *Store) PutEgressReport(ctx context.Context, id, intakeURL string, reach
 	return nil
 }
 
-// EgressMember is an enrolled edge of an org as an election reads it.
-type EgressMember struct {
-	ID string
+// EgressEdge is an edge as governed egress reads it: its org, topology,
+// last sighting and intake, without its status report.
+type EgressEdge struct {
+	ID, Org string
 	Topology
 	LastSeen  time.Time
 	IntakeURL string
-	// Reachable: its latest probe of the class reached dest, checked
-	// since fresh.
-	Reachable bool
+	Enrolled  bool
 }
 
-// EgressMembers returns the org's enrolled edges last seen at or after
-// since, with whether each one's probe of class reached dest since fresh:
-// one indexed query, read afresh on every call.
-func (s *Store) EgressMembers(ctx context.Context, org, class, dest string, since, fresh time.Time) ([]EgressMember, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT e.id, e.region, e.zone, e.priority, e.cost_tier, e.weight, e.last_seen, e.egress_intake,
-		r.edge_id IS NOT NULL FROM edges e LEFT JOIN edge_reach r ON r.edge_id = e.id AND r.class = ? AND r.destination = ? AND r.reachable = 1
-		AND r.checked_at >= ? WHERE e.org = ? AND e.last_seen >= ? AND e.cert_serial <> ''`), class, dest, ms(fresh), org, ms(since))
+// EgressEdge returns the edge id as governed egress reads it, or
+// ErrNotFound.
+func (s *Store) EgressEdge(ctx context.Context, id string) (EgressEdge, error) {
+	var e EgressEdge
+	var seen int64
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT id, org, region, zone, priority, cost_tier, weight, last_seen, egress_intake,
+		CASE WHEN cert_serial <> '' THEN 1 ELSE 0 END FROM edges WHERE id = ?`), id).
+		Scan(&e.ID, &e.Org, &e.Region, &e.Zone, &e.Priority, &e.CostTier, &e.Weight, &seen, &e.IntakeURL, &e.Enrolled)
+	if errors.Is(err, sql.ErrNoRows) {
+		return EgressEdge{}, fmt.Errorf("edge %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return EgressEdge{}, fmt.Errorf("edge %s: %w", id, err)
+	}
+	e.LastSeen = fromMS(seen)
+	return e, nil
+}
+
+// EgressGroup is a set of an org's enrolled edges that an election tells
+// apart only by id: the same topology and ranking, the same reach of the
+// class's destination, on the same side of the live bound.
+type EgressGroup struct {
+	Topology
+	// Reachable: their latest probe of the class reached dest, checked
+	// since fresh.
+	Reachable bool
+	// Live: each was last seen, as stored, at or after live; otherwise
+	// only at or after since (another replica's sighting not yet written
+	// may still make one live).
+	Live bool
+	// N is how many edges the group has.
+	N int
+	// ids are their ids joined by commas: one string per group, not one
+	// per edge.
+	ids string
+}
+
+// IDs yields the group's edge ids, substrings of one string.
+func (g EgressGroup) IDs() iter.Seq[string] { return strings.SplitSeq(g.ids, ",") }
+
+// EgressGroups returns the org's enrolled edges last seen at or after
+// since, grouped by what an election reads of them (EgressGroup), with
+// whether their probe of class reached dest since fresh: one query over
+// an index of the org and the live window that holds every column it
+// reads, read afresh on every call, a few rows however many edges the
+// org has.
+func (s *Store) EgressGroups(ctx context.Context, org, class, dest string, since, live, fresh time.Time) ([]EgressGroup, error) {
+	agg := `group_concat(e.id, ',')`
+	if s.dialect == Postgres {
+		agg = `string_agg(e.id, ',')`
+	}
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT e.region, e.zone, e.priority, e.cost_tier, e.weight,
+		CASE WHEN r.edge_id IS NULL THEN 0 ELSE 1 END AS reach, CASE WHEN e.last_seen >= ? THEN 1 ELSE 0 END AS live, COUNT(*), `+agg+`
+		FROM edges e LEFT JOIN edge_reach r ON r.edge_id = e.id AND r.class = ? AND r.destination = ? AND r.reachable = 1 AND r.checked_at >= ?
+		WHERE e.org = ? AND e.last_seen >= ? AND e.cert_serial <> ''
+		GROUP BY e.region, e.zone, e.priority, e.cost_tier, e.weight, reach, live`), ms(live), class, dest, ms(fresh), org, ms(since))
 	if err != nil {
 		return nil, fmt.Errorf("egress members of %s: %w", org, err)
 	}
 	defer rows.Close()
-	var out []EgressMember
+	var out []EgressGroup
 	for rows.Next() {
-		var m EgressMember
-		var seen int64
-		if err := rows.Scan(&m.ID, &m.Region, &m.Zone, &m.Priority, &m.CostTier, &m.Weight, &seen, &m.IntakeURL, &m.Reachable); err != nil {
+		var g EgressGroup
+		if err := rows.Scan(&g.Region, &g.Zone, &g.Priority, &g.CostTier, &g.Weight, &g.Reachable, &g.Live, &g.N, &g.ids); err != nil {
 			return nil, fmt.Errorf("egress members of %s: %w", org, err)
 		}
-		m.LastSeen = fromMS(seen)
-		out = append(out, m)
+		if n := strings.Count(g.ids, ",") + 1; n != g.N {
+			return nil, fmt.Errorf("egress members of %s: %d ids for %d edges (an id with a comma)", org, n, g.N)
+		}
+		out = append(out, g)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("egress members of %s: %w", org, err)
+	}
+	return out, nil
 }
 
 // EgressPolicy is an org's policy for a traffic class.

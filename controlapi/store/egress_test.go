@@ -1,7 +1,11 @@
 package store
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -203,8 +207,11 @@ func TestEgressPoliciesAndMembers(t *testing.T) {
 		if err := s.Touch(c, map[string]time.Time{e.ID: leaseT0}); err != nil {
 			t.Fatal(err)
 		}
-		if ms, err := s.EgressMembers(c, "acme", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0); err != nil || len(ms) != 0 {
+		if ms, err := egressMembers(c, s, "acme", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0); err != nil || len(ms) != 0 {
 			t.Fatalf("members before enrollment %+v, %v", ms, err)
+		}
+		if ee, err := s.EgressEdge(c, e.ID); err != nil || ee.Enrolled || ee.Org != "acme" || ee.Topology != tp || !ee.LastSeen.Equal(leaseT0) {
+			t.Fatalf("egress edge before enrollment %+v, %v", ee, err)
 		}
 		if err := s.Enroll(c, e.ID, "tok-fra-1", "csr", "pem", "serial"); err != nil {
 			t.Fatal(err)
@@ -227,24 +234,123 @@ func TestEgressPoliciesAndMembers(t *testing.T) {
 			{"license", "https://d/l", leaseT0, false},                        // probed, unreachable
 			{"siem_forwarding", "https://d/m", leaseT0, false},                // never probed
 		} {
-			ms, err := s.EgressMembers(c, "acme", q.class, q.dest, leaseT0.Add(-time.Minute), q.fresh)
-			if err != nil || len(ms) != 1 || ms[0].Topology != tp || ms[0].IntakeURL != "https://127.0.0.1:1/" || ms[0].Reachable != q.reachable {
+			ms, err := egressMembers(c, s, "acme", q.class, q.dest, leaseT0.Add(-time.Minute), q.fresh)
+			if err != nil || len(ms) != 1 || ms[0].Topology != tp || ms[0].Reachable != q.reachable || !ms[0].Live {
 				t.Fatalf("members for %+v: %+v, %v", q, ms, err)
 			}
+		}
+		if ee, err := s.EgressEdge(c, e.ID); err != nil || !ee.Enrolled || ee.IntakeURL != "https://127.0.0.1:1/" {
+			t.Fatalf("egress edge after a report %+v, %v", ee, err)
 		}
 		// A new report replaces the old one whole.
 		if err := s.PutEgressReport(c, e.ID, "", nil); err != nil {
 			t.Fatal(err)
 		}
-		if ms, err := s.EgressMembers(c, "acme", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0); err != nil || len(ms) != 1 ||
-			ms[0].Reachable || ms[0].IntakeURL != "" {
+		if ms, err := egressMembers(c, s, "acme", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0); err != nil || len(ms) != 1 ||
+			ms[0].Reachable {
 			t.Fatalf("members after an empty report: %+v, %v", ms, err)
 		}
-		if ms, err := s.EgressMembers(c, "acme", "metering", "https://d/m", leaseT0.Add(time.Second), leaseT0); err != nil || len(ms) != 0 {
+		if ee, err := s.EgressEdge(c, e.ID); err != nil || ee.IntakeURL != "" {
+			t.Fatalf("egress edge after an empty report %+v, %v", ee, err)
+		}
+		if ms, err := egressMembers(c, s, "acme", "metering", "https://d/m", leaseT0.Add(time.Second), leaseT0); err != nil || len(ms) != 0 {
 			t.Fatalf("members seen since after its last sighting: %+v, %v", ms, err)
 		}
-		if ms, err := s.EgressMembers(c, "other", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0); err != nil || len(ms) != 0 {
+		if ms, err := egressMembers(c, s, "other", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0); err != nil || len(ms) != 0 {
 			t.Fatalf("another org's members: %+v, %v", ms, err)
+		}
+		if _, err := s.EgressEdge(c, "nope"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("egress edge of an unknown id: %v", err)
+		}
+	})
+}
+
+// egressMember is one edge of an EgressGroups answer.
+type egressMember struct {
+	ID string
+	Topology
+	Reachable, Live bool
+}
+
+// egressMembers flattens EgressGroups, with live = since, sorted by id.
+func egressMembers(c context.Context, s *Store, org, class, dest string, since, fresh time.Time) ([]egressMember, error) {
+	return egressMembersLive(c, s, org, class, dest, since, since, fresh)
+}
+
+func egressMembersLive(c context.Context, s *Store, org, class, dest string, since, live, fresh time.Time) ([]egressMember, error) {
+	gs, err := s.EgressGroups(c, org, class, dest, since, live, fresh)
+	if err != nil {
+		return nil, err
+	}
+	var out []egressMember
+	for _, g := range gs {
+		for id := range g.IDs() {
+			out = append(out, egressMember{ID: id, Topology: g.Topology, Reachable: g.Reachable, Live: g.Live})
+		}
+	}
+	slices.SortFunc(out, func(a, b egressMember) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// TestEgressGroups: edges alike in topology, reach and liveness come back
+// as one group with their ids; each difference splits a group; every edge
+// is in exactly one group.
+func TestEgressGroups(t *testing.T) {
+	eachStore(t, func(t *testing.T, s *Store) {
+		c := ctx(t)
+		eu := Topology{Region: "eu", Zone: "eu-1", Priority: 100, Weight: 100}
+		seen := map[string]time.Time{}
+		var want []egressMember
+		for i := range 12 {
+			e := newEdge(t, s, fmt.Sprintf("e%02d", i))
+			if err := s.Enroll(c, e.ID, "tok-"+e.Name, "csr", "pem", "serial-"+e.Name); err != nil {
+				t.Fatal(err)
+			}
+			tp := eu
+			switch i % 4 {
+			case 1:
+				tp.Region, tp.Zone = "us", "us-1"
+			case 2:
+				tp.Priority = 10
+			}
+			if err := s.SetTopology(c, e.ID, tp); err != nil {
+				t.Fatal(err)
+			}
+			reachable := i%3 != 0
+			if err := s.PutEgressReport(c, e.ID, "", map[string]Reach{"metering": {Destination: "https://d/m", Reachable: reachable, CheckedAt: leaseT0}}); err != nil {
+				t.Fatal(err)
+			}
+			live := i < 8
+			seen[e.ID] = leaseT0
+			if !live {
+				seen[e.ID] = leaseT0.Add(-30 * time.Second)
+			}
+			want = append(want, egressMember{ID: e.ID, Topology: tp, Reachable: reachable, Live: live})
+		}
+		if err := s.Touch(c, seen); err != nil {
+			t.Fatal(err)
+		}
+		gs, err := s.EgressGroups(c, "acme", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0.Add(-10*time.Second), leaseT0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// e00..e11 by (i%4 topology, i%3 reach, i<8 live): 12 distinct
+		// keys less those that coincide.
+		keys := map[egressMember]int{}
+		for _, m := range want {
+			keys[egressMember{Topology: m.Topology, Reachable: m.Reachable, Live: m.Live}]++
+		}
+		if len(gs) != len(keys) {
+			t.Fatalf("%d groups, want %d: %+v", len(gs), len(keys), gs)
+		}
+		for _, g := range gs {
+			if n := keys[egressMember{Topology: g.Topology, Reachable: g.Reachable, Live: g.Live}]; g.N != n {
+				t.Fatalf("group %+v: %d edges, want %d", g, g.N, n)
+			}
+		}
+		got, err := egressMembersLive(c, s, "acme", "metering", "https://d/m", leaseT0.Add(-time.Minute), leaseT0.Add(-10*time.Second), leaseT0)
+		if err != nil || !slices.Equal(got, want) {
+			t.Fatalf("members\n%+v, %v\nwant\n%+v", got, err, want)
 		}
 	})
 }

@@ -310,4 +310,15 @@ CREATE TABLE gateways (
 CREATE UNIQUE INDEX gateways_front_door_url ON gateways (front_door_url) WHERE front_door_url <> '';
 CREATE UNIQUE INDEX gateways_front_door_edge ON gateways (edge_id) WHERE front_door_url <> '';
 `,
+	// 10: the election's members query (Store.EgressGroups) reads an org's
+	// enrolled edges seen within the live window from this index alone:
+	// every column it reads is in it (cert_serial too, or SQLite reads the
+	// row to check the partial index's own condition), so an edge's
+	// status report, before the topology columns in its row, is never
+	// read; and each edge's probe of the class from the second index
+	// alone.
+	`
+CREATE INDEX edges_egress ON edges (org, last_seen, region, zone, priority, cost_tier, weight, id, cert_serial) WHERE cert_serial <> '';
+CREATE INDEX edge_reach_probe ON edge_reach (edge_id, class, reachable, checked_at, destination);
+`,
 }
