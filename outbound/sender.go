@@ -138,6 +138,7 @@ func (s *Sender) Submit(b edgeapi.Bundle) error {
 	if err := s.o.Journal.Put(b); err != nil {
 		return err
 	}
+	s.log.Debug("bundle journaled", zap.String("class", b.Class), zap.String("bundle", b.ID))
 	s.Wake(b.Class)
 	return nil
 }
@@ -193,6 +194,10 @@ func (s *Sender) runClass(ctx context.Context, class string) {
 		}
 		s.mu.Unlock()
 		if next.IsZero() || !time.Now().Before(next) {
+			// The next election is timed from this one's start: the
+			// lease runs from when the control API handled it, and a slow
+			// answer must not push the renewal past the expiry.
+			start := time.Now()
 			renew, err := s.elect(ctx, class)
 			if ctx.Err() != nil {
 				return
@@ -201,10 +206,10 @@ func (s *Sender) runClass(ctx context.Context, class string) {
 				s.fail(class, err)
 				next = time.Now().Add(b.Next())
 			} else {
-				next = time.Now().Add(renew)
+				next = start.Add(renew)
 			}
 		}
-		err := s.deliver(ctx, class)
+		err := s.deliver(ctx, class, next)
 		if ctx.Err() != nil {
 			return
 		}
@@ -212,6 +217,8 @@ func (s *Sender) runClass(ctx context.Context, class string) {
 		case errors.Is(err, errReelect):
 			next, retry = time.Time{}, 0
 			continue
+		case errors.Is(err, errElectDue):
+			continue // renew first, then deliver the rest
 		case err != nil:
 			s.fail(class, err)
 			retry = b.Next()
@@ -245,6 +252,12 @@ func (s *Sender) fail(class string, err error) {
 // errReelect asks the class's loop to elect again at once: the lease this
 // edge sent under is stale, or the holder it forwarded to failed.
 var errReelect = errors.New("route changed: elect again")
+
+// errElectDue stops a delivery run when the class's next election is due:
+// a holder busy delivering a backlog (its peers' forwards keep coming)
+// must still renew its lease at the cadence, or the lease expires under
+// it and every fence fails.
+var errElectDue = errors.New("election due")
 
 // elect probes the class's destination, asks the control API and records
 // the route; it returns when to ask again. A destination first learnt (or
@@ -329,11 +342,17 @@ func hostPort(raw string) (string, error) {
 
 // deliver sends the class's pending bundles, oldest first, along the
 // current route; it stops at the first failure (errReelect when the route
-// proved wrong).
-func (s *Sender) deliver(ctx context.Context, class string) error {
-	for _, b := range s.o.Journal.Pending(class) {
+// proved wrong), and before its second or later bundle once the election
+// at due is due (errElectDue).
+func (s *Sender) deliver(ctx context.Context, class string, due time.Time) error {
+	for i, b := range s.o.Journal.Pending(class) {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		// At least one bundle a run: an election slower than the
+		// cadence must not starve the deliveries either.
+		if i > 0 && !due.IsZero() && !time.Now().Before(due) {
+			return errElectDue
 		}
 		s.mu.Lock()
 		rt := s.routes[class].route

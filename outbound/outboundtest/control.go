@@ -29,6 +29,7 @@ type Control struct {
 	leases map[[2]string]*edgeapi.Holder
 	epoch  int64
 	refuse string // when set, every election is refused with it
+	delay  time.Duration
 }
 
 // Edge is an edge the fake knows.
@@ -91,7 +92,31 @@ func (f *Control) SetHolder(org, class, id string) int64 {
 
 func caller(r *http.Request) string { return r.TLS.VerifiedChains[0][0].Subject.CommonName }
 
+// SetElectDelay makes every election answer d late (a loaded control
+// API): the lease runs from when the election is decided, before the
+// delay, as on the real control API (its clock is read first).
+func (f *Control) SetElectDelay(d time.Duration) {
+	f.mu.Lock()
+	f.delay = d
+	f.mu.Unlock()
+}
+
 func (f *Control) elect(w http.ResponseWriter, r *http.Request) {
+	rec := httptest.NewRecorder()
+	f.decide(rec, r)
+	f.mu.Lock()
+	d := f.delay
+	f.mu.Unlock()
+	select {
+	case <-time.After(d):
+	case <-r.Context().Done():
+		return
+	}
+	w.WriteHeader(rec.Code)
+	w.Write(rec.Body.Bytes())
+}
+
+func (f *Control) decide(w http.ResponseWriter, r *http.Request) {
 	var req edgeapi.ElectRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, edgeapi.MaxElectBytes)).Decode(&req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
