@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -362,6 +363,35 @@ func TestHolderRenewsThroughSlowElections(t *testing.T) {
 	for k := range e.ingest.ByKey() {
 		if k.Epoch != r.Epoch {
 			t.Fatalf("a delivery under epoch %d (%+v), want all %d under the first, %d: the lease ran out between slow renewals", k.Epoch, k, n, r.Epoch)
+		}
+	}
+}
+
+// A holder whose fence answers come too late (it stalled, or was frozen,
+// between its fence and its send: here the fake answers 150ms after it
+// decided, over half the 200ms renewal cadence) does not send under them;
+// once the answers are fresh again the bundle goes, under its epoch.
+func TestHolderDoesNotSendOnALateFence(t *testing.T) {
+	e := newEnv(t, 600*time.Millisecond)
+	a := e.startEdge("edge-a", org, edgeOpts{})
+	r := a.awaitRoute(t, "metering", edgeapi.RouteDirect)
+	e.control.SetFenceDelay(150 * time.Millisecond)
+	id := a.submit(t, "metering")
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if got := a.route("metering"); !strings.Contains(got.LastError, "not sending under them") {
+			return fmt.Errorf("route %+v: no late fence refused yet", got)
+		}
+		return nil
+	})
+	if _, ok := e.ingest.Bundle(id); ok {
+		t.Fatal("a bundle was sent under a fence answered too late")
+	}
+	e.control.SetFenceDelay(0)
+	e.ingested(t, id)
+	got := a.route("metering")
+	for k := range e.ingest.ByKey() {
+		if k.Epoch != got.Epoch || k.Epoch < r.Epoch {
+			t.Fatalf("delivered under %+v, want the holder's current epoch %d", k, got.Epoch)
 		}
 	}
 }

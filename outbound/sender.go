@@ -274,10 +274,13 @@ func (s *Sender) elect(ctx context.Context, class string) (time.Duration, error)
 			reachable = s.probe(ctx, class, dest)
 		}
 		var err error
+		asked := time.Now()
 		resp, err = s.o.Control.Elect(ctx, edgeapi.ElectRequest{Class: class, Reachable: reachable})
 		if err != nil {
 			return 0, fmt.Errorf("elect %s: %w", class, err)
 		}
+		s.log.Debug("egress election", zap.String("class", class), zap.Bool("reachable", reachable), zap.String("outcome", resp.Outcome),
+			zap.String("reason", resp.Reason), zap.Duration("took", time.Since(asked)))
 		rt := routeFrom(resp, s.o.EdgeID, time.Now())
 		s.mu.Lock()
 		prev := s.routes[class].route
@@ -403,9 +406,41 @@ func (s *Sender) setErr(class string, err error) {
 // sendDirect delivers b to the destination. A holder fences first, so
 // that a holder frozen past its lease never sends under a stale epoch: a
 // refused fence marks the route unknown and asks for an election.
+//
+// The fence's answer must be fresh when the bundle goes: asked less than
+// half the renewal cadence (a sixth of the lease) before. A holder frozen
+// (SIGSTOP, a VM paused) or starved between its fence and its send wakes
+// with an old answer, during which a successor may have taken the lease:
+// it fences again instead of committing under a stale epoch.
 func (s *Sender) sendDirect(ctx context.Context, rt route, b edgeapi.Bundle) error {
 	if rt.holds() {
+		if err := s.fence(ctx, rt, b); err != nil {
+			return err
+		}
+	}
+	return s.post(ctx, rt.destination, b, rt.epoch)
+}
+
+// maxFences bounds the fences of one send whose answers came too late to
+// trust.
+const maxFences = 3
+
+func (s *Sender) fence(ctx context.Context, rt route, b edgeapi.Bundle) error {
+	fresh := rt.renew / 2
+	if fresh <= 0 {
+		fresh = s.o.MaxRenew / 2
+	}
+	for range maxFences {
+		asked := time.Now()
 		err := s.o.Control.Fence(ctx, edgeapi.FenceRequest{Class: b.Class, Epoch: rt.epoch})
+		if err == nil && time.Since(asked) <= fresh {
+			return nil
+		}
+		if err == nil {
+			s.log.Warn("fence answered too late to send under: asking again", zap.String("class", b.Class), zap.Int64("epoch", rt.epoch),
+				zap.Duration("took", time.Since(asked)), zap.Duration("fresh", fresh))
+			continue
+		}
 		if errors.Is(err, ErrStale) {
 			s.mu.Lock()
 			if cs := s.routes[b.Class]; cs.route.epoch == rt.epoch {
@@ -416,11 +451,9 @@ func (s *Sender) sendDirect(ctx context.Context, rt route, b edgeapi.Bundle) err
 			s.log.Warn("lease stale: not sending under it", zap.String("class", b.Class), zap.Int64("epoch", rt.epoch), zap.Error(err))
 			return fmt.Errorf("%w: fence %s epoch %d: %v", errReelect, b.Class, rt.epoch, err)
 		}
-		if err != nil {
-			return fmt.Errorf("fence %s epoch %d: %w", b.Class, rt.epoch, err)
-		}
+		return fmt.Errorf("fence %s epoch %d: %w", b.Class, rt.epoch, err)
 	}
-	return s.post(ctx, rt.destination, b, rt.epoch)
+	return fmt.Errorf("fence %s epoch %d: %d answers came over %s after they were asked: not sending under them", b.Class, rt.epoch, maxFences, fresh)
 }
 
 // post delivers b to its destination: any 2xx is delivered.

@@ -30,6 +30,7 @@ type Control struct {
 	epoch  int64
 	refuse string // when set, every election is refused with it
 	delay  time.Duration
+	fenceD time.Duration
 }
 
 // Edge is an edge the fake knows.
@@ -170,7 +171,30 @@ func (f *Control) decide(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(resp)
 }
 
+// SetFenceDelay makes every fence answer d after it is decided: a holder
+// that stalls between its fence and its send.
+func (f *Control) SetFenceDelay(d time.Duration) {
+	f.mu.Lock()
+	f.fenceD = d
+	f.mu.Unlock()
+}
+
 func (f *Control) fence(w http.ResponseWriter, r *http.Request) {
+	rec := httptest.NewRecorder()
+	f.decideFence(rec, r)
+	f.mu.Lock()
+	d := f.fenceD
+	f.mu.Unlock()
+	select {
+	case <-time.After(d):
+	case <-r.Context().Done():
+		return
+	}
+	w.WriteHeader(rec.Code)
+	w.Write(rec.Body.Bytes())
+}
+
+func (f *Control) decideFence(w http.ResponseWriter, r *http.Request) {
 	var req edgeapi.FenceRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, edgeapi.MaxElectBytes)).Decode(&req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
