@@ -42,13 +42,13 @@ type fleetEdge struct {
 	id                string
 	cfgPath           string
 	cfg               config.Agent
-	intake            string // host:port
-	port              int    // cell-01's HTTP port
+	intake            string   // host:port
+	port              int      // cell-01's HTTP port
 	logs              []string // its agents' log files, one per run (test goroutine only)
 
-	mu   sync.Mutex    // guards proc: the sampler reads it
-	proc *runningAgent // the current run
-	refused           atomic.Int64 // refused private calls made on its cell
+	mu      sync.Mutex    // guards proc: the sampler reads it
+	proc    *runningAgent // the current run
+	refused atomic.Int64  // refused private calls made on its cell
 }
 
 // egressFleet is one control API (in this process, over real mutual TLS,
@@ -56,13 +56,13 @@ type fleetEdge struct {
 // enrolled agents, each the built binary with its own identity, state
 // directory, ports, cgroup subtree and intake, all on loopback.
 type egressFleet struct {
-	c       *control
-	bin     string
-	lease   time.Duration
-	ingest  *corpingest.Server
-	dest    string
-	ctlLog  string // the control API's log file
-	edges   []*fleetEdge
+	c      *control
+	bin    string
+	lease  time.Duration
+	ingest *corpingest.Server
+	dest   string
+	ctlLog string // the control API's log file
+	edges  []*fleetEdge
 }
 
 type fleetSpec struct{ name, org, region string }
@@ -475,7 +475,7 @@ func forward(ctx context.Context, hc *http.Client, from *fleetEdge, org string, 
 }
 
 // elect asks the control API as e (its enrollment identity) who owns class.
-func (f *egressFleet) elect(t *testing.T, e *fleetEdge, class string) edgeapi.ElectResponse {
+func (f *egressFleet) elect(t *testing.T, e *fleetEdge, class string, reachable bool) edgeapi.ElectResponse {
 	t.Helper()
 	dir := e.cfg.IdentityDir()
 	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, controlclient.CertFile), filepath.Join(dir, controlclient.KeyFile))
@@ -489,7 +489,7 @@ func (f *egressFleet) elect(t *testing.T, e *fleetEdge, class string) edgeapi.El
 	}
 	tr := &http.Transport{TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots}}
 	defer tr.CloseIdleConnections()
-	data, _ := json.Marshal(edgeapi.ElectRequest{Class: class, Reachable: true})
+	data, _ := json.Marshal(edgeapi.ElectRequest{Class: class, Reachable: reachable})
 	req, _ := http.NewRequestWithContext(ctxT(t), http.MethodPost, f.c.ep.EdgeURL+edgeapi.PathEgressElect, bytes.NewReader(data))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := (&http.Client{Transport: tr}).Do(req)
@@ -788,5 +788,59 @@ func checkEpochOrder(t *testing.T, ds []corpingest.Delivery) {
 		if d.Epoch > high[d.Class].Epoch {
 			high[d.Class] = d
 		}
+	}
+}
+
+// The cascade's refusals, through a real agent and the real control API:
+// a hard requirement no live edge meets, and a destination no edge can
+// reach (a closed loopback port), each with its stage and reason in the
+// elect answer and in `cellvisor status`; the bundles stay journaled. (An
+// empty candidate set cannot come from an enrolled agent's own call: the
+// caller is always a live member; the egress package's table test covers
+// it.)
+func TestEgressRefusals(t *testing.T) {
+	f := newEgressFleet(t, 2*time.Second, []fleetSpec{{"beta-1", orgB, "eu"}})
+	e := f.edges[0]
+	closed := "http://" + freeAddr(t) + "/ingest" // nothing listens there
+	if _, err := f.c.admin.SetEgressPolicy(ctxT(t), orgB, "metering", controlapi.EgressPolicyRequest{Destination: f.dest, Region: "eu",
+		Require: edgeapi.Requirement{Region: "mars"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.c.admin.SetEgressPolicy(ctxT(t), orgB, "siem_forwarding", controlapi.EgressPolicyRequest{Destination: closed, Region: "eu"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		class, stage, reason string
+		reachable            bool
+	}{
+		{"metering", edgeapi.StageLiveResolve, "hard_requirement_unmet", true},
+		{"siem_forwarding", edgeapi.StageNoBlackHole, "no_reachable_candidate", false},
+	} {
+		testutil.Eventually(t, 30*time.Second, func() error {
+			if r := egressRoute(t, e.cfg, tc.class); r.Route != edgeapi.RouteRefused || r.Stage != tc.stage || r.Reason != tc.reason {
+				return fmt.Errorf("%s route %+v: want refused at %s: %s", tc.class, r, tc.stage, tc.reason)
+			}
+			return nil
+		})
+		// Asked as the edge, with what its own probe finds.
+		if a := f.elect(t, e, tc.class, tc.reachable); a.Outcome != edgeapi.OutcomeRefused || a.Stage != tc.stage || a.Reason != tc.reason || a.Holder != nil {
+			t.Fatalf("elect %s as %s: %+v, want refused at %s: %s", tc.class, e.name, a, tc.stage, tc.reason)
+		}
+		out, err := runCLI(t, f.bin, "--config", e.cfgPath, "status")
+		if err != nil || !regexpLine(out, tc.class+`\s+refused\s+.*refused at `+tc.stage+`: `+tc.reason) {
+			t.Fatalf("status: %v\n%s\nwant %s refused at %s: %s", err, out, tc.class, tc.stage, tc.reason)
+		}
+	}
+	// Refused classes keep their bundles journaled, and nothing reached
+	// the destination.
+	badPrivateCalls(t, e.cfg.RunDir, 2)
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if r := egressRoute(t, e.cfg, "siem_forwarding"); r.Pending < 1 {
+			return fmt.Errorf("no security bundle journaled: %+v", r)
+		}
+		return nil
+	})
+	if n := f.ingest.Total().Received; n != 0 {
+		t.Fatalf("%d deliveries while every class is refused", n)
 	}
 }
