@@ -425,6 +425,9 @@ func (s *Sender) sendDirect(ctx context.Context, rt route, b edgeapi.Bundle) err
 // trust.
 const maxFences = 3
 
+// fence asks the control API whether this edge holds b's class's lease at
+// rt's epoch, until an answer is fresh (nil); a refusal marks the route
+// unknown and asks for an election (errReelect).
 func (s *Sender) fence(ctx context.Context, rt route, b edgeapi.Bundle) error {
 	fresh := rt.renew / 2
 	if fresh <= 0 {
