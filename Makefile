@@ -202,12 +202,16 @@ units-check: ## systemd-analyze verify both units, and fail if their security ex
 # The fleet load runs 10,000 edges in real time for 3 fleet minutes per store
 # (CELLVISOR_FLEET_EDGES, CELLVISOR_FLEET_SPEEDUP, CELLVISOR_FLEET_MINUTES
 # change it; docs/control.md).
+# The egress failover (five holder kills with a 2 s lease across three real
+# agents and the built control API) prints each round; the agents' debug logs
+# of a failing round are filtered out.
 bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
 	@$(WITH_PG) \
 	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ | tee bench/latest.txt; \
 	$(GO) test -run '^$$' -bench AgentRSS -benchtime 20x -count 5 ./cmd/cellvisor/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench WholeProcess8 -benchtime 5x -count 5 ./cmd/cellvisor/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench EgressFailover -benchtime 5x -count 1 ./cmd/cellvisor/ | grep -v '^ *{' | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench 'Activation(PerCell)?$$' -benchtime 3x -count 5 ./activation/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench SnapshotActivationRSS -benchtime 1x -count 1 ./activation/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench Poll -benchtime 20000x -count 5 ./controlapi/ | tee -a bench/latest.txt; \

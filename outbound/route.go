@@ -18,6 +18,9 @@ type route struct {
 	expires     time.Time
 	destination string
 	at          time.Time
+	// renew is the control API's renewal cadence (a third of the lease):
+	// a fence's answer older than half of it is not trusted for a send.
+	renew time.Duration
 }
 
 // routeFrom turns the control API's answer into a route for self: direct
@@ -25,7 +28,7 @@ type route struct {
 // lease: a fallback send), proxy when another edge holds it, refused when
 // the cascade refused, unknown while nobody holds a lease yet.
 func routeFrom(r edgeapi.ElectResponse, self string, at time.Time) route {
-	rt := route{mode: edgeapi.RouteUnknown, stage: r.Stage, reason: r.Reason, alone: r.Alone, destination: r.Destination, at: at}
+	rt := route{mode: edgeapi.RouteUnknown, stage: r.Stage, reason: r.Reason, alone: r.Alone, destination: r.Destination, at: at, renew: r.Renew}
 	if h := r.Holder; h != nil {
 		rt.holder, rt.holderURL, rt.epoch, rt.expires = h.EdgeID, h.IntakeURL, h.Epoch, h.ExpiresAt
 	}

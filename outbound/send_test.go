@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -301,5 +303,95 @@ func TestSendFailureKeepsTheBundle(t *testing.T) {
 	a.awaitEmpty(t)
 	if c := e.ingest.Class("metering"); c.Unique != 1 {
 		t.Fatalf("ingest %+v: want the bundle once, after 2 failures", c)
+	}
+}
+
+// A holder with a backlog to deliver (its peers' forwards keep coming)
+// still renews its lease at the cadence: it stops between bundles when an
+// election is due. Delivering 30 bundles to a slow destination takes over
+// twice the lease; every one goes out under the first epoch, none is
+// fenced out by a lease that ran out under its holder.
+func TestHolderRenewsWhileDelivering(t *testing.T) {
+	const lease = 600 * time.Millisecond
+	e := &env{t: t, ca: outboundtest.NewCA(t, "edges CA"), ingest: corpingest.New()}
+	// The destination takes 50ms a bundle (a slow corp ingest), so that
+	// the backlog outlasts the lease.
+	e.dest = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-r.Context().Done():
+		}
+		e.ingest.ServeHTTP(w, r)
+	}))
+	t.Cleanup(e.dest.Close)
+	e.control = outboundtest.NewControl(e.dest.URL+"/ingest", lease)
+	e.control.Serve(t, e.ca)
+	a := e.startEdge("edge-a", org, edgeOpts{})
+	r := a.awaitRoute(t, "metering", edgeapi.RouteDirect)
+	var ids []string
+	for range 30 {
+		ids = append(ids, a.submit(t, "metering"))
+	}
+	for _, id := range ids {
+		e.ingested(t, id)
+	}
+	for k, c := range e.ingest.ByKey() {
+		if k.Epoch != r.Epoch {
+			t.Fatalf("%d deliveries under epoch %d (%+v), want all under the first, %d: the lease ran out while delivering", c.Received, k.Epoch, k, r.Epoch)
+		}
+	}
+	if got := a.route("metering"); got.Epoch != r.Epoch || got.Direct != 30 {
+		t.Fatalf("route %+v: want 30 delivered direct under epoch %d", got, r.Epoch)
+	}
+}
+
+// A slow control API (each answer 1.2s late, the lease 1.5s from the
+// answer, renewed every 500ms) does not make a holder lose its lease: the
+// next election is due a third of the lease after the last one started,
+// not after it answered (1.2s + 500ms would outlast the lease).
+func TestHolderRenewsThroughSlowElections(t *testing.T) {
+	e := newEnv(t, 1500*time.Millisecond)
+	a := e.startEdge("edge-a", org, edgeOpts{})
+	r := a.awaitRoute(t, "metering", edgeapi.RouteDirect)
+	e.control.SetElectDelay(1200 * time.Millisecond)
+	// Bundles over several leases: each is fenced at the epoch first.
+	deadline := time.Now().Add(4 * time.Second)
+	n := 0
+	for ; time.Now().Before(deadline); n++ {
+		e.ingested(t, a.submit(t, "metering"))
+	}
+	for k := range e.ingest.ByKey() {
+		if k.Epoch != r.Epoch {
+			t.Fatalf("a delivery under epoch %d (%+v), want all %d under the first, %d: the lease ran out between slow renewals", k.Epoch, k, n, r.Epoch)
+		}
+	}
+}
+
+// A holder whose fence answers come too late (it stalled, or was frozen,
+// between its fence and its send: here the fake answers 150ms after it
+// decided, over half the 200ms renewal cadence) does not send under them;
+// once the answers are fresh again the bundle goes, under its epoch.
+func TestHolderDoesNotSendOnALateFence(t *testing.T) {
+	e := newEnv(t, 600*time.Millisecond)
+	a := e.startEdge("edge-a", org, edgeOpts{})
+	r := a.awaitRoute(t, "metering", edgeapi.RouteDirect)
+	e.control.SetFenceDelay(150 * time.Millisecond)
+	id := a.submit(t, "metering")
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if got := a.route("metering"); !strings.Contains(got.LastError, "not sending under them") {
+			return fmt.Errorf("route %+v: no late fence refused yet", got)
+		}
+		return nil
+	})
+	if _, ok := e.ingest.Bundle(id); ok {
+		t.Fatal("a bundle was sent under a fence answered too late")
+	}
+	e.control.SetFenceDelay(0)
+	e.ingested(t, id)
+	got := a.route("metering")
+	for k := range e.ingest.ByKey() {
+		if k.Epoch != got.Epoch || k.Epoch < r.Epoch {
+			t.Fatalf("delivered under %+v, want the holder's current epoch %d", k, got.Epoch)
+		}
 	}
 }

@@ -140,6 +140,7 @@ func (s *Sender) Submit(b edgeapi.Bundle) error {
 	if err := s.o.Journal.Put(b); err != nil {
 		return err
 	}
+	s.log.Debug("bundle journaled", zap.String("class", b.Class), zap.String("bundle", b.ID))
 	s.Wake(b.Class)
 	return nil
 }
@@ -195,6 +196,10 @@ func (s *Sender) runClass(ctx context.Context, class string) {
 		}
 		s.mu.Unlock()
 		if next.IsZero() || !time.Now().Before(next) {
+			// The next election is timed from this one's start: the
+			// lease runs from when the control API handled it, and a slow
+			// answer must not push the renewal past the expiry.
+			start := time.Now()
 			renew, err := s.elect(ctx, class)
 			if ctx.Err() != nil {
 				return
@@ -203,10 +208,10 @@ func (s *Sender) runClass(ctx context.Context, class string) {
 				s.fail(class, err)
 				next = time.Now().Add(b.Next())
 			} else {
-				next = time.Now().Add(renew)
+				next = start.Add(renew)
 			}
 		}
-		err := s.deliver(ctx, class)
+		err := s.deliver(ctx, class, next)
 		if ctx.Err() != nil {
 			return
 		}
@@ -214,6 +219,8 @@ func (s *Sender) runClass(ctx context.Context, class string) {
 		case errors.Is(err, errReelect):
 			next, retry = time.Time{}, 0
 			continue
+		case errors.Is(err, errElectDue):
+			continue // renew first, then deliver the rest
 		case err != nil:
 			s.fail(class, err)
 			retry = b.Next()
@@ -248,6 +255,12 @@ func (s *Sender) fail(class string, err error) {
 // edge sent under is stale, or the holder it forwarded to failed.
 var errReelect = errors.New("route changed: elect again")
 
+// errElectDue stops a delivery run when the class's next election is due:
+// a holder busy delivering a backlog (its peers' forwards keep coming)
+// must still renew its lease at the cadence, or the lease expires under
+// it and every fence fails.
+var errElectDue = errors.New("election due")
+
 // elect probes the class's destination, asks the control API and records
 // the route; it returns when to ask again. A destination first learnt (or
 // changed) from the answer is probed and the question asked again, so
@@ -263,10 +276,13 @@ func (s *Sender) elect(ctx context.Context, class string) (time.Duration, error)
 			reachable = s.probe(ctx, class, dest)
 		}
 		var err error
+		asked := time.Now()
 		resp, err = s.o.Control.Elect(ctx, edgeapi.ElectRequest{Class: class, Reachable: reachable})
 		if err != nil {
 			return 0, fmt.Errorf("elect %s: %w", class, err)
 		}
+		s.log.Debug("egress election", zap.String("class", class), zap.Bool("reachable", reachable), zap.String("outcome", resp.Outcome),
+			zap.String("reason", resp.Reason), zap.Duration("took", time.Since(asked)))
 		rt := routeFrom(resp, s.o.EdgeID, time.Now())
 		s.mu.Lock()
 		prev := s.routes[class].route
@@ -331,11 +347,17 @@ func hostPort(raw string) (string, error) {
 
 // deliver sends the class's pending bundles, oldest first, along the
 // current route; it stops at the first failure (errReelect when the route
-// proved wrong).
-func (s *Sender) deliver(ctx context.Context, class string) error {
-	for _, b := range s.o.Journal.Pending(class) {
+// proved wrong), and before its second or later bundle once the election
+// at due is due (errElectDue).
+func (s *Sender) deliver(ctx context.Context, class string, due time.Time) error {
+	for i, b := range s.o.Journal.Pending(class) {
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		// At least one bundle a run: an election slower than the
+		// cadence must not starve the deliveries either.
+		if i > 0 && !due.IsZero() && !time.Now().Before(due) {
+			return errElectDue
 		}
 		s.mu.Lock()
 		rt := s.routes[class].route
@@ -386,9 +408,44 @@ func (s *Sender) setErr(class string, err error) {
 // sendDirect delivers b to the destination. A holder fences first, so
 // that a holder frozen past its lease never sends under a stale epoch: a
 // refused fence marks the route unknown and asks for an election.
+//
+// The fence's answer must be fresh when the bundle goes: asked less than
+// half the renewal cadence (a sixth of the lease) before. A holder frozen
+// (SIGSTOP, a VM paused) or starved between its fence and its send wakes
+// with an old answer, during which a successor may have taken the lease:
+// it fences again instead of committing under a stale epoch.
 func (s *Sender) sendDirect(ctx context.Context, rt route, b edgeapi.Bundle) error {
 	if rt.holds() {
+		if err := s.fence(ctx, rt, b); err != nil {
+			return err
+		}
+	}
+	return s.post(ctx, rt.destination, b, rt.epoch)
+}
+
+// maxFences bounds the fences of one send whose answers came too late to
+// trust.
+const maxFences = 3
+
+// fence asks the control API whether this edge holds b's class's lease at
+// rt's epoch, until an answer is fresh (nil); a refusal marks the route
+// unknown and asks for an election (errReelect).
+func (s *Sender) fence(ctx context.Context, rt route, b edgeapi.Bundle) error {
+	fresh := rt.renew / 2
+	if fresh <= 0 {
+		fresh = s.o.MaxRenew / 2
+	}
+	for range maxFences {
+		asked := time.Now()
 		err := s.o.Control.Fence(ctx, edgeapi.FenceRequest{Class: b.Class, Epoch: rt.epoch})
+		if err == nil && time.Since(asked) <= fresh {
+			return nil
+		}
+		if err == nil {
+			s.log.Warn("fence answered too late to send under: asking again", zap.String("class", b.Class), zap.Int64("epoch", rt.epoch),
+				zap.Duration("took", time.Since(asked)), zap.Duration("fresh", fresh))
+			continue
+		}
 		if errors.Is(err, ErrStale) {
 			s.mu.Lock()
 			if cs := s.routes[b.Class]; cs.route.epoch == rt.epoch {
@@ -399,11 +456,9 @@ func (s *Sender) sendDirect(ctx context.Context, rt route, b edgeapi.Bundle) err
 			s.log.Warn("lease stale: not sending under it", zap.String("class", b.Class), zap.Int64("epoch", rt.epoch), zap.Error(err))
 			return fmt.Errorf("%w: fence %s epoch %d: %v", errReelect, b.Class, rt.epoch, err)
 		}
-		if err != nil {
-			return fmt.Errorf("fence %s epoch %d: %w", b.Class, rt.epoch, err)
-		}
+		return fmt.Errorf("fence %s epoch %d: %w", b.Class, rt.epoch, err)
 	}
-	return s.post(ctx, rt.destination, b, rt.epoch)
+	return fmt.Errorf("fence %s epoch %d: %d answers came over %s after they were asked: not sending under them", b.Class, rt.epoch, maxFences, fresh)
 }
 
 // post delivers b to its destination: any 2xx is delivered.

@@ -20,7 +20,7 @@ import (
 )
 
 // kill9 SIGKILLs the agent and waits until it is reaped.
-func (a *runningAgent) kill9(t *testing.T) {
+func (a *runningAgent) kill9(t testing.TB) {
 	t.Helper()
 	_ = a.cmd.Process.Signal(syscall.SIGKILL)
 	select {

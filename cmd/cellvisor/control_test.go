@@ -68,13 +68,13 @@ func startControl(t *testing.T, data, listen string, opts ...func(*controlapi.Co
 	return c
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
 
-func (c *control) publish(t *testing.T, body string) controlapi.PublishedView {
+func (c *control) publish(t testing.TB, body string) controlapi.PublishedView {
 	t.Helper()
 	p, err := c.admin.Publish(ctxT(t), "app.test", controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(
 		fmt.Sprintf(`{"hostnames":["app.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":%q}}]}`, body))})
@@ -101,7 +101,7 @@ func (c *control) awaitEdge(t *testing.T, id string, what string, ok func(contro
 	return v
 }
 
-func runCLI(t *testing.T, bin string, args ...string) (string, error) {
+func runCLI(t testing.TB, bin string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -66,7 +66,7 @@ func egressFront(t *testing.T, realURL, identityDir string, fake *outboundtest.C
 	return srv.URL, ca
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestAgentEgressOnRealCells(t *testing.T) {
 }
 
 // egressRoute is class's route in the agent's status.
-func egressRoute(t *testing.T, cfg config.Agent, class string) edgeapi.RouteStatus {
+func egressRoute(t testing.TB, cfg config.Agent, class string) edgeapi.RouteStatus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"time"
 
 	"cellvisor/edgeapi"
 )
@@ -29,9 +30,19 @@ type Counts struct {
 	Received, Unique, Duplicate int
 }
 
+// Delivery is one delivery received: when, of which bundle, under which
+// key, and whether its id had been ingested before.
+type Delivery struct {
+	Key
+	Bundle    string
+	At        time.Time
+	Duplicate bool
+}
+
 // Server is the ingest; its zero value is not usable, use New.
 type Server struct {
 	mu      sync.Mutex // guards the following fields
+	log     []Delivery
 	bundles map[string]edgeapi.Bundle
 	byClass map[string]*Counts
 	byKey   map[Key]*Counts
@@ -77,6 +88,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !dup {
 		s.bundles[b.ID] = b
 	}
+	s.log = append(s.log, Delivery{Key: k, Bundle: b.ID, At: time.Now(), Duplicate: dup})
 	for _, c := range []*Counts{&s.total, s.counts(s.byClass, b.Class), s.keyCounts(k)} {
 		c.Received++
 		if dup {
@@ -136,6 +148,13 @@ func (s *Server) ByKey() map[Key]Counts {
 		out[k] = *c
 	}
 	return out
+}
+
+// Deliveries lists every delivery received, in the order received.
+func (s *Server) Deliveries() []Delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Delivery(nil), s.log...)
 }
 
 // Bundle returns an ingested bundle.

@@ -45,6 +45,11 @@ func TestIngestIsIdempotentAndCounts(t *testing.T) {
 	if keys[Key{"metering", "e1", 3}] != (Counts{Received: 1, Unique: 1}) || keys[Key{"metering", "e2", 0}] != (Counts{Received: 1, Duplicate: 1}) {
 		t.Fatalf("by key %+v", keys)
 	}
+	d := s.Deliveries()
+	if len(d) != 3 || d[0].Bundle != "a1" || d[0].Duplicate || !d[1].Duplicate || d[1].Key != (Key{"metering", "e2", 0}) ||
+		d[2].Bundle != "b1" || d[2].At.Before(d[0].At) {
+		t.Fatalf("deliveries %+v: want a1, a1 again (duplicate, from e2), b1, in order", d)
+	}
 	s.Fail(1)
 	if got := post(t, s, b, "e1", "4"); got != http.StatusServiceUnavailable {
 		t.Fatalf("while failing: HTTP %d", got)

@@ -29,6 +29,8 @@ type Control struct {
 	leases map[[2]string]*edgeapi.Holder
 	epoch  int64
 	refuse string // when set, every election is refused with it
+	delay  time.Duration
+	fenceD time.Duration
 }
 
 // Edge is an edge the fake knows.
@@ -91,7 +93,31 @@ func (f *Control) SetHolder(org, class, id string) int64 {
 
 func caller(r *http.Request) string { return r.TLS.VerifiedChains[0][0].Subject.CommonName }
 
+// SetElectDelay makes every election answer d late (a loaded control
+// API): the lease runs from when the election is decided, before the
+// delay, as on the real control API (its clock is read first).
+func (f *Control) SetElectDelay(d time.Duration) {
+	f.mu.Lock()
+	f.delay = d
+	f.mu.Unlock()
+}
+
 func (f *Control) elect(w http.ResponseWriter, r *http.Request) {
+	rec := httptest.NewRecorder()
+	f.decide(rec, r)
+	f.mu.Lock()
+	d := f.delay
+	f.mu.Unlock()
+	select {
+	case <-time.After(d):
+	case <-r.Context().Done():
+		return
+	}
+	w.WriteHeader(rec.Code)
+	w.Write(rec.Body.Bytes())
+}
+
+func (f *Control) decide(w http.ResponseWriter, r *http.Request) {
 	var req edgeapi.ElectRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, edgeapi.MaxElectBytes)).Decode(&req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -145,7 +171,30 @@ func (f *Control) elect(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(resp)
 }
 
+// SetFenceDelay makes every fence answer d after it is decided: a holder
+// that stalls between its fence and its send.
+func (f *Control) SetFenceDelay(d time.Duration) {
+	f.mu.Lock()
+	f.fenceD = d
+	f.mu.Unlock()
+}
+
 func (f *Control) fence(w http.ResponseWriter, r *http.Request) {
+	rec := httptest.NewRecorder()
+	f.decideFence(rec, r)
+	f.mu.Lock()
+	d := f.fenceD
+	f.mu.Unlock()
+	select {
+	case <-time.After(d):
+	case <-r.Context().Done():
+		return
+	}
+	w.WriteHeader(rec.Code)
+	w.Write(rec.Body.Bytes())
+}
+
+func (f *Control) decideFence(w http.ResponseWriter, r *http.Request) {
 	var req edgeapi.FenceRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, edgeapi.MaxElectBytes)).Decode(&req); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
