@@ -186,8 +186,9 @@ units-check: ## systemd-analyze verify both units, and fail if their security ex
 # An activation of 20,000 artifacts takes about a second: fewer rounds. A
 # control API poll takes about 50 µs: 20,000 of them (20 per simulated edge).
 # The fleet load runs 10,000 edges in real time for 3 fleet minutes per store
-# (CELLVISOR_FLEET_EDGES, CELLVISOR_FLEET_SPEEDUP, CELLVISOR_FLEET_MINUTES
-# change it; docs/control.md).
+# (after 1 of warm-up) against a cellvisor-control serve child it builds
+# (CELLVISOR_FLEET_EDGES, CELLVISOR_FLEET_MINUTES and
+# CELLVISOR_FLEET_STATUS_CHANGES change it; docs/control.md).
 bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
 	@$(WITH_PG) \
