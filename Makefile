@@ -200,8 +200,9 @@ units-check: ## systemd-analyze verify both units, and fail if their security ex
 # An activation of 20,000 artifacts takes about a second: fewer rounds. A
 # control API poll takes about 50 µs: 20,000 of them (20 per simulated edge).
 # The fleet load runs 10,000 edges in real time for 3 fleet minutes per store
-# (CELLVISOR_FLEET_EDGES, CELLVISOR_FLEET_SPEEDUP, CELLVISOR_FLEET_MINUTES
-# change it; docs/control.md).
+# (after 1 of warm-up) against a cellvisor-control serve child it builds
+# (CELLVISOR_FLEET_EDGES, CELLVISOR_FLEET_MINUTES and
+# CELLVISOR_FLEET_STATUS_CHANGES change it; docs/control.md).
 # The egress failover (five holder kills with a 2 s lease across three real
 # agents and the built control API) prints each round; the agents' debug logs
 # of a failing round are filtered out.
