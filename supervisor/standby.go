@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"syscall"
 	"time"
@@ -101,11 +102,34 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 		return nil, errors.New("the group takes no standby")
 	}
 	c.spare = nil
+	// A spare that does not run (stopped by a signal, or already a zombie)
+	// would never exec the master: the cell would wait its whole readiness
+	// timeout. Such a spare is discarded and the cell started by a join.
+	if f, err := statFields(sp.cmd.Process.Pid); err != nil || !runnable(f[0]) {
+		state := "unreadable"
+		if err == nil {
+			state = f[0]
+		}
+		_ = sp.sb.Close()
+		killReap(sp.cmd)
+		return nil, fmt.Errorf("standby %d is not running (state %s)", sp.cmd.Process.Pid, state)
+	}
 	if err := sp.sb.Release(); err != nil {
 		killReap(sp.cmd)
 		return nil, err
 	}
 	return sp.cmd, nil
+}
+
+// runnable reports a process state (/proc/PID/stat field 3) in which a
+// process can act on what it is sent: running or sleeping, not stopped,
+// traced, dead or a zombie.
+func runnable(state string) bool {
+	switch state {
+	case "R", "S", "D":
+		return true
+	}
+	return false
 }
 
 // discardSpare ends the slot's spare, if it has one: its pipe closed, it

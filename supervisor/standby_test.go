@@ -118,6 +118,30 @@ func TestCrashWithStandbyGoneStillRestarts(t *testing.T) {
 	}
 }
 
+// A standby that hangs (stopped) is not released into: the crashed cell is
+// started through a join at once instead of waiting out its readiness
+// timeout behind a helper that never execs, and the stopped standby is
+// killed and reaped.
+func TestCrashWithStandbyStoppedStartsThroughAJoin(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1})
+	before := h.waitReady("cell-01", 0)
+	spare := standbyOf(t, h, "cell-01", 0)
+	signal(t, syscall.SIGSTOP, spare)
+	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	after := h.waitReady("cell-01", before.PID)
+	if after.PID == spare {
+		t.Errorf("new master %d is the stopped standby's pid", after.PID)
+	}
+	if after.Restarts != before.Restarts+1 {
+		t.Errorf("restarts %d, want %d: the first start after the crash should serve", after.Restarts, before.Restarts+1)
+	}
+	if testutil.Alive(spare) {
+		t.Errorf("the stopped standby %d is still alive", spare)
+	}
+}
+
 // A supervisor that leaves its cells to the next one ends its standbys; the
 // next adopts the masters around them and joins its own.
 func TestAdoptionWithStandbys(t *testing.T) {
