@@ -70,6 +70,7 @@ func (a *Agent) Run(parent context.Context) error {
 	defer side.Wait()
 	select {
 	case <-a.sup.Ready():
+		a.limitSelf()
 		n.Ready()
 		a.log.Info("agent ready", zap.String("summary", a.summary()))
 		a.reportStatus(ctx, n)
@@ -160,4 +161,18 @@ func (a *Agent) health() *systemd.Health {
 			s.PollTimeout.D()+s.ApplyTimeout.D()+s.MaxBackoff.D()+time.Minute)
 	}
 	return h
+}
+
+// limitSelf applies the agent leaf's CPU quota, held back while the cells
+// started (every slot's first outcome is bounded by the readiness timeout).
+// A failure is logged: the agent keeps its memory limit and runs on.
+func (a *Agent) limitSelf() {
+	if a.selfLimits == nil {
+		return
+	}
+	if err := a.cg.LimitSelf(*a.selfLimits); err != nil {
+		a.log.Warn("apply the agent's own CPU limit", zap.Error(err))
+		return
+	}
+	a.log.Debug("agent CPU limit applied", zap.Int64("quota_us", a.selfLimits.CPUQuotaUS), zap.Uint64("period_us", a.selfLimits.CPUPeriodUS))
 }

@@ -85,6 +85,9 @@ type Manager interface {
 	Path() string
 	// PlaceSelf moves the calling process into the agent leaf with l.
 	PlaceSelf(l Limits) error
+	// LimitSelf sets l on the agent leaf, after PlaceSelf (a CPU quota
+	// below 0 is none).
+	LimitSelf(l Limits) error
 	// Ensure creates the named group, or updates it, with l.
 	Ensure(name string, l Limits) (Group, error)
 	// Open returns an existing group without changing it.

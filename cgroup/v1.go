@@ -172,6 +172,9 @@ func (m *v1) PlaceSelf(l Limits) error {
 	return nil
 }
 
+// LimitSelf sets l on the agent leaf.
+func (m *v1) LimitSelf(l Limits) error { return m.ensureAt(m.agentBase, AgentLeaf, l) }
+
 // Remove removes the subtree. If the caller sits in the agent leaf it first
 // moves back to the subtree's parent (v1 has no rule against that).
 func (m *v1) Remove() error {

@@ -84,9 +84,13 @@ func (m *v2) List() ([]string, error)  { return listCells(m.dir("")) }
 func resources(l Limits) *cgroup2.Resources {
 	mem := l.MemoryBytes
 	quota, period := l.CPUQuotaUS, l.CPUPeriodUS
+	q := &quota
+	if quota < 0 {
+		q = nil // "max": no quota
+	}
 	return &cgroup2.Resources{
 		Memory: &cgroup2.Memory{Max: &mem},
-		CPU:    &cgroup2.CPU{Max: cgroup2.NewCPUMax(&quota, &period)},
+		CPU:    &cgroup2.CPU{Max: cgroup2.NewCPUMax(q, &period)},
 		Pids:   &cgroup2.Pids{Max: l.PIDs},
 	}
 }
@@ -134,6 +138,9 @@ func (m *v2) PlaceSelf(l Limits) error {
 	}
 	return m.ensureAt(m.agentBase, AgentLeaf, l)
 }
+
+// LimitSelf sets l on the agent leaf.
+func (m *v2) LimitSelf(l Limits) error { return m.ensureAt(m.agentBase, AgentLeaf, l) }
 
 func (m *v2) Remove() error {
 	_ = os.Remove(join(m.root, m.agentBase, AgentLeaf))

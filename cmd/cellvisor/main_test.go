@@ -345,3 +345,34 @@ func TestCLIControls(t *testing.T) {
 		}
 	}
 }
+
+// The agent's own leaf gets its memory limit at once and its CPU quota once
+// every cell has had its first outcome (a throttled agent held back the
+// cells' start): both are set on a running agent.
+func TestAgentOwnLimitsOnceCellsStarted(t *testing.T) {
+	bin := buildAgent(t)
+	cfgPath, cfg := agentConfig(t, 2, "")
+	_, st := startAgent(t, bin, cfgPath, cfg)
+	if st.Refusal != "" || st.CgroupMode == cgroup.ModeUnenforced {
+		t.Skipf("no enforced cgroups here (%s %s)", st.CgroupMode, st.Refusal)
+	}
+	m, err := cgroup.New(cgroup.Options{Subtree: cfg.Cgroup.Subtree})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := m.Open(cgroup.AgentLeaf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, p := cgroup.CPULimits(cfg.AgentLimits.CPU)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		l, err := leaf.Limits()
+		if err != nil {
+			return err
+		}
+		if l.CPUQuotaUS != q || l.CPUPeriodUS != p || l.MemoryBytes != int64(cfg.AgentLimits.Memory) {
+			return fmt.Errorf("agent leaf limits %+v: want quota %d/%d µs, memory %d", l, q, p, int64(cfg.AgentLimits.Memory))
+		}
+		return nil
+	})
+}
