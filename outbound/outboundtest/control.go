@@ -49,8 +49,8 @@ func NewControl(dest string, lease time.Duration) *Control {
 // certificate's CN.
 func (f *Control) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+edgeapi.PathEgressElect, f.elect)
-	mux.HandleFunc("POST "+edgeapi.PathEgressFence, f.fence)
+	mux.HandleFunc("POST "+edgeapi.PathEgressElect, f.late(f.decide, &f.delay))
+	mux.HandleFunc("POST "+edgeapi.PathEgressFence, f.late(f.decideFence, &f.fenceD))
 	return mux
 }
 
@@ -102,19 +102,22 @@ func (f *Control) SetElectDelay(d time.Duration) {
 	f.mu.Unlock()
 }
 
-func (f *Control) elect(w http.ResponseWriter, r *http.Request) {
-	rec := httptest.NewRecorder()
-	f.decide(rec, r)
-	f.mu.Lock()
-	d := f.delay
-	f.mu.Unlock()
-	select {
-	case <-time.After(d):
-	case <-r.Context().Done():
-		return
+// late answers what decide wrote, *d after it decided (d read under f.mu).
+func (f *Control) late(decide http.HandlerFunc, d *time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rec := httptest.NewRecorder()
+		decide(rec, r)
+		f.mu.Lock()
+		delay := *d
+		f.mu.Unlock()
+		select {
+		case <-time.After(delay):
+		case <-r.Context().Done():
+			return
+		}
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes())
 	}
-	w.WriteHeader(rec.Code)
-	w.Write(rec.Body.Bytes())
 }
 
 func (f *Control) decide(w http.ResponseWriter, r *http.Request) {
@@ -177,21 +180,6 @@ func (f *Control) SetFenceDelay(d time.Duration) {
 	f.mu.Lock()
 	f.fenceD = d
 	f.mu.Unlock()
-}
-
-func (f *Control) fence(w http.ResponseWriter, r *http.Request) {
-	rec := httptest.NewRecorder()
-	f.decideFence(rec, r)
-	f.mu.Lock()
-	d := f.fenceD
-	f.mu.Unlock()
-	select {
-	case <-time.After(d):
-	case <-r.Context().Done():
-		return
-	}
-	w.WriteHeader(rec.Code)
-	w.Write(rec.Body.Bytes())
 }
 
 func (f *Control) decideFence(w http.ResponseWriter, r *http.Request) {
