@@ -42,11 +42,14 @@ func BenchmarkDirectDelivery(b *testing.B) {
 		if err := a.sender.Submit(bd); err != nil {
 			b.Fatal(err)
 		}
-		for {
+		for deadline := time.Now().Add(10 * time.Second); ; {
 			if _, ok := e.ingest.Bundle(bd.ID); ok {
 				break
 			}
-			time.Sleep(50 * time.Microsecond)
+			if time.Now().After(deadline) {
+				b.Fatalf("bundle %s not ingested within 10s", bd.ID)
+			}
+			time.Sleep(50 * time.Microsecond) // a poll interval, not a wait for an event
 		}
 	}
 }
