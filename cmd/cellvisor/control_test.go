@@ -243,3 +243,21 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 		t.Fatalf("agent exit %d", code)
 	}
 }
+
+// enroll creates an edge with req and enrolls the agent of cfgPath with the
+// built binary's enroll command (the control API's CA pinned by file).
+func (c *control) enroll(t testing.TB, bin, cfgPath string, req controlapi.EdgeRequest) controlapi.CreatedEdge {
+	t.Helper()
+	created, err := c.admin.CreateEdge(ctxT(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, []byte(c.ep.CA), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runCLI(t, bin, "--config", cfgPath, "enroll", "--control", c.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile); err != nil {
+		t.Fatalf("enroll %s: %v\n%s", req.Name, err, out)
+	}
+	return created
+}

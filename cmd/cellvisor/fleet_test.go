@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -119,16 +118,8 @@ func TestFleetPageInChromium(t *testing.T) {
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	cfgPath, cfg := agentConfig(t, 3, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n")
 	bctx := browser(t)
-	created, err := c.admin.CreateEdge(ctxT(t), controlapi.EdgeRequest{Name: "fleet-edge", Org: "acme", Country: "NL", Continent: "EU", Slots: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
+	created := c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "fleet-edge", Org: "acme", Country: "NL", Continent: "EU", Slots: 3})
 	id := created.Edge.ID
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	os.WriteFile(caFile, []byte(c.ep.CA), 0o644)
-	if out, err := runCLI(t, bin, "--config", cfgPath, "enroll", "--control", c.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile); err != nil {
-		t.Fatalf("enroll: %v\n%s", err, out)
-	}
 	c.publish(t, "v1")
 	startAgent(t, bin, cfgPath, cfg)
 	c.awaitEdge(t, id, "sequence 1 applied and 3 cells reported", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 1 && len(v.Cells) == 3 })

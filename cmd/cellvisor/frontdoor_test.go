@@ -69,15 +69,7 @@ func TestFrontDoorResolvedByTheCells(t *testing.T) {
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	cfgPath, cfg := agentConfig(t, 1, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n"+
 		"topology:\n  region: eu-central\n  zone: eu-central-1a\n  locality: fra\n")
-	created, err := c.admin.CreateEdge(ctxT(t), controlapi.EdgeRequest{Name: "fd", Org: "acme", Country: "DE", Continent: "EU", Slots: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	os.WriteFile(caFile, []byte(c.ep.CA), 0o644)
-	if out, err := runCLI(t, bin, "--config", cfgPath, "enroll", "--control", c.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile); err != nil {
-		t.Fatalf("enroll: %v\n%s", err, out)
-	}
+	created := c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "fd", Org: "acme", Country: "DE", Continent: "EU", Slots: 1})
 	id := created.Edge.ID
 	if _, err := c.admin.SetFrontDoor(ctxT(t), id, controlapi.FrontDoorRequest{URL: "https://shop.acme.example"}); err != nil {
 		t.Fatal(err)

@@ -25,16 +25,8 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 	bin := buildAgent(t)
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	cfgPath, cfg := agentConfig(t, 2, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n")
-	created, err := c.admin.CreateEdge(ctxT(t), controlapi.EdgeRequest{Name: "auth", Org: "acme", Country: "NL", Continent: "EU", Slots: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
+	created := c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "auth", Org: "acme", Country: "NL", Continent: "EU", Slots: 2})
 	id := created.Edge.ID
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	os.WriteFile(caFile, []byte(c.ep.CA), 0o644)
-	if out, err := runCLI(t, bin, "--config", cfgPath, "enroll", "--control", c.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile); err != nil {
-		t.Fatalf("enroll: %v\n%s", err, out)
-	}
 	enrolledKey := c.ep.PublicKey
 	c.publish(t, "v1")
 	c.publish(t, "v2")

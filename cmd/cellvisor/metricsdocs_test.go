@@ -57,15 +57,7 @@ func TestEnrolledAgentMetricsMatchTheDocs(t *testing.T) {
 	intake, metricsAddr := freeAddr(t), freeAddr(t)
 	cfgPath, cfg := agentConfig(t, 1, fmt.Sprintf("metrics:\n  listen: %s\nsource:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n"+
 		"egress:\n  intake_listen: %s\n  interval: 200ms\n  max_renew: 1s\n", metricsAddr, intake))
-	created, err := c.admin.CreateEdge(ctxT(t), controlapi.EdgeRequest{Name: "metrics", Org: "acme", Country: "NL", Continent: "EU", Slots: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	os.WriteFile(caFile, []byte(c.ep.CA), 0o644)
-	if out, err := runCLI(t, bin, "--config", cfgPath, "enroll", "--control", c.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile); err != nil {
-		t.Fatalf("enroll: %v\n%s", err, out)
-	}
+	c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "metrics", Org: "acme", Country: "NL", Continent: "EU", Slots: 1})
 	id, _, err := agent.LoadIdentity(cfg.Identity())
 	if err != nil {
 		t.Fatal(err)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -34,15 +32,7 @@ func startMovesEdge(t *testing.T, readyWithin time.Duration, started func(port m
 		cfg.MoveTick, cfg.MoveReadyWithin = 100*time.Millisecond, readyWithin
 	})
 	cfgPath, cfg := agentConfig(t, 4, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n")
-	created, err := c.admin.CreateEdge(ctxT(t), controlapi.EdgeRequest{Name: "mv", Org: "acme", Country: "NL", Continent: "EU", Slots: 4, MgmtIPv4: "127.0.0.1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile := filepath.Join(t.TempDir(), "ca.pem")
-	os.WriteFile(caFile, []byte(c.ep.CA), 0o644)
-	if out, err := runCLI(t, bin, "--config", cfgPath, "enroll", "--control", c.ep.EdgeURL, "--token", created.Token, "--ca-file", caFile); err != nil {
-		t.Fatalf("enroll: %v\n%s", err, out)
-	}
+	created := c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "mv", Org: "acme", Country: "NL", Continent: "EU", Slots: 4, MgmtIPv4: "127.0.0.1"})
 	e := &movesEdge{c: c, id: created.Edge.ID, port: map[string]int{}, cfg: cfg}
 	for i := 1; i <= 4; i++ {
 		e.port[fmt.Sprintf("cell-%02d", i)] = cfg.Ports.HTTPBase + i - 1
