@@ -2,7 +2,6 @@ package controlapi_test
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,12 +14,11 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"cellvisor/controlapi"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
+	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 )
 
@@ -28,23 +26,7 @@ import (
 // and returns the body and its parsed families.
 func scrapeControl(t *testing.T, e *env) (string, map[string]*dto.MetricFamily) {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(ctx(t), http.MethodGet, e.admin.URL+"/metrics", nil)
-	req.Header.Set("Authorization", "Bearer "+e.admin.Token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("scrape: %s %v\n%s", resp.Status, err, body)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatalf("parse scrape: %v\n%s", err, body)
-	}
-	return string(body), fams
+	return testutil.Scrape(t, e.admin.URL+"/metrics", e.admin.Token)
 }
 
 // series lists name's series as "label=value,…" → value.

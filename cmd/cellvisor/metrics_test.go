@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,8 +13,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"cellvisor/agent"
 	"cellvisor/cgroup"
@@ -24,27 +20,10 @@ import (
 	"cellvisor/supervisor"
 )
 
-// scrape GETs /metrics and returns the body and its parsed families.
+// scrape GETs the agent's /metrics and returns the body and its parsed families.
 func scrape(t testing.TB, addr string) (string, map[string]*dto.MetricFamily) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("scrape: %s, %v\n%s", resp.Status, err, body)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatalf("parse scrape: %v\n%s", err, body)
-	}
-	return string(body), fams
+	return testutil.Scrape(t, "http://"+addr+"/metrics", "")
 }
 
 // value is the one series of name with labels, or an error naming what is there.
