@@ -276,6 +276,7 @@ func newSupervisor(cfg config.Agent, topo runtime.Topology, assign runtime.Assig
 		ReadyTimeout:  cfg.OpenResty.ReadyTimeout.D(),
 		StopTimeout:   cfg.OpenResty.StopTimeout.D(),
 		ProbeHost:     probeHost(cfg.Ports.Address),
+		ListenAddress: cfg.Ports.Address,
 		RestartLimit:  cfg.Restart.RateLimit,
 		RestartWindow: cfg.Restart.RateWindow.D(),
 		DrainTimeout:  cfg.Restart.DrainTimeout.D(),

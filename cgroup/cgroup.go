@@ -128,6 +128,24 @@ type Group interface {
 	Limits() (Limits, error)
 }
 
+// Condemn SIGKILLs every process of g but keep (0: none; a standby of a
+// StandbyGroup) and returns once none of them can run or fork any more,
+// without waiting for the kernel to tear them down: their memory and pids
+// stay charged to the group for that while, and a port one of them holds
+// stays bound. A group that cannot tell that moment is killed with Kill,
+// which waits.
+func Condemn(ctx context.Context, g Group, keep int) error {
+	if c, ok := g.(interface {
+		Condemn(ctx context.Context, keep int) error
+	}); ok {
+		return c.Condemn(ctx, keep)
+	}
+	if sg, ok := g.(StandbyGroup); ok && keep != 0 {
+		return sg.KillExcept(ctx, keep)
+	}
+	return g.Kill(ctx)
+}
+
 // Options configures New.
 type Options struct {
 	// Root is the cgroup filesystem mount, or "" for /sys/fs/cgroup.

@@ -164,3 +164,112 @@ func TestStandbyClosedExitsWithoutExec(t *testing.T) {
 		t.Error("releasing a closed standby succeeded")
 	}
 }
+
+// A standby of a command with extra files of its own (a cell's listeners)
+// reads its pipe after them: the released program keeps the command's fds
+// 3 and 4 and has nothing of the pipe's.
+func TestStandbyKeepsTheCommandsExtraFiles(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, err := m.Ensure("cell-06", cellLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg, ok := g.(cgroup.StandbyGroup)
+	if !ok {
+		t.Skip("standbys are for groups joined by a helper (cgroup v1)")
+	}
+	dir := t.TempDir()
+	var files []*os.File
+	for _, name := range []string{"a", "b"} {
+		f, err := os.Create(dir + "/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		files = append(files, f)
+	}
+	var out bytes.Buffer
+	cmd := exec.Command("/bin/sh", "-c", `readlink /proc/self/fd/3 /proc/self/fd/4; ls -l /proc/self/fd`)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.ExtraFiles = files
+	sb, after, err := sg.PrepareStandby(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Start()
+	after(err == nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	joinedAll(t, g, cmd.Process.Pid)
+	if err := sb.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("released program: %v\n%s", err, out.String())
+	}
+	lines := strings.Fields(out.String())
+	if len(lines) < 2 || lines[0] != dir+"/a" || lines[1] != dir+"/b" {
+		t.Errorf("fds 3 and 4 of the released program: %q, want its own files", lines)
+	}
+	// ls opens its directory on the lowest free fd: 5, unless the pipe
+	// (passed as fd 5) leaked into the program.
+	if !strings.Contains(out.String(), " 5 -> /proc/") {
+		t.Errorf("fd 5 of the released program is not ls's own (the standby's pipe leaked?):\n%s", out.String())
+	}
+}
+
+// Condemn kills a group's processes but the one kept and returns once
+// every one of them has a SIGKILL pending (or is gone), with the pids limit
+// restored: their teardown is not waited for, but none can run on.
+func TestCondemnLeavesNoneRunning(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, err := m.Ensure("cell-07", cellLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, exited := testutil.StartIn(t, g, "/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait")
+	var pids []int
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if pids, err = g.Procs(); err != nil || len(pids) != 3 {
+			return fmt.Errorf("want sh and two sleeps, have %v (%v)", pids, err)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cgroup.Condemn(ctx, g, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pids {
+		if testutil.Alive(p) && !killPending(p) {
+			t.Errorf("pid %d runs on after Condemn, with no SIGKILL pending", p)
+		}
+	}
+	if l, err := g.Limits(); err != nil || l.PIDs != cellLimits.PIDs {
+		t.Fatalf("pids limit after Condemn: %+v, %v", l, err)
+	}
+	<-exited
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if left, err := g.Procs(); err != nil || len(left) > 0 {
+			return fmt.Errorf("left in the group: %v (%v)", left, err)
+		}
+		return nil
+	})
+}
+
+// killPending reports whether pid has a SIGKILL pending (its shared
+// pending set, where kill(2) puts it).
+func killPending(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return true // gone
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "ShdPnd:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && mask&(1<<(9-1)) != 0
+		}
+	}
+	return false
+}

@@ -226,22 +226,25 @@ func (g *v1Group) file(c, f string) string { return join(g.dir(c), f) }
 // group's memory, cpu and pids cgroups and only then execs the cell: the cell
 // never runs outside its limits. (v1 has no clone-into-cgroup.)
 func (g *v1Group) Prepare(cmd *exec.Cmd) (func(bool), error) {
+	wrapExec(cmd, g.joinFiles())
+	return nil, nil
+}
+
+// joinFiles are the files the join helper moves itself in by: each
+// hierarchy's tasks file, where a thread moving itself takes no
+// threadgroup lock (see joinScript).
+func (g *v1Group) joinFiles() []string {
 	files := make([]string, 0, len(g.m.ctrls))
 	for _, c := range g.m.ctrls {
-		files = append(files, g.file(c, "cgroup.procs"))
+		files = append(files, g.file(c, "tasks"))
 	}
-	wrapExec(cmd, files)
-	return nil, nil
+	return files
 }
 
 // PrepareStandby makes cmd start as a standby joining this group's
 // hierarchies (see StandbyGroup).
 func (g *v1Group) PrepareStandby(cmd *exec.Cmd) (*Standby, func(bool), error) {
-	files := make([]string, 0, len(g.m.ctrls))
-	for _, c := range g.m.ctrls {
-		files = append(files, g.file(c, "cgroup.procs"))
-	}
-	return wrapStandby(cmd, files)
+	return wrapStandby(cmd, g.joinFiles())
 }
 
 // Procs lists every process in any of the group's controllers (the exec
@@ -274,7 +277,17 @@ func (g *v1Group) Kill(ctx context.Context) error { return g.KillExcept(ctx, 0) 
 
 // KillExcept is Kill sparing keep (0: none), a standby of the group, which
 // forks nothing and so cannot keep the group from emptying of the rest.
-func (g *v1Group) KillExcept(ctx context.Context, keep int) error {
+func (g *v1Group) KillExcept(ctx context.Context, keep int) error { return g.kill(ctx, keep, true) }
+
+// Condemn is KillExcept without the wait for the killed to be gone (see
+// the package's Condemn).
+func (g *v1Group) Condemn(ctx context.Context, keep int) error { return g.kill(ctx, keep, false) }
+
+// kill freezes forks (pids.max 0) and SIGKILLs every member but keep: with
+// wait, until the group is empty; without, until a reading of the group
+// finds no member it has not killed yet (then every member has a SIGKILL
+// pending, and none can fork any more). The pids limit is restored after.
+func (g *v1Group) kill(ctx context.Context, keep int, wait bool) error {
 	pidsMax := g.file("pids", "pids.max")
 	prev, err := os.ReadFile(pidsMax)
 	if err != nil {
@@ -290,11 +303,16 @@ func (g *v1Group) KillExcept(ctx context.Context, keep int) error {
 	err = waitEmpty(ctx, func() ([]int, error) {
 		pids, err := g.Procs()
 		pids = slices.DeleteFunc(pids, func(p int) bool { return p == keep })
+		if !wait {
+			pids = slices.DeleteFunc(pids, func(p int) bool { return slices.Contains(killed, p) })
+		}
 		killPIDs(pids)
 		killed = append(killed, pids...)
 		return pids, err
 	})
-	reapOrphans(killed)
+	if wait {
+		reapOrphans(killed)
+	}
 	if rerr := writeFile(pidsMax, strings.TrimSpace(string(prev))); rerr != nil && err == nil {
 		err = fmt.Errorf("restore pids.max: %w", rerr)
 	}

@@ -52,14 +52,22 @@ func (c *slot) start() (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
-	if pids, _ := g.Procs(); len(slices.DeleteFunc(pids, c.isSpare)) > 0 {
-		// Never start beside leftovers: an orphaned worker would hold the port.
+	condemned := c.condemned && c.ln != nil
+	c.condemned = false
+	if pids := c.leftovers(g, condemned); len(pids) > 0 {
+		// Never start beside leftovers that still run. With the ports held
+		// they need only be killed: the new master takes the held sockets
+		// while the kernel tears the killed processes down. Without, an
+		// orphaned worker would hold a port until it is gone.
 		kctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := c.killGroup(kctx, g)
+		err := c.killGroup(kctx, g, c.ln == nil)
 		cancel()
 		if err != nil {
 			return nil, err
 		}
+	}
+	if err := c.holdListeners(); err != nil {
+		return nil, err
 	}
 	// A killed master leaves its private socket behind, and nginx would fail
 	// to bind it; nothing of the cell runs now, so it is stale.
@@ -94,6 +102,16 @@ func (c *slot) start() (*proc, error) {
 	return p, nil
 }
 
+// leftovers lists what of the cell runs in g but the slot's spare; nothing
+// when the last exit's leftovers were just condemned.
+func (c *slot) leftovers(g cgroup.Group, condemned bool) []int {
+	if condemned {
+		return nil
+	}
+	pids, _ := g.Procs()
+	return slices.DeleteFunc(pids, c.isSpare)
+}
+
 // cellCmd is the command of the slot's master, its output appended to the
 // cell's stderr log (closeOutput closes the agent's copy once started).
 func (c *slot) cellCmd() (*exec.Cmd, error) {
@@ -108,6 +126,10 @@ func (c *slot) cellCmd() (*exec.Cmd, error) {
 	cmd.Dir = c.spec.Dir
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if c.ln != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, c.ln.files...)
+		cmd.Env = append(os.Environ(), c.ln.env())
+	}
 	return cmd, nil
 }
 
@@ -139,6 +161,10 @@ func (c *slot) afterStart(p *proc) {
 // wait up to grace, SIGKILL the process group, then kill whatever is left in
 // the cgroup and wait for the master to be reaped.
 func (c *slot) stop(p *proc, grace time.Duration) {
+	// Workers stop accepting on SIGQUIT; with the agent's copy of the
+	// listeners open, new connections would wait for a master that is
+	// not coming.
+	c.dropListeners()
 	_ = p.signal(syscall.SIGQUIT)
 	t := c.s.clk.NewTimer(grace)
 	select {
@@ -152,7 +178,7 @@ func (c *slot) stop(p *proc, grace time.Duration) {
 			_ = syscall.Kill(-p.pid, syscall.SIGKILL)
 		}
 	}
-	c.killLeftovers()
+	c.killLeftovers(true)
 	<-p.done // the master is dead or was SIGKILLed: Wait returns, or its pidfd is readable
 	c.removeRecord()
 	c.mu.Lock()
@@ -165,8 +191,9 @@ func (c *slot) stop(p *proc, grace time.Duration) {
 // otherwise).
 func (c *slot) afterExit(p *proc, forced string) {
 	t0 := time.Now()
-	c.killLeftovers()
-	c.log.Debug("cell leftovers killed", zap.Duration("took", time.Since(t0)))
+	c.killLeftovers(c.ln == nil)
+	c.condemned = c.ln != nil
+	c.log.Debug("cell leftovers killed", zap.Duration("took", time.Since(t0)), zap.Bool("waited", c.ln == nil))
 	c.removeRecord()
 	why := describeExit(p.err)
 	if forced != "" {
@@ -181,7 +208,9 @@ func (c *slot) afterExit(p *proc, forced string) {
 	c.log.Warn("cell exited", zap.String("why", why), zap.Int("pid", p.pid))
 }
 
-func (c *slot) killLeftovers() {
+// killLeftovers kills what is left in the slot's group; with wait, until
+// the group is empty (see cgroup.KillExcept).
+func (c *slot) killLeftovers(wait bool) {
 	c.mu.Lock()
 	g := c.group
 	c.mu.Unlock()
@@ -190,7 +219,7 @@ func (c *slot) killLeftovers() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := c.killGroup(ctx, g); err != nil {
+	if err := c.killGroup(ctx, g, wait); err != nil {
 		c.log.Error("kill cell leftovers", zap.Error(err))
 	}
 }

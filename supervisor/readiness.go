@@ -33,9 +33,12 @@ func (c *slot) onReady() {
 // millisecond (jittered) for the first 250ms (a cell is up within tens of
 // milliseconds), then backs off to 20ms; it gives up when the process exits
 // or ctx ends.
-func (c *slot) probe(ctx context.Context, exited <-chan struct{}) error {
+func (c *slot) probe(ctx context.Context, exited <-chan struct{}, held bool) error {
 	addr := net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort))
 	url := "http://" + addr + "/.cellvisor/ready"
+	if held {
+		return c.probeHeld(ctx, exited, url)
+	}
 	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
 	defer hc.CloseIdleConnections()
 	start := c.s.clk.Now()
@@ -78,6 +81,56 @@ func (c *slot) probe(ctx context.Context, exited <-chan struct{}) error {
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("%s: %w (last: %v)", url, ctx.Err(), last)
+		case <-exited:
+			t.Stop()
+			return errors.New("exited before it was ready")
+		case <-t.C():
+		}
+	}
+}
+
+// probeHeld is probe for a cell whose listeners the agent holds (listen.go):
+// the port accepts from the start, so one request is sent, which waits in
+// the listen backlog until a worker takes and answers it. Nothing polls
+// while the cell starts. A request that fails early (a connection reset)
+// is sent again after a pause, from 1ms growing to 20ms.
+func (c *slot) probeHeld(ctx context.Context, exited <-chan struct{}, url string) error {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-exited:
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	defer hc.CloseIdleConnections()
+	b := &backoff.Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond, Clock: c.s.clk}
+	for {
+		req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusServiceUnavailable {
+				return nil
+			}
+			err = fmt.Errorf("readiness answered %s", resp.Status)
+		}
+		if closed(exited) {
+			return errors.New("exited before it was ready")
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: %w (last: %v)", url, ctx.Err(), err)
+		}
+		t := c.s.clk.NewTimer(b.Next())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%s: %w (last: %v)", url, ctx.Err(), err)
 		case <-exited:
 			t.Stop()
 			return errors.New("exited before it was ready")

@@ -32,6 +32,13 @@ func (c *slot) on(ev event, reason string) action {
 // for an assignment; until ctx is cancelled.
 func (c *slot) run(ctx context.Context) {
 	defer c.firstOutcome()
+	defer func() {
+		if p := c.started; p != nil { // started by startAll, never supervised
+			c.started = nil
+			c.stop(p, c.s.o.StopTimeout)
+			c.dropListeners()
+		}
+	}()
 	if c.s.o.Refusal != nil {
 		c.on(evRefused, "not started: "+c.s.o.Refusal.Error())
 		return
@@ -67,7 +74,7 @@ func (c *slot) serve(ctx context.Context) bool {
 	tr := newTracker(c.s.settings().Policy, c.s.o.Jitter)
 	var pending *restartReq // an operator restart waiting for the new cell
 	defer func() { answer(&pending, errors.New("cell stopped")) }()
-	defer c.discardSpare() // nothing of the slot outlives its run
+	defer c.dropListeners() // nothing of the slot outlives its run
 	defer func() {
 		// A restart that never got its new master still counts.
 		if c.unsaved {
@@ -95,6 +102,7 @@ func (c *slot) serve(ctx context.Context) bool {
 			c.unsaved = true // saved once the new master runs (afterStart)
 			continue
 		}
+		c.dropListeners() // refused, not queued, until it runs again
 		c.saveCounters()
 		switch c.sleep(ctx, delay) {
 		case errUnassigned:
@@ -168,6 +176,9 @@ func (c *slot) runOnce(ctx context.Context, tr *tracker, pending **restartReq) a
 	c.mu.Unlock()
 	var err error
 	if p == nil {
+		p, c.started = c.started, nil
+	}
+	if p == nil {
 		p, err = c.start()
 	}
 	if err != nil {
@@ -223,7 +234,8 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 	rctx, cancel := context.WithTimeout(ctx, c.s.o.ReadyTimeout)
 	defer cancel()
 	probe := make(chan error, 1)
-	go func() { probe <- c.probe(rctx, p.done) }()
+	held := c.ln != nil
+	go func() { probe <- c.probe(rctx, p.done, held) }()
 	c.afterStart(p)
 	var out outcome
 	var readyAt time.Time

@@ -54,6 +54,9 @@ type slot struct {
 	// adopted is the running master of a previous agent, verified and
 	// watched, that the slot's routine supervises instead of starting one.
 	adopted *proc
+	// started is the master startAll started for the slot's routine, which
+	// supervises it instead of starting one. Only the routine takes it.
+	started *proc
 	// fresh are the limits group was just created with (createGroups),
 	// nil once a start used it: a first start with the same limits need
 	// not write them again.
@@ -67,6 +70,13 @@ type slot struct {
 	// spare is the slot's standby (standby.go), nil when it has none. Only
 	// the slot's routine uses it.
 	spare *spare
+	// ln are the cell's listening sockets while the slot holds them
+	// (listen.go), nil otherwise. Only the slot's routine uses it.
+	ln *listeners
+	// condemned says the group's leftovers were killed (not waited for)
+	// after the last exit, with the listeners held: the next start need
+	// not kill them again. Only the slot's routine uses it.
+	condemned bool
 }
 
 // restartReq is an operator restart; done receives nil once the new cell is

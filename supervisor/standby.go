@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -41,6 +42,7 @@ type spare struct {
 	cmd    *exec.Cmd
 	sb     *cgroup.Standby
 	limits cgroup.Limits // the group's limits when it joined
+	ln     *listeners    // the slot's listeners it holds copies of
 }
 
 // makeSpare starts a spare for the slot's group, if the group is joined
@@ -51,7 +53,10 @@ func (c *slot) makeSpare() {
 	g := c.group
 	c.mu.Unlock()
 	sg, ok := g.(cgroup.StandbyGroup)
-	if !ok || c.spare != nil {
+	if !ok || c.spare != nil || c.ln == nil {
+		// Without the slot's listeners (its master was adopted, and holds
+		// the only copies) a spare would exec a master that binds the
+		// ports itself; the next start binds them, and its spare follows.
 		return
 	}
 	cmd, err := c.cellCmd()
@@ -72,7 +77,7 @@ func (c *slot) makeSpare() {
 		c.log.Warn("start standby", zap.Error(err))
 		return
 	}
-	c.spare = &spare{cmd: cmd, sb: sb, limits: l}
+	c.spare = &spare{cmd: cmd, sb: sb, limits: l, ln: c.ln}
 	c.log.Debug("standby started", zap.Int("pid", cmd.Process.Pid))
 }
 
@@ -81,10 +86,18 @@ func (c *slot) isSpare(pid int) bool {
 	return c.spare != nil && c.spare.cmd.Process.Pid == pid
 }
 
-// killGroup kills every process of g but the slot's spare.
-func (c *slot) killGroup(ctx context.Context, g cgroup.Group) error {
-	if sg, ok := g.(cgroup.StandbyGroup); ok && c.spare != nil {
-		return sg.KillExcept(ctx, c.spare.cmd.Process.Pid)
+// killGroup kills every process of g but the slot's spare; with wait,
+// until they are gone, else until none can run (cgroup.Condemn).
+func (c *slot) killGroup(ctx context.Context, g cgroup.Group, wait bool) error {
+	keep := 0
+	if c.spare != nil {
+		keep = c.spare.cmd.Process.Pid
+	}
+	if !wait {
+		return cgroup.Condemn(ctx, g, keep)
+	}
+	if sg, ok := g.(cgroup.StandbyGroup); ok && keep != 0 {
+		return sg.KillExcept(ctx, keep)
 	}
 	return g.Kill(ctx)
 }
@@ -101,14 +114,21 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 		c.discardSpare()
 		return nil, errors.New("the group takes no standby")
 	}
+	if sp.ln != c.ln {
+		c.discardSpare()
+		return nil, errors.New("the standby holds other listeners than the slot")
+	}
 	c.spare = nil
 	// A spare that does not run (stopped by a signal, or already a zombie)
 	// would never exec the master: the cell would wait its whole readiness
 	// timeout. Such a spare is discarded and the cell started by a join.
-	if f, err := statFields(sp.cmd.Process.Pid); err != nil || !runnable(f[0]) {
+	if f, err := statFields(sp.cmd.Process.Pid); err != nil || !runnable(f[0]) || killPending(f) {
 		state := "unreadable"
 		if err == nil {
 			state = f[0]
+			if killPending(f) {
+				state += ", SIGKILL pending"
+			}
 		}
 		_ = sp.sb.Close()
 		killReap(sp.cmd)
@@ -130,6 +150,16 @@ func runnable(state string) bool {
 		return true
 	}
 	return false
+}
+
+// killPending reports whether a process's /proc/PID/stat fields (from its
+// state on) show a SIGKILL pending: it was killed and will never exec
+// anything, though it may still read as running while the kernel tears it
+// down. A SIGKILL of a process is set pending in each of its threads.
+func killPending(f []string) bool {
+	const sigkill = 1 << (9 - 1)
+	pending, err := strconv.ParseUint(f[28], 10, 64) // field 31, "signal"
+	return err == nil && pending&sigkill != 0
 }
 
 // discardSpare ends the slot's spare, if it has one: its pipe closed, it

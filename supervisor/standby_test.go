@@ -13,6 +13,7 @@ import (
 
 	"cellvisor/cgroup"
 	"cellvisor/internal/testutil"
+	"cellvisor/supervisor"
 )
 
 // standbyOf waits until the cell's group holds a standby joined to every
@@ -143,9 +144,14 @@ func TestCrashWithStandbyStoppedStartsThroughAJoin(t *testing.T) {
 }
 
 // A supervisor that leaves its cells to the next one ends its standbys; the
-// next adopts the masters around them and joins its own.
+// next adopts the masters around them. An adopted master holds the only
+// copies of its listeners, so its crash restart binds them anew through a
+// join; the master it starts gets a standby, which the next crash uses.
 func TestAdoptionWithStandbys(t *testing.T) {
-	h := newHarness(t, harnessOpts{slots: 1})
+	// Healthy after 50ms of readiness: the second crash, too, is
+	// restarted at once (with backoff the standby would be dropped).
+	h := newHarness(t, harnessOpts{slots: 1,
+		policy: supervisor.Policy{Initial: 10 * time.Millisecond, Max: time.Second, HealthyAfter: 50 * time.Millisecond}})
 	one := h.waitReady("cell-01", 0)
 	spare := standbyOf(t, h, "cell-01", 0)
 	h.leaveAndRestart()
@@ -156,11 +162,24 @@ func TestAdoptionWithStandbys(t *testing.T) {
 	if got.PID != one.PID {
 		t.Fatalf("pid %d, want the running master %d adopted", got.PID, one.PID)
 	}
-	next := standbyOf(t, h, "cell-01", spare)
 	for _, pid := range nginxProcs(t, h, "cell-01") {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	if after := h.waitReady("cell-01", one.PID); after.PID != next {
-		t.Errorf("the adopted cell's restart: master %d, want the new standby %d", after.PID, next)
+	two := h.waitReady("cell-01", one.PID)
+	next := standbyOf(t, h, "cell-01", spare)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if s := h.slot("cell-01"); s.ReadySince == nil || time.Since(*s.ReadySince) < 100*time.Millisecond {
+			return fmt.Errorf("ready since %v: not yet healthy", s.ReadySince)
+		}
+		return nil
+	})
+	for _, pid := range nginxProcs(t, h, "cell-01") {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if after := h.waitReady("cell-01", two.PID); after.PID != next {
+		t.Errorf("the restarted cell's next restart: master %d, want its standby %d", after.PID, next)
+	}
+	if code, body, err := get(got.HTTPPort, "/"); err != nil || code != 200 || body != "hello" {
+		t.Errorf("after two restarts: %d %q %v", code, body, err)
 	}
 }

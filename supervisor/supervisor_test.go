@@ -3,6 +3,7 @@ package supervisor_test
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -161,6 +162,14 @@ func TestStopLeavesNoProcessOrCgroup(t *testing.T) {
 	for _, s := range h.sup.Status().Slots {
 		if s.State != supervisor.StateStopped || s.PID != 0 {
 			t.Errorf("%s: %s pid %d after stop", s.Name, s.State, s.PID)
+		}
+		// Nor does the agent keep a cell's listener open.
+		for _, port := range []int{s.HTTPPort, s.HTTPSPort} {
+			if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err != nil {
+				t.Errorf("%s: port %d still bound after stop: %v", s.Name, port, err)
+			} else {
+				l.Close()
+			}
 		}
 	}
 }
@@ -338,4 +347,73 @@ func TestExitReasonIsAboutThisExit(t *testing.T) {
 	if strings.Contains(after.LastExit, "old master") || !strings.Contains(after.LastExit, "killed") {
 		t.Errorf("last exit %q: want this master's own exit (killed), not the old log line", after.LastExit)
 	}
+}
+
+// A crashed cell's ports never close while it restarts at once: the agent
+// holds the listening sockets and hands them to the new master, so a
+// connection made right after the kill waits in the backlog and is
+// answered by the new master, and no dial is refused meanwhile.
+func TestCrashedCellKeepsItsPortsWhileItRestarts(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1})
+	before := h.slot("cell-01")
+	for _, pid := range cellProcs(t, h, "cell-01") {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(before.HTTPPort)
+	early, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("dial right after the kill: %v", err)
+	}
+	defer early.Close()
+	if _, err := early.Write([]byte("GET / HTTP/1.0\r\nHost: " + testHost + "\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = early.SetReadDeadline(time.Now().Add(30 * time.Second))
+	answered := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(early)
+		answered <- string(b)
+	}()
+	refused := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for h.slot("cell-01").PID == before.PID || h.slot("cell-01").State != supervisor.StateReady {
+		if time.Now().After(deadline) {
+			t.Fatal("the cell never came back")
+		}
+		if c, err := net.Dial("tcp", addr); err != nil {
+			refused++
+		} else {
+			c.Close()
+		}
+		time.Sleep(time.Millisecond) // the pace of the dials, not a wait for an event
+	}
+	if refused > 0 {
+		t.Errorf("%d dials refused while the cell restarted", refused)
+	}
+	if got := <-answered; !strings.HasPrefix(got, "HTTP/1.1 200") || !strings.HasSuffix(got, "hello") {
+		t.Errorf("the connection made right after the kill was answered %q", got)
+	}
+}
+
+// A cell that will not come back at once (a restart with backoff) does not
+// hold its ports: they refuse, rather than take connections nobody serves.
+func TestCellInBackoffRefusesConnections(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1, binary: "/bin/false",
+		policy: supervisor.Policy{Initial: 2 * time.Second, Max: 2 * time.Second, HealthyAfter: time.Minute}})
+	port := h.slot("cell-01").HTTPPort
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s := h.slot("cell-01")
+		if s.Restarts < 2 || s.State != supervisor.StateDegraded {
+			return fmt.Errorf("restarts %d, state %s", s.Restarts, s.State)
+		}
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			c.Close()
+			return errors.New("the port of a cell in backoff accepts")
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return err
+		}
+		return nil
+	})
 }

@@ -1,0 +1,143 @@
+package supervisor
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// The agent binds each cell's public TCP ports itself and hands the
+// listening sockets to the cell's master, which nginx takes over from the
+// NGINX environment variable ("3;4;": the fds it inherits) instead of
+// binding its own. The agent keeps its copy while the cell runs and across
+// a restart at once (a crash, a failed liveness check), so:
+//
+//   - a crashed cell's port never closes: connections that arrive before the
+//     new master runs wait in the listen backlog and are answered by it,
+//     rather than refused; and the new master need not wait for the kernel
+//     to tear the killed processes down to bind the port again;
+//   - the readiness probe sends one request, which waits in the backlog until
+//     a worker answers it, instead of dialling a refusing port every
+//     millisecond while eight cells compete for the CPU.
+//
+// The agent never accepts on them. It closes its copy whenever the cell is
+// not coming back at once (a stop, a restart with backoff, an unassignment,
+// the agent stopping or leaving the cells to its successor), so a port
+// nobody will serve soon refuses connections, as before. A master adopted
+// from a previous agent holds the only copy of its sockets: when it exits,
+// its group is emptied and the ports bound anew, as before.
+
+// listenBacklog is nginx's default listen backlog on Linux; nginx applies
+// its own (listen ... backlog=) when its configuration says otherwise.
+const listenBacklog = 511
+
+// listeners are a cell's public listening sockets, bound by the agent.
+type listeners struct {
+	files []*os.File
+}
+
+// bindListeners binds addr ("" for every IPv4 address, as nginx's `listen
+// PORT`) on each port. The sockets are non-blocking (the flag is shared with
+// the master's copies, and nginx expects its listeners so) and close on
+// exec (cellCmd hands them over explicitly).
+func bindListeners(addr string, ports ...int) (*listeners, error) {
+	l := &listeners{}
+	for _, port := range ports {
+		f, err := bindTCP(addr, port)
+		if err != nil {
+			l.close()
+			return nil, err
+		}
+		l.files = append(l.files, f)
+	}
+	return l, nil
+}
+
+func bindTCP(addr string, port int) (*os.File, error) {
+	ip := netip.IPv4Unspecified()
+	if addr != "" {
+		var err error
+		if ip, err = netip.ParseAddr(addr); err != nil {
+			return nil, fmt.Errorf("bind port %d: address %q: %w", port, addr, err)
+		}
+	}
+	ip = ip.Unmap()
+	family, sa := syscall.AF_INET, syscall.Sockaddr(&syscall.SockaddrInet4{Port: port, Addr: ip.As4()})
+	if ip.Is6() {
+		family, sa = syscall.AF_INET6, &syscall.SockaddrInet6{Port: port, Addr: ip.As16()}
+	}
+	name := fmt.Sprintf("%s:%d", ip, port)
+	fd, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("bind %s: socket: %w", name, err)
+	}
+	fail := func(step string, err error) (*os.File, error) {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("bind %s: %s: %w", name, step, err)
+	}
+	// As nginx does for its own listeners.
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+		return fail("SO_REUSEADDR", err)
+	}
+	if family == syscall.AF_INET6 {
+		if err := syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 1); err != nil {
+			return fail("IPV6_V6ONLY", err)
+		}
+	}
+	if err := syscall.Bind(fd, sa); err != nil {
+		return fail("bind", err)
+	}
+	if err := syscall.Listen(fd, listenBacklog); err != nil {
+		return fail("listen", err)
+	}
+	return os.NewFile(uintptr(fd), "cell listener "+name), nil
+}
+
+// env is the NGINX variable naming the fds the master receives them as:
+// cellCmd passes them first among its extra files, from fd 3 on.
+func (l *listeners) env() string {
+	var b strings.Builder
+	b.WriteString("NGINX=")
+	for i := range l.files {
+		b.WriteString(strconv.Itoa(3 + i))
+		b.WriteByte(';')
+	}
+	return b.String()
+}
+
+func (l *listeners) close() {
+	for _, f := range l.files {
+		f.Close()
+	}
+	l.files = nil
+}
+
+// holdListeners makes sure the slot holds its cell's listeners. Call it
+// only with nothing of the cell running (the ports are otherwise taken).
+func (c *slot) holdListeners() error {
+	if c.ln != nil {
+		return nil
+	}
+	ln, err := bindListeners(c.s.o.ListenAddress, c.spec.HTTPPort, c.spec.HTTPSPort)
+	if err != nil {
+		return fmt.Errorf("bind the cell's ports: %w", err)
+	}
+	c.ln = ln
+	return nil
+}
+
+// dropListeners closes the slot's copy of its cell's listeners, and ends
+// its spare, which holds copies of them too: once the master's copies are
+// closed as well, the ports refuse connections. The slot's routine calls
+// it whenever its cell is not coming back at once.
+func (c *slot) dropListeners() {
+	c.discardSpare()
+	if c.ln != nil {
+		c.ln.close()
+		c.ln = nil
+		c.log.Debug("cell listeners closed")
+	}
+}
