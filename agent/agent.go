@@ -140,7 +140,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		}
 	}
 	rewind := verifyReleases(topo, assign, log)
-	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log); err != nil {
+	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log, func() { a.weighSelf(startedWeight) }); err != nil {
 		return nil, err
 	}
 	if a.source != nil {
@@ -250,6 +250,7 @@ func (a *Agent) setupCgroups() (refusal error, err error) {
 		if err := a.cg.PlaceSelf(start); err != nil {
 			return nil, fmt.Errorf("place agent in its own leaf cgroup: %w", err)
 		}
+		a.weighSelf(startWeight)
 		a.limitsN = fmt.Sprintf("%s memory, %g CPU", cfg.AgentLimits.Memory, cfg.AgentLimits.CPU)
 		if os.Getenv("GOMEMLIMIT") == "" {
 			// Go does not read its cgroup's limit: without a soft limit of
@@ -263,8 +264,31 @@ func (a *Agent) setupCgroups() (refusal error, err error) {
 	return refusal, nil
 }
 
+// The agent's CPU weight against its cells while they start: ahead of them
+// until it has exec'd every one (each start waits on the agent), behind
+// them until each has had its first outcome (then the agent's bookkeeping
+// waits on nothing but them), and level with them after, when its quota
+// applies too (limitSelf). The weights decide only who runs first when
+// both want the CPU; the quotas still cap both.
+const (
+	startWeight   = 10 * cgroup.DefaultWeight
+	startedWeight = cgroup.DefaultWeight / 10
+)
+
+// weighSelf sets the agent's CPU weight, where it has a leaf of its own.
+func (a *Agent) weighSelf(w int) {
+	if a.selfLimits == nil {
+		return
+	}
+	if err := a.cg.WeighSelf(w); err != nil {
+		a.log.Warn("set the agent's CPU weight", zap.Int("weight", w), zap.Error(err))
+		return
+	}
+	a.log.Debug("agent CPU weight", zap.Int("weight", w))
+}
+
 // newSupervisor configures the supervisor from the configuration.
-func newSupervisor(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, cg cgroup.Manager, refusal error, log *zap.Logger) (*supervisor.Supervisor, error) {
+func newSupervisor(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, cg cgroup.Manager, refusal error, log *zap.Logger, started func()) (*supervisor.Supervisor, error) {
 	return supervisor.New(supervisor.Options{
 		Binary:        cfg.OpenResty.Binary,
 		Topology:      topo,
@@ -277,6 +301,7 @@ func newSupervisor(cfg config.Agent, topo runtime.Topology, assign runtime.Assig
 		StopTimeout:   cfg.OpenResty.StopTimeout.D(),
 		ProbeHost:     probeHost(cfg.Ports.Address),
 		ListenAddress: cfg.Ports.Address,
+		Started:       started,
 		RestartLimit:  cfg.Restart.RateLimit,
 		RestartWindow: cfg.Restart.RateWindow.D(),
 		DrainTimeout:  cfg.Restart.DrainTimeout.D(),

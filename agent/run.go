@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/cgroup"
 	"cellvisor/supervisor"
 	"cellvisor/systemd"
 )
@@ -170,6 +171,7 @@ func (a *Agent) limitSelf() {
 	if a.selfLimits == nil {
 		return
 	}
+	a.weighSelf(cgroup.DefaultWeight)
 	if err := a.cg.LimitSelf(*a.selfLimits); err != nil {
 		a.log.Warn("apply the agent's own CPU limit", zap.Error(err))
 		return

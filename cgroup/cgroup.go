@@ -56,6 +56,10 @@ type Limits struct {
 	CPUBurstUS uint64 `json:"cpu_burst_us,omitempty"`
 }
 
+// DefaultWeight is the CPU weight of every cell's group, and the agent's
+// own once its cells are up (WeighSelf).
+const DefaultWeight = 100
+
 // CPULimits converts a CPU count into quota and period (period 100ms).
 func CPULimits(cpus float64) (quotaUS int64, periodUS uint64) {
 	const period = 100000
@@ -88,6 +92,11 @@ type Manager interface {
 	// LimitSelf sets l on the agent leaf, after PlaceSelf (a CPU quota
 	// below 0 is none).
 	LimitSelf(l Limits) error
+	// WeighSelf sets the agent leaf's CPU weight, after PlaceSelf, in
+	// cgroup v2 units: 1 to 10000, where 100 (DefaultWeight) is every
+	// cell's. It decides who runs first when the agent and its cells
+	// want the CPU at once; the quotas still cap both.
+	WeighSelf(weight int) error
 	// Ensure creates the named group, or updates it, with l.
 	Ensure(name string, l Limits) (Group, error)
 	// Open returns an existing group without changing it.

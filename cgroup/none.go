@@ -27,6 +27,7 @@ func (n *none) Reason() error                               { return n.reason }
 func (n *none) Path() string                                { return "" }
 func (n *none) PlaceSelf(Limits) error                      { return nil }
 func (n *none) LimitSelf(Limits) error                      { return nil }
+func (n *none) WeighSelf(int) error                         { return nil }
 func (n *none) Ensure(name string, _ Limits) (Group, error) { return n.Open(name) }
 
 // Open returns the slot's group, the same one each time, so that it keeps

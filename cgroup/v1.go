@@ -175,6 +175,12 @@ func (m *v1) PlaceSelf(l Limits) error {
 // LimitSelf sets l on the agent leaf.
 func (m *v1) LimitSelf(l Limits) error { return m.ensureAt(m.agentBase, AgentLeaf, l) }
 
+// WeighSelf writes the weight as cpu.shares, of which 1024 is the default.
+func (m *v1) WeighSelf(weight int) error {
+	shares := min(max(weight*1024/DefaultWeight, 2), 262144)
+	return writeFile(join(m.root, "cpu", m.agentBase["cpu"], AgentLeaf, "cpu.shares"), strconv.Itoa(shares))
+}
+
 // Remove removes the subtree. If the caller sits in the agent leaf it first
 // moves back to the subtree's parent (v1 has no rule against that).
 func (m *v1) Remove() error {

@@ -142,6 +142,16 @@ func (m *v2) PlaceSelf(l Limits) error {
 // LimitSelf sets l on the agent leaf.
 func (m *v2) LimitSelf(l Limits) error { return m.ensureAt(m.agentBase, AgentLeaf, l) }
 
+// WeighSelf writes cpu.weight; without the cpu controller in the leaf (a
+// parent that does not delegate it) there is no weight to set.
+func (m *v2) WeighSelf(weight int) error {
+	f := join(m.root, m.agentBase, AgentLeaf, "cpu.weight")
+	if _, err := os.Stat(f); os.IsNotExist(err) {
+		return nil
+	}
+	return writeFile(f, strconv.Itoa(min(max(weight, 1), 10000)))
+}
+
 func (m *v2) Remove() error {
 	_ = os.Remove(join(m.root, m.agentBase, AgentLeaf))
 	if m.agentBase != m.base && m.subtree != "" {

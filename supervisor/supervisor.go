@@ -48,6 +48,9 @@ type Options struct {
 	StopTimeout time.Duration
 	// ProbeHost is the host the readiness probe dials; "" means 127.0.0.1.
 	ProbeHost string
+	// Started, when not nil, is called once Run has exec'd the cells it
+	// starts at once, before they are ready.
+	Started func()
 	// ListenAddress is the address the cells' public listeners bind, as
 	// their nginx.conf says it (ports.address; "" for every IPv4 address):
 	// the agent binds them and hands them to each master (listen.go).
@@ -174,6 +177,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	s.recoverAll(ctx)
 	s.createGroups()
 	s.startAll()
+	if s.o.Started != nil {
+		s.o.Started()
+	}
 	s.pending.Add(len(s.slots))
 	go func() {
 		s.pending.Wait()
@@ -203,6 +209,14 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		sideWG.Add(1)
 		go func() {
 			defer sideWG.Done()
+			// The budget is first enforced once every slot has had its
+			// first outcome: its watch wakes on every write of a starting
+			// cell, and a start writes little.
+			select {
+			case <-s.ready:
+			case <-side.Done():
+				return
+			}
 			if err := b.Run(side); err != nil {
 				c.log.Error("log budget", zap.Error(err))
 			}

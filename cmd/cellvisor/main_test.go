@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -348,11 +349,13 @@ func TestCLIControls(t *testing.T) {
 
 // The agent's own leaf gets its memory limit at once and its CPU quota once
 // every cell has had its first outcome (a throttled agent held back the
-// cells' start): both are set on a running agent.
+// cells' start): both are set on a running agent. Its CPU weight goes
+// ahead of the cells' until it has exec'd them, behind until they are up,
+// then level with theirs.
 func TestAgentOwnLimitsOnceCellsStarted(t *testing.T) {
 	bin := buildAgent(t)
 	cfgPath, cfg := agentConfig(t, 2, "")
-	_, st := startAgent(t, bin, cfgPath, cfg)
+	a, st := startAgent(t, bin, cfgPath, cfg)
 	if st.Refusal != "" || st.CgroupMode == cgroup.ModeUnenforced {
 		t.Skipf("no enforced cgroups here (%s %s)", st.CgroupMode, st.Refusal)
 	}
@@ -375,4 +378,27 @@ func TestAgentOwnLimitsOnceCellsStarted(t *testing.T) {
 		}
 		return nil
 	})
+	if st.CgroupMode == cgroup.ModeV1Hybrid {
+		shares, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpu", leaf.Paths()["cpu"], "cpu.shares"))
+		if err != nil || strings.TrimSpace(string(shares)) != "1024" {
+			t.Errorf("agent leaf cpu.shares %q (%v) once the cells are up: want the default 1024", shares, err)
+		}
+	}
+	var weights []string
+	data, err := os.ReadFile(a.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		var e struct {
+			Msg    string `json:"msg"`
+			Weight int    `json:"weight"`
+		}
+		if json.Unmarshal([]byte(line), &e) == nil && e.Msg == "agent CPU weight" {
+			weights = append(weights, strconv.Itoa(e.Weight))
+		}
+	}
+	if got := strings.Join(weights, " "); got != "1000 10 100" {
+		t.Errorf("the agent's CPU weights in turn: %q, want 1000 10 100", got)
+	}
 }
