@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -109,6 +110,30 @@ func reapOrphans(pids []int) {
 		var ws syscall.WaitStatus
 		_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
 	}
+}
+
+// Doomed reports whether pid can no longer run code of its own: it is gone,
+// a zombie, or has a SIGKILL pending (set in each of a killed process's
+// threads; /proc/PID/stat's "signal" field, the 31st).
+func Doomed(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return os.IsNotExist(err) || errors.Is(err, syscall.ESRCH)
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 29 {
+		return false
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return true
+	}
+	const sigkill = 1 << (9 - 1)
+	pending, err := strconv.ParseUint(f[28], 10, 64)
+	return err == nil && pending&sigkill != 0
 }
 
 // removeDir removes an empty cgroup directory, retrying briefly on EBUSY,

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -119,16 +118,17 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 		return nil, errors.New("the standby holds other listeners than the slot")
 	}
 	c.spare = nil
-	// A spare that does not run (stopped by a signal, or already a zombie)
-	// would never exec the master: the cell would wait its whole readiness
+	// A spare that does not run (stopped by a signal, killed, or already a
+	// zombie) would never exec the master: the cell would wait its whole readiness
 	// timeout. Such a spare is discarded and the cell started by a join.
-	if f, err := statFields(sp.cmd.Process.Pid); err != nil || !runnable(f[0]) || killPending(f) {
+	f, err := statFields(sp.cmd.Process.Pid)
+	if killed := err == nil && cgroup.Doomed(sp.cmd.Process.Pid); err != nil || !runnable(f[0]) || killed {
 		state := "unreadable"
 		if err == nil {
 			state = f[0]
-			if killPending(f) {
-				state += ", SIGKILL pending"
-			}
+		}
+		if killed {
+			state += ", killed"
 		}
 		_ = sp.sb.Close()
 		killReap(sp.cmd)
@@ -150,16 +150,6 @@ func runnable(state string) bool {
 		return true
 	}
 	return false
-}
-
-// killPending reports whether a process's /proc/PID/stat fields (from its
-// state on) show a SIGKILL pending: it was killed and will never exec
-// anything, though it may still read as running while the kernel tears it
-// down. A SIGKILL of a process is set pending in each of its threads.
-func killPending(f []string) bool {
-	const sigkill = 1 << (9 - 1)
-	pending, err := strconv.ParseUint(f[28], 10, 64) // field 31, "signal"
-	return err == nil && pending&sigkill != 0
 }
 
 // discardSpare ends the slot's spare, if it has one: its pipe closed, it
