@@ -300,7 +300,6 @@ func newSupervisor(cfg config.Agent, topo runtime.Topology, assign runtime.Assig
 		ReadyTimeout:  cfg.OpenResty.ReadyTimeout.D(),
 		StopTimeout:   cfg.OpenResty.StopTimeout.D(),
 		ProbeHost:     probeHost(cfg.Ports.Address),
-		ListenAddress: cfg.Ports.Address,
 		Started:       started,
 		RestartLimit:  cfg.Restart.RateLimit,
 		RestartWindow: cfg.Restart.RateWindow.D(),

@@ -150,7 +150,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	opts := supervisor.Options{
 		Binary: bin, Topology: topo, Assignments: o.assign, Cgroups: o.cg,
 		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
-		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second, ListenAddress: cfg.Ports.Address,
+		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
 		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
 		RestartLimit: o.limit, Liveness: o.liveness,
 	}

@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"strconv"
@@ -56,6 +58,59 @@ func bindListeners(addr string, ports ...int) (*listeners, error) {
 	return l, nil
 }
 
+// maxConf bounds the read of a cell's nginx.conf (rendered by the agent:
+// a few kilobytes).
+const maxConf = 1 << 20
+
+// confListen reads where a cell's nginx.conf listens on ports: "" for
+// `listen PORT` (every IPv4 address), or the IP of `listen IP:PORT` and
+// `listen [IPv6]:PORT`. nginx takes an inherited socket only for a listen
+// line with the same address, so the agent binds exactly that. It is not
+// ok (the agent holds nothing, and nginx binds its own ports) when the file
+// cannot be read or is over maxConf, a port has no listen line or two
+// disagree, or the address is a host name, which nginx resolves itself.
+func confListen(path string, ports ...int) (addr string, ok bool) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", false
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConf+1))
+	if err != nil || len(data) > maxConf {
+		return "", false
+	}
+	found := map[int][]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 || fields[0] != "listen" {
+			continue
+		}
+		arg := strings.TrimSuffix(fields[1], ";")
+		host, port := "", arg
+		if _, err := strconv.Atoi(arg); err != nil {
+			if host, port, err = net.SplitHostPort(arg); err != nil {
+				continue // unix:… and the like
+			}
+		}
+		if n, err := strconv.Atoi(port); err == nil {
+			found[n] = append(found[n], host)
+		}
+	}
+	for i, port := range ports {
+		hosts := found[port]
+		if len(hosts) != 1 || (i > 0 && hosts[0] != addr) {
+			return "", false
+		}
+		addr = hosts[0]
+	}
+	if addr != "" {
+		if _, err := netip.ParseAddr(addr); err != nil {
+			return "", false
+		}
+	}
+	return addr, true
+}
+
 func bindTCP(addr string, port int) (*os.File, error) {
 	ip := netip.IPv4Unspecified()
 	if addr != "" {
@@ -65,8 +120,11 @@ func bindTCP(addr string, port int) (*os.File, error) {
 		}
 	}
 	ip = ip.Unmap()
-	family, sa := syscall.AF_INET, syscall.Sockaddr(&syscall.SockaddrInet4{Port: port, Addr: ip.As4()})
-	if ip.Is6() {
+	var family int
+	var sa syscall.Sockaddr
+	if ip.Is4() {
+		family, sa = syscall.AF_INET, &syscall.SockaddrInet4{Port: port, Addr: ip.As4()}
+	} else {
 		family, sa = syscall.AF_INET6, &syscall.SockaddrInet6{Port: port, Addr: ip.As16()}
 	}
 	name := fmt.Sprintf("%s:%d", ip, port)
@@ -115,13 +173,19 @@ func (l *listeners) close() {
 	l.files = nil
 }
 
-// holdListeners makes sure the slot holds its cell's listeners. Call it
-// only with nothing of the cell running (the ports are otherwise taken).
+// holdListeners makes sure the slot holds its cell's listeners, bound
+// where the nginx.conf about to be started listens. Call it only with
+// nothing of the cell running (the ports are otherwise taken). A file the
+// agent cannot read so (see confListen) is left to bind its own ports.
 func (c *slot) holdListeners() error {
 	if c.ln != nil {
 		return nil
 	}
-	ln, err := bindListeners(c.s.o.ListenAddress, c.spec.HTTPPort, c.spec.HTTPSPort)
+	addr, ok := confListen(c.spec.ConfPath(), c.spec.HTTPPort, c.spec.HTTPSPort)
+	if !ok {
+		return nil
+	}
+	ln, err := bindListeners(addr, c.spec.HTTPPort, c.spec.HTTPSPort)
 	if err != nil {
 		return fmt.Errorf("bind the cell's ports: %w", err)
 	}

@@ -3,7 +3,10 @@ package supervisor
 import (
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -61,6 +64,7 @@ func TestBindListeners(t *testing.T) {
 	if _, err := bindListeners("not-an-address", a); err == nil {
 		t.Error("a malformed address was bound")
 	}
+
 	// A port the first bind cannot take leaves nothing of the others bound.
 	hold, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(b))
 	if err != nil {
@@ -77,10 +81,68 @@ func TestBindListeners(t *testing.T) {
 	}
 }
 
+// An IPv6 address binds an IPv6-only socket, as nginx's listen [addr]:port
+// does (ipv6only=on).
+func TestBindListenersIPv6(t *testing.T) {
+	l, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback here: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	ln, err := bindListeners("::1", port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.close()
+	sa, err := syscall.Getsockname(int(ln.files[0].Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in6, ok := sa.(*syscall.SockaddrInet6); !ok || in6.Port != port || in6.Addr != [16]byte{15: 1} {
+		t.Errorf("bound to %+v, want [::1]:%d", sa, port)
+	}
+	v6only, err := syscall.GetsockoptInt(int(ln.files[0].Fd()), syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY)
+	if err != nil || v6only != 1 {
+		t.Errorf("IPV6_V6ONLY %d (%v), want 1", v6only, err)
+	}
+}
+
 func fcntl(fd, cmd int) (int, error) {
 	r, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), uintptr(cmd), 0)
 	if errno != 0 {
 		return 0, errno
 	}
 	return int(r), nil
+}
+
+// The agent binds where the cell's nginx.conf listens, and holds nothing
+// (nginx binds its own) for a file it cannot read so.
+func TestConfListen(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, conf string
+		addr       string
+		ok         bool
+	}{
+		{"every address", "server {\n    listen 8081 default_server;\n}\nserver {\n    listen 8091 ssl default_server;\n}\nserver { listen unix:/run/x.sock; }\n", "", true},
+		{"ipv4", "listen 127.0.0.1:8081 default_server;\nlisten 127.0.0.1:8091 ssl default_server;\n", "127.0.0.1", true},
+		{"ipv6", "listen [::1]:8081 default_server;\nlisten [::1]:8091 ssl default_server;\n", "::1", true},
+		{"host name", "listen localhost:8081;\nlisten localhost:8091 ssl;\n", "", false},
+		{"ports disagree", "listen 127.0.0.1:8081;\nlisten 127.0.0.2:8091 ssl;\n", "", false},
+		{"a port missing", "listen 127.0.0.1:8081;\n", "", false},
+		{"a port twice", "listen 127.0.0.1:8081;\nlisten 127.0.0.2:8081;\nlisten 127.0.0.1:8091 ssl;\n", "", false},
+		{"over the bound", "listen 8081;\nlisten 8091 ssl;\n" + strings.Repeat("#", maxConf), "", false},
+	} {
+		path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".conf")
+		if err := os.WriteFile(path, []byte(tc.conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if addr, ok := confListen(path, 8081, 8091); addr != tc.addr || ok != tc.ok {
+			t.Errorf("%s: %q %v, want %q %v", tc.name, addr, ok, tc.addr, tc.ok)
+		}
+	}
+	if _, ok := confListen(filepath.Join(dir, "missing.conf"), 8081); ok {
+		t.Error("a missing file reads as a listen address")
+	}
 }

@@ -51,10 +51,6 @@ type Options struct {
 	// Started, when not nil, is called once Run has exec'd the cells it
 	// starts at once, before they are ready.
 	Started func()
-	// ListenAddress is the address the cells' public listeners bind, as
-	// their nginx.conf says it (ports.address; "" for every IPv4 address):
-	// the agent binds them and hands them to each master (listen.go).
-	ListenAddress string
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Version is reported in status.
