@@ -113,8 +113,9 @@ func reapOrphans(pids []int) {
 }
 
 // Doomed reports whether pid can no longer run code of its own: it is gone,
-// a zombie, or has a SIGKILL pending (set in each of a killed process's
-// threads; /proc/PID/stat's "signal" field, the 31st).
+// a zombie, exiting (PF_EXITING in /proc/PID/stat's 9th field, "flags":
+// a killed process that has taken its SIGKILL), or has a SIGKILL pending
+// (set in each of a killed process's threads; the 31st field, "signal").
 func Doomed(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -129,6 +130,10 @@ func Doomed(pid int) bool {
 		return false
 	}
 	if f[0] == "Z" || f[0] == "X" {
+		return true
+	}
+	const pfExiting = 0x4
+	if flags, err := strconv.ParseUint(f[6], 10, 64); err == nil && flags&pfExiting != 0 {
 		return true
 	}
 	const sigkill = 1 << (9 - 1)

@@ -17,9 +17,9 @@ import (
 	"cellvisor/internal/testutil"
 )
 
-// startStandby starts a standby of g for argv; it is SIGKILLed and reaped
-// when the test ends if it still runs.
-func startStandby(t *testing.T, g cgroup.Group, out *bytes.Buffer, argv ...string) (*exec.Cmd, *cgroup.Standby, <-chan struct{}) {
+// startStandby starts a standby of g for argv, with extra files of its own
+// from fd 3; it is SIGKILLed and reaped when the test ends if it still runs.
+func startStandby(t *testing.T, g cgroup.Group, out *bytes.Buffer, extra []*os.File, argv ...string) (*exec.Cmd, *cgroup.Standby, <-chan struct{}) {
 	t.Helper()
 	sg, ok := g.(cgroup.StandbyGroup)
 	if !ok {
@@ -27,6 +27,7 @@ func startStandby(t *testing.T, g cgroup.Group, out *bytes.Buffer, argv ...strin
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = extra
 	sb, after, err := sg.PrepareStandby(cmd)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +74,7 @@ func TestStandbyJoinsSurvivesKillExceptAndExecsInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	cmd, sb, exited := startStandby(t, g, &out, "/bin/sh", "-c", `cat /proc/self/cgroup; echo pid=$$; exec ls -l /proc/self/fd`)
+	cmd, sb, exited := startStandby(t, g, &out, nil, "/bin/sh", "-c", `cat /proc/self/cgroup; echo pid=$$; exec ls -l /proc/self/fd`)
 	pid := cmd.Process.Pid
 	joinedAll(t, g, pid)
 	_, leftExited := testutil.StartIn(t, g, "/bin/sh", "-c", "sleep 1000 & wait")
@@ -144,7 +145,7 @@ func TestStandbyClosedExitsWithoutExec(t *testing.T) {
 	}
 	marker := t.TempDir() + "/ran"
 	var out bytes.Buffer
-	cmd, sb, exited := startStandby(t, g, &out, "/bin/sh", "-c", "touch "+marker)
+	cmd, sb, exited := startStandby(t, g, &out, nil, "/bin/sh", "-c", "touch "+marker)
 	joinedAll(t, g, cmd.Process.Pid)
 	if err := sb.Close(); err != nil {
 		t.Fatal(err)
@@ -174,10 +175,6 @@ func TestStandbyKeepsTheCommandsExtraFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sg, ok := g.(cgroup.StandbyGroup)
-	if !ok {
-		t.Skip("standbys are for groups joined by a helper (cgroup v1)")
-	}
 	dir := t.TempDir()
 	var files []*os.File
 	for _, name := range []string{"a", "b"} {
@@ -189,24 +186,14 @@ func TestStandbyKeepsTheCommandsExtraFiles(t *testing.T) {
 		files = append(files, f)
 	}
 	var out bytes.Buffer
-	cmd := exec.Command("/bin/sh", "-c", `readlink /proc/self/fd/3 /proc/self/fd/4; ls -l /proc/self/fd`)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.ExtraFiles = files
-	sb, after, err := sg.PrepareStandby(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = cmd.Start()
-	after(err == nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cmd, sb, exited := startStandby(t, g, &out, files, "/bin/sh", "-c", `readlink /proc/self/fd/3 /proc/self/fd/4; ls -l /proc/self/fd`)
 	joinedAll(t, g, cmd.Process.Pid)
 	if err := sb.Release(); err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("released program: %v\n%s", err, out.String())
+	<-exited
+	if !cmd.ProcessState.Success() {
+		t.Fatalf("released program: %v\n%s", cmd.ProcessState, out.String())
 	}
 	lines := strings.Fields(out.String())
 	if len(lines) < 2 || lines[0] != dir+"/a" || lines[1] != dir+"/b" {

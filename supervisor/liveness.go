@@ -114,19 +114,7 @@ func (c *slot) startLiveness(ctx context.Context) (<-chan error, func()) {
 func checkAlive(ctx context.Context, hc *http.Client, url string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusServiceUnavailable {
-		return fmt.Errorf("readiness answered %s", resp.Status)
-	}
-	return nil
+	return askReady(ctx, hc, url)
 }
 
 // onLiveness records a check's result and executes the machine's decision:

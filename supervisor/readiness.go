@@ -58,19 +58,9 @@ func (c *slot) probe(ctx context.Context, exited <-chan struct{}, held bool) err
 			last = err
 		}
 		if listening {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-			if err != nil {
-				return err
+			if last = askReady(ctx, hc, url); last == nil {
+				return nil
 			}
-			resp, err := hc.Do(req)
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusServiceUnavailable {
-					return nil
-				}
-				err = fmt.Errorf("readiness answered %s", resp.Status)
-			}
-			last = err
 		}
 		delay := b.Steady()
 		if c.s.clk.Since(start) > 250*time.Millisecond {
@@ -108,17 +98,9 @@ func (c *slot) probeHeld(ctx context.Context, exited <-chan struct{}, url string
 	defer hc.CloseIdleConnections()
 	b := &backoff.Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond, Clock: c.s.clk}
 	for {
-		req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		resp, err := hc.Do(req)
+		err := askReady(rctx, hc, url)
 		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusServiceUnavailable {
-				return nil
-			}
-			err = fmt.Errorf("readiness answered %s", resp.Status)
+			return nil
 		}
 		if closed(exited) {
 			return errors.New("exited before it was ready")
@@ -137,4 +119,22 @@ func (c *slot) probeHeld(ctx context.Context, exited <-chan struct{}, url string
 		case <-t.C():
 		}
 	}
+}
+
+// askReady asks url once: nil when a worker answered 200 (ready) or 503
+// (drained, and up).
+func askReady(ctx context.Context, hc *http.Client, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusServiceUnavailable {
+		return nil
+	}
+	return fmt.Errorf("readiness answered %s", resp.Status)
 }

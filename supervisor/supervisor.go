@@ -261,14 +261,8 @@ func (s *Supervisor) createGroups() {
 	}
 	var wg sync.WaitGroup
 	for _, c := range s.slots {
-		c.mu.Lock()
-		skip := c.pool == "" || c.adopted != nil
-		c.mu.Unlock()
-		if skip {
+		if !c.startsNow() {
 			continue
-		}
-		if _, err := runtime.Current(c.spec); err != nil {
-			continue // no release: it will not start now
 		}
 		wg.Add(1)
 		go func() {
@@ -301,19 +295,26 @@ func (s *Supervisor) startAll() {
 		return
 	}
 	for _, c := range s.slots {
-		c.mu.Lock()
-		skip := c.pool == "" || c.adopted != nil
-		c.mu.Unlock()
-		if skip {
-			continue
-		}
-		if _, err := runtime.Current(c.spec); err != nil {
+		if !c.startsNow() {
 			continue
 		}
 		if p, err := c.start(); err == nil {
 			c.started = p
 		}
 	}
+}
+
+// startsNow reports whether the slot's cell is to be started when Run
+// begins: it is assigned, has a release, and no master was adopted for it.
+func (c *slot) startsNow() bool {
+	c.mu.Lock()
+	skip := c.pool == "" || c.adopted != nil
+	c.mu.Unlock()
+	if skip {
+		return false
+	}
+	_, err := runtime.Current(c.spec)
+	return err == nil
 }
 
 // Status reports the agent and every slot.
