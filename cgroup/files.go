@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -117,17 +118,9 @@ func reapOrphans(pids []int) {
 // a killed process that has taken its SIGKILL), or has a SIGKILL pending
 // (set in each of a killed process's threads; the 31st field, "signal").
 func Doomed(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	f, err := statFields(pid)
 	if err != nil {
 		return os.IsNotExist(err) || errors.Is(err, syscall.ESRCH)
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 29 {
-		return false
 	}
 	if f[0] == "Z" || f[0] == "X" {
 		return true
@@ -139,6 +132,41 @@ func Doomed(pid int) bool {
 	const sigkill = 1 << (9 - 1)
 	pending, err := strconv.ParseUint(f[28], 10, 64)
 	return err == nil && pending&sigkill != 0
+}
+
+// statFields reads /proc/PID/stat from its third field (the state) on.
+func statFields(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("/proc/%d/stat: malformed", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 29 {
+		return nil, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	return f, nil
+}
+
+// reapWhenGone is reapOrphans once the killed are gone (a Condemn does not
+// wait for that), bounded: what is still there after 10s is left.
+func reapWhenGone(pids []int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b := pollBackoff()
+	for {
+		reapOrphans(pids)
+		if !slices.ContainsFunc(pids, func(p int) bool {
+			f, err := statFields(p)
+			return err == nil && f[0] != "Z" && f[0] != "X"
+		}) || b.Wait(ctx) != nil {
+			reapOrphans(pids)
+			return
+		}
+	}
 }
 
 // removeDir removes an empty cgroup directory, retrying briefly on EBUSY,

@@ -318,6 +318,8 @@ func (g *v1Group) kill(ctx context.Context, keep int, wait bool) error {
 	})
 	if wait {
 		reapOrphans(killed)
+	} else if len(killed) > 0 {
+		go reapWhenGone(killed)
 	}
 	if rerr := writeFile(pidsMax, strings.TrimSpace(string(prev))); rerr != nil && err == nil {
 		err = fmt.Errorf("restore pids.max: %w", rerr)

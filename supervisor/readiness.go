@@ -32,7 +32,8 @@ func (c *slot) onReady() {
 // initialisation is done and can still fail and exit. It polls every
 // millisecond (jittered) for the first 250ms (a cell is up within tens of
 // milliseconds), then backs off to 20ms; it gives up when the process exits
-// or ctx ends.
+// or ctx ends. With the cell's listeners held (held), the port accepts all
+// along and probeHeld waits on one request instead.
 func (c *slot) probe(ctx context.Context, exited <-chan struct{}, held bool) error {
 	addr := net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort))
 	url := "http://" + addr + "/.cellvisor/ready"
