@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -113,44 +112,6 @@ func reapOrphans(pids []int) {
 	}
 }
 
-// Doomed reports whether pid can no longer run code of its own: it is gone,
-// a zombie, exiting (PF_EXITING in /proc/PID/stat's 9th field, "flags":
-// a killed process that has taken its SIGKILL), or has a SIGKILL pending
-// (set in each of a killed process's threads; the 31st field, "signal").
-func Doomed(pid int) bool {
-	f, err := statFields(pid)
-	if err != nil {
-		return os.IsNotExist(err) || errors.Is(err, syscall.ESRCH)
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return true
-	}
-	const pfExiting = 0x4
-	if flags, err := strconv.ParseUint(f[6], 10, 64); err == nil && flags&pfExiting != 0 {
-		return true
-	}
-	const sigkill = 1 << (9 - 1)
-	pending, err := strconv.ParseUint(f[28], 10, 64)
-	return err == nil && pending&sigkill != 0
-}
-
-// statFields reads /proc/PID/stat from its third field (the state) on.
-func statFields(pid int) ([]string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return nil, fmt.Errorf("/proc/%d/stat: malformed", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 29 {
-		return nil, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	return f, nil
-}
-
 // reapWhenGone is reapOrphans once the killed are gone (a Condemn does not
 // wait for that), bounded: what is still there after 10s is left.
 func reapWhenGone(pids []int) {
@@ -158,12 +119,14 @@ func reapWhenGone(pids []int) {
 	defer cancel()
 	b := pollBackoff()
 	for {
-		reapOrphans(pids)
-		if !slices.ContainsFunc(pids, func(p int) bool {
-			f, err := statFields(p)
-			return err == nil && f[0] != "Z" && f[0] != "X"
-		}) || b.Wait(ctx) != nil {
-			reapOrphans(pids)
+		// A child still running reads 0; one reaped reads its pid, and a
+		// pid that is not this process's child ECHILD: nothing to wait for.
+		pids = slices.DeleteFunc(pids, func(pid int) bool {
+			var ws syscall.WaitStatus
+			got, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+			return got != 0 || err != nil
+		})
+		if len(pids) == 0 || b.Wait(ctx) != nil {
 			return
 		}
 	}

@@ -1,8 +1,6 @@
 package cgroup
 
 import (
-	"os/exec"
-	"syscall"
 	"testing"
 )
 
@@ -83,36 +81,5 @@ func TestStripSubtree(t *testing.T) {
 	}
 	if same := stripSubtree(self, ""); same["memory"] != "/session/cellvisor-demo" {
 		t.Errorf("no subtree: got %v", same)
-	}
-}
-
-// Doomed: a running process is not; once SIGKILLed (pending, then a zombie
-// not yet reaped) it is, and so is a pid that names nothing.
-func TestDoomed(t *testing.T) {
-	cmd := exec.Command("sleep", "1000")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	reaped := false
-	t.Cleanup(func() {
-		if !reaped {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	pid := cmd.Process.Pid
-	if Doomed(pid) {
-		t.Fatalf("running pid %d reads as doomed", pid)
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	if !Doomed(pid) {
-		t.Errorf("pid %d, SIGKILLed and not reaped, does not read as doomed", pid)
-	}
-	_ = cmd.Wait()
-	reaped = true
-	if !Doomed(pid) {
-		t.Errorf("pid %d, reaped, does not read as doomed", pid)
 	}
 }

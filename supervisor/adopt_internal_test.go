@@ -1,7 +1,9 @@
 package supervisor
 
 import (
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -42,5 +44,36 @@ func TestMismatch(t *testing.T) {
 		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// doomed: a running process is not; once SIGKILLed (pending, then a zombie
+// not yet reaped) it is, and so is a pid that names nothing.
+func TestDoomedProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "1000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	reaped := false
+	t.Cleanup(func() {
+		if !reaped {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	pid := cmd.Process.Pid
+	if doomed(pid) {
+		t.Fatalf("running pid %d reads as doomed", pid)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !doomed(pid) {
+		t.Errorf("pid %d, SIGKILLed and not reaped, does not read as doomed", pid)
+	}
+	_ = cmd.Wait()
+	reaped = true
+	if !doomed(pid) {
+		t.Errorf("pid %d, reaped, does not read as doomed", pid)
 	}
 }

@@ -122,7 +122,7 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 	// zombie) would never exec the master: the cell would wait its whole readiness
 	// timeout. Such a spare is discarded and the cell started by a join.
 	f, err := statFields(sp.cmd.Process.Pid)
-	if killed := err == nil && cgroup.Doomed(sp.cmd.Process.Pid); err != nil || !runnable(f[0]) || killed {
+	if killed := err == nil && doomed(sp.cmd.Process.Pid); err != nil || !runnable(f[0]) || killed {
 		state := "unreadable"
 		if err == nil {
 			state = f[0]
