@@ -35,8 +35,7 @@ func (c *slot) run(ctx context.Context) {
 	defer func() {
 		if p := c.started; p != nil { // started by startAll, never supervised
 			c.started = nil
-			c.stop(p, c.s.o.StopTimeout)
-			c.dropListeners()
+			c.stop(p, c.s.o.StopTimeout) // with its listeners and spare
 		}
 	}()
 	if c.s.o.Refusal != nil {

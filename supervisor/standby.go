@@ -119,8 +119,9 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 	}
 	c.spare = nil
 	// A spare that does not run (stopped by a signal, killed, or already a
-	// zombie) would never exec the master: the cell would wait its whole readiness
-	// timeout. Such a spare is discarded and the cell started by a join.
+	// zombie) would never exec the master: the cell would wait its whole
+	// readiness timeout. Such a spare is discarded and the cell started by
+	// a join.
 	f, err := statFields(sp.cmd.Process.Pid)
 	if killed := err == nil && doomed(sp.cmd.Process.Pid); err != nil || !runnable(f[0]) || killed {
 		state := "unreadable"

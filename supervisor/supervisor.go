@@ -287,9 +287,10 @@ func (s *Supervisor) createGroups() {
 // cells also waited on one another's scheduling between their few syscalls
 // each; one pass leaves only the CPU the first cells' start-up takes from
 // it. (On a busy two-vCPU host the eighth cell was still exec'd 29–55 ms
-// after the first either way, within that host's noise: docs/performance.md,
-// round 4.) A cell this pass cannot start is left to its routine, which
-// starts it again and reports why it cannot.
+// after the first either way; with the agent's CPU weight ahead of the
+// cells' for this pass, which the agent lowers again in Options.Started,
+// about 12 ms: docs/performance.md, rounds 4 and 5.) A cell this pass cannot start is
+// left to its routine, which starts it again and reports why it cannot.
 func (s *Supervisor) startAll() {
 	if s.o.Refusal != nil {
 		return
