@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 )
@@ -255,4 +256,32 @@ func (c *Client) Drain(ctx context.Context) (Status, error) {
 // Undrain makes the cell advertise readiness again.
 func (c *Client) Undrain(ctx context.Context) (Status, error) {
 	return c.call(ctx, http.MethodPost, "/undrain")
+}
+
+// FrontDoor asks the cell which edge fronts u (GET /frontdoor?url=U,
+// resolved against its org's front doors): the edge's id, or the reason
+// the cell refused (edge "").
+func (c *Client) FrontDoor(ctx context.Context, u string) (edge, reason string, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://cell/frontdoor?url="+url.QueryEscape(u), nil)
+	if err != nil {
+		return "", "", err
+	}
+	req.Header = c.Headers(http.MethodGet, "/frontdoor", time.Now())
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return "", "", fmt.Errorf("cell GET /frontdoor: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return "", "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", "", fmt.Errorf("cell GET /frontdoor: %s: %s", resp.Status, body)
+	}
+	var out struct{ Edge, Reason string }
+	if err := json.Unmarshal(body, &out); err != nil {
+		return "", "", fmt.Errorf("cell GET /frontdoor: decode %s: %w", body, err)
+	}
+	return out.Edge, out.Reason, nil
 }

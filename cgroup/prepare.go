@@ -58,10 +58,7 @@ func PrepareV1(o PrepareOptions) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctrls := append([]string(nil), v1Controllers...)
-	if acctHierarchy(o.Root, self) == "cpuacct" {
-		ctrls = append(ctrls, "cpuacct")
-	}
+	ctrls, _ := v1Ctrls(o.Root, self)
 	var dirs []string
 	for _, c := range ctrls {
 		p, err := unitCgroup(self, c)
@@ -158,10 +155,7 @@ func HandOverScope(o PrepareOptions, cg string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctrls := append([]string(nil), v1Controllers...)
-	if acctHierarchy(o.Root, self) == "cpuacct" {
-		ctrls = append(ctrls, "cpuacct")
-	}
+	ctrls, _ := v1Ctrls(o.Root, self)
 	var dirs []string
 	for _, c := range ctrls {
 		dir := join(o.Root, c, cg)

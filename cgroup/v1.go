@@ -40,12 +40,20 @@ type v1 struct {
 	acct string
 }
 
-func newV1(root string, self selfPaths, subtree, cells string) (*v1, error) {
-	m := &v1{root: root, base: map[string]string{}, agentBase: map[string]string{}, subtree: subtree, ctrls: slices.Clone(v1Controllers)}
-	m.acct = acctHierarchy(root, self)
-	if m.acct == "cpuacct" {
-		m.ctrls = append(m.ctrls, "cpuacct")
+// v1Ctrls are the v1 hierarchies the agent uses on this host (cpuacct's
+// too where it is mounted apart), and the one holding cpuacct.usage.
+func v1Ctrls(root string, self selfPaths) (ctrls []string, acct string) {
+	ctrls = slices.Clone(v1Controllers)
+	acct = acctHierarchy(root, self)
+	if acct == "cpuacct" {
+		ctrls = append(ctrls, "cpuacct")
 	}
+	return ctrls, acct
+}
+
+func newV1(root string, self selfPaths, subtree, cells string) (*v1, error) {
+	m := &v1{root: root, base: map[string]string{}, agentBase: map[string]string{}, subtree: subtree}
+	m.ctrls, m.acct = v1Ctrls(root, self)
 	for _, c := range m.ctrls {
 		p, ok := self[c]
 		if !ok {

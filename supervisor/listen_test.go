@@ -145,4 +145,12 @@ func TestConfListen(t *testing.T) {
 	if _, ok := confListen(filepath.Join(dir, "missing.conf"), 8081); ok {
 		t.Error("a missing file reads as a listen address")
 	}
+	// A FIFO in the file's place is refused at once, not waited on.
+	fifo := filepath.Join(dir, "fifo.conf")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := confListen(fifo, 8081); ok {
+		t.Error("a FIFO reads as a listen address")
+	}
 }

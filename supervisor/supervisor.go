@@ -171,8 +171,9 @@ func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
 func (s *Supervisor) Run(ctx context.Context) error {
 	s.started = s.clk.Now()
 	s.recoverAll(ctx)
-	s.createGroups()
-	s.startAll()
+	starting := s.startingSlots()
+	s.createGroups(starting)
+	s.startAll(starting)
 	if s.o.Started != nil {
 		s.o.Started()
 	}
@@ -245,25 +246,20 @@ func (s *Supervisor) LeaveRunning() { s.leave.Store(true) }
 func (s *Supervisor) LeftRunning() bool { return s.leave.Load() }
 
 // createGroups creates the cgroups of the slots about to start a cell, all
-// before any cell starts. On cgroup v1 a mkdir and a cell's join (the
-// helper writing itself into cgroup.procs) take the same global
-// cgroup_mutex, and a join holds it while it waits for the threadgroup
-// rwsem: creating a group while other cells joined queued that mkdir
-// behind them (in one traced start the agent's side of the eighth cell's
-// start took 114 ms against 2 ms for the first), and its own join then
-// behind theirs. Created first, the mkdirs do not wait behind joins. A
-// failure is left to the slot's own start, which tries again and reports
-// it. (docs/performance.md: the whole-process benchmark shows no change of
-// the start beyond this host's noise.)
-func (s *Supervisor) createGroups() {
-	if s.o.Refusal != nil || s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
+// before any cell starts. On cgroup v1 a mkdir and a cell's join take the
+// same global cgroup_mutex: when the join helper still named its pid in
+// cgroup.procs (and so held that mutex through an RCU grace period of the
+// threadgroup rwsem), creating a group while other cells joined queued
+// that mkdir behind them (in one traced start the agent's side of the
+// eighth cell's start took 114 ms against 2 ms for the first). Created
+// first, the mkdirs wait behind no join. A failure is left to the slot's
+// own start, which tries again and reports it.
+func (s *Supervisor) createGroups(starting []*slot) {
+	if s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
 		return
 	}
 	var wg sync.WaitGroup
-	for _, c := range s.slots {
-		if !c.startsNow() {
-			continue
-		}
+	for _, c := range starting {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -289,33 +285,37 @@ func (s *Supervisor) createGroups() {
 // it. (On a busy two-vCPU host the eighth cell was still exec'd 29–55 ms
 // after the first either way; with the agent's CPU weight ahead of the
 // cells' for this pass, which the agent lowers again in Options.Started,
-// about 12 ms: docs/performance.md, rounds 4 and 5.) A cell this pass cannot start is
-// left to its routine, which starts it again and reports why it cannot.
-func (s *Supervisor) startAll() {
-	if s.o.Refusal != nil {
-		return
-	}
-	for _, c := range s.slots {
-		if !c.startsNow() {
-			continue
-		}
+// about 12 ms: docs/performance.md, rounds 4 and 5.) A cell this pass
+// cannot start is left to its routine, which starts it again and reports
+// why it cannot.
+func (s *Supervisor) startAll(starting []*slot) {
+	for _, c := range starting {
 		if p, err := c.start(); err == nil {
 			c.started = p
 		}
 	}
 }
 
-// startsNow reports whether the slot's cell is to be started when Run
-// begins: it is assigned, has a release, and no master was adopted for it.
-func (c *slot) startsNow() bool {
-	c.mu.Lock()
-	skip := c.pool == "" || c.adopted != nil
-	c.mu.Unlock()
-	if skip {
-		return false
+// startingSlots are the slots whose cells Run starts as it begins: none
+// under a refusal, else those assigned, with a release, and no master
+// adopted for them.
+func (s *Supervisor) startingSlots() []*slot {
+	if s.o.Refusal != nil {
+		return nil
 	}
-	_, err := runtime.Current(c.spec)
-	return err == nil
+	var out []*slot
+	for _, c := range s.slots {
+		c.mu.Lock()
+		skip := c.pool == "" || c.adopted != nil
+		c.mu.Unlock()
+		if skip {
+			continue
+		}
+		if _, err := runtime.Current(c.spec); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // Status reports the agent and every slot.

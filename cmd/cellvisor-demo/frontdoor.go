@@ -2,13 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,31 +105,12 @@ func (e *env) cellResolve(ctx context.Context, cell, u string) (edge, reason str
 	if err != nil {
 		return "", "", err
 	}
-	sock := filepath.Join(e.cfg.RunDir, cell, "private.sock")
-	c := cellapi.New(sock, []byte(strings.TrimSpace(string(secret))))
+	c := cellapi.New(filepath.Join(e.cfg.RunDir, cell, "private.sock"), []byte(strings.TrimSpace(string(secret))))
 	defer c.Close()
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}}}
-	defer hc.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://cell/frontdoor?url="+url.QueryEscape(u), nil)
-	if err != nil {
-		return "", "", err
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if edge, reason, err = c.FrontDoor(ctx, u); err != nil {
+		return "", "", fmt.Errorf("%s: %w", cell, err)
 	}
-	req.Header = c.Headers(http.MethodGet, "/frontdoor", time.Now())
-	resp, err := hc.Do(req)
-	if err != nil {
-		return "", "", err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if resp.StatusCode != http.StatusOK {
-		return "", "", fmt.Errorf("%s answered %s: %s", cell, resp.Status, body)
-	}
-	var res struct{ Edge, Reason string }
-	if err := json.Unmarshal(body, &res); err != nil {
-		return "", "", fmt.Errorf("decode %s: %w", body, err)
-	}
-	return res.Edge, res.Reason, nil
+	return edge, reason, nil
 }

@@ -2,12 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -28,35 +23,11 @@ func cellResolve(t *testing.T, runDir, stateDir, cell, u string) (edge, reason s
 	if err != nil {
 		return "", "", err
 	}
-	sock := filepath.Join(runDir, cell, "private.sock")
-	c := cellapi.New(sock, []byte(strings.TrimSpace(string(secret))))
+	c := cellapi.New(filepath.Join(runDir, cell, "private.sock"), []byte(strings.TrimSpace(string(secret))))
 	defer c.Close()
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}}}
-	defer hc.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://cell/frontdoor?url="+url.QueryEscape(u), nil)
-	if err != nil {
-		return "", "", err
-	}
-	req.Header = c.Headers(http.MethodGet, "/frontdoor", time.Now())
-	resp, err := hc.Do(req)
-	if err != nil {
-		return "", "", err
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if resp.StatusCode != http.StatusOK {
-		return "", "", fmt.Errorf("cell answered %s: %s", resp.Status, body)
-	}
-	var out struct{ Edge, Reason string }
-	if err := json.Unmarshal(body, &out); err != nil {
-		return "", "", fmt.Errorf("decode %s: %w", body, err)
-	}
-	return out.Edge, out.Reason, nil
+	return c.FrontDoor(ctx, u)
 }
 
 // The front door end to end: an operator sets it in the control API, the

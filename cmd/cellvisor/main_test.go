@@ -118,10 +118,11 @@ func (a *runningAgent) stop(t testing.TB) int {
 	}
 }
 
-// startAgent runs the binary with cfgPath and waits until its admin socket
-// reports every assigned cell ready (or a refusal). It is stopped by its pid
-// if still running when the test ends.
-func startAgent(t testing.TB, bin, cfgPath string, cfg config.Agent, env ...string) (*runningAgent, supervisor.Status) {
+// launchAgent execs the binary's `run` with cfgPath (and env) without
+// waiting for anything. When the test ends it is stopped by its pid if it
+// still runs; its log is printed if the test failed, and copied to
+// $CELLVISOR_BENCH_AGENT_LOG when that is set.
+func launchAgent(t testing.TB, bin, cfgPath string, env ...string) *runningAgent {
 	t.Helper()
 	cmd := exec.Command(bin, "--config", cfgPath, "run")
 	cmd.Env = append(os.Environ(), env...)
@@ -142,12 +143,25 @@ func startAgent(t testing.TB, bin, cfgPath string, cfg config.Agent, env ...stri
 			a.stop(t)
 		}
 		logf.Close()
+		data, _ := os.ReadFile(logf.Name())
+		if dst := os.Getenv("CELLVISOR_BENCH_AGENT_LOG"); dst != "" {
+			_ = os.WriteFile(dst, data, 0o644)
+		}
 		if t.Failed() {
-			b, _ := os.ReadFile(logf.Name())
-			t.Logf("agent log:\n%s", b)
+			t.Logf("agent log:\n%s", data)
 		}
 	})
+	return a
+}
+
+// startAgent runs the binary with cfgPath and waits until its admin socket
+// reports every assigned cell ready (or a refusal). It is stopped by its pid
+// if still running when the test ends.
+func startAgent(t testing.TB, bin, cfgPath string, cfg config.Agent, env ...string) (*runningAgent, supervisor.Status) {
+	t.Helper()
+	a := launchAgent(t, bin, cfgPath, env...)
 	var st supervisor.Status
+	var err error
 	testutil.Eventually(t, 30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()

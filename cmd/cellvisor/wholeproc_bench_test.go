@@ -365,7 +365,7 @@ func BenchmarkWholeProcess8(b *testing.B) {
 	for b.Loop() {
 		// The agent, from exec to every cell answering.
 		t0 := time.Now()
-		a := startAgentAsync(b, e.bin, e.cfgPath)
+		a := launchAgent(b, e.bin, e.cfgPath)
 		s["agent"] = append(s["agent"], e.awaitAll(b, t0))
 		startUse := leafUsage(b, g)
 		n["agent-throttled-start"] = append(n["agent-throttled-start"], float64(startUse.CPUThrottled))
@@ -560,38 +560,4 @@ func inAll(g cgroup.Group, pid int) bool {
 
 func anyAlive(pids []int) bool {
 	return slices.ContainsFunc(pids, testutil.Alive)
-}
-
-// startAgentAsync execs `cellvisor run` without waiting for anything; the
-// returned agent is stopped when the benchmark ends if it still runs.
-func startAgentAsync(b *testing.B, bin, cfgPath string) *runningAgent {
-	b.Helper()
-	cmd := exec.Command(bin, "--config", cfgPath, "run")
-	logf, err := os.Create(filepath.Join(b.TempDir(), "agent.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	a := &runningAgent{cmd: cmd, log: logf.Name(), exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(a.exited) }()
-	b.Cleanup(func() {
-		select {
-		case <-a.exited:
-		default:
-			a.stop(b)
-		}
-		logf.Close()
-		if dst := os.Getenv("CELLVISOR_BENCH_AGENT_LOG"); dst != "" {
-			data, _ := os.ReadFile(logf.Name())
-			_ = os.WriteFile(dst, data, 0o644)
-		}
-		if b.Failed() {
-			data, _ := os.ReadFile(logf.Name())
-			b.Logf("agent log:\n%s", data)
-		}
-	})
-	return a
 }
