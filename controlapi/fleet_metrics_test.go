@@ -2,6 +2,7 @@ package controlapi_test
 
 import (
 	"encoding/json"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -114,7 +115,7 @@ func TestFleetSeriesAndHolders(t *testing.T) {
 				"class=metering,org=acme": float64(r.Holder.ExpiresAt.UnixMilli()) / 1000},
 		}
 		for name, want := range wantSeries {
-			if got := series(fams, name); !mapsEqual(got, want) {
+			if got := series(fams, name); !maps.Equal(got, want) {
 				t.Errorf("%s: %v, want %v", name, got, want)
 			}
 		}
@@ -137,14 +138,14 @@ func TestFleetSeriesAndHolders(t *testing.T) {
 		// A scrape with no report written since decodes none and says the
 		// same; a new report (cell-03 ready, cell-01 drained) moves them.
 		_, fams = scrapeControl(t, e)
-		if got := series(fams, "cellvisor_control_pool_ready_cells"); !mapsEqual(got, wantSeries["cellvisor_control_pool_ready_cells"]) {
+		if got := series(fams, "cellvisor_control_pool_ready_cells"); !maps.Equal(got, wantSeries["cellvisor_control_pool_ready_cells"]) {
 			t.Errorf("ready cells on a second scrape: %v", got)
 		}
 		eu1.reportSlots(t, clk.Now().Add(time.Second), `[{"name":"cell-01","pool":"shared-default","state":"ready","drained":true},
 			{"name":"cell-03","pool":"reserved-m","state":"ready"}]`)
 		_, fams = scrapeControl(t, e)
 		if got, want := series(fams, "cellvisor_control_pool_ready_cells"), map[string]float64{
-			"edge=" + id + ",pool=shared-default": 0, "edge=" + id + ",pool=quarantine-default": 0, "edge=" + id + ",pool=reserved-m": 1}; !mapsEqual(got, want) {
+			"edge=" + id + ",pool=shared-default": 0, "edge=" + id + ",pool=quarantine-default": 0, "edge=" + id + ",pool=reserved-m": 1}; !maps.Equal(got, want) {
 			t.Errorf("ready cells after a new report: %v, want %v", got, want)
 		}
 
@@ -161,18 +162,6 @@ func TestFleetSeriesAndHolders(t *testing.T) {
 			t.Errorf("the fleet page shows an expired lease's holder:\n%s", page)
 		}
 	})
-}
-
-func mapsEqual(a, b map[string]float64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // Every control API series docs/observability.md documents is in a real

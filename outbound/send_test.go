@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -73,7 +74,7 @@ func TestDirectWhenElected(t *testing.T) {
 	e.ingested(t, id)
 	a.awaitEmpty(t)
 	want := map[corpingest.Key]corpingest.Counts{{Class: "metering", Sender: "edge-a", Epoch: r.Epoch}: {Received: 1, Unique: 1}}
-	if got := e.ingest.ByKey(); !equalCounts(got, want) {
+	if got := e.ingest.ByKey(); !maps.Equal(got, want) {
 		t.Fatalf("ingest counts %+v, want %+v", got, want)
 	}
 	st := a.sender.Status()
@@ -83,18 +84,6 @@ func TestDirectWhenElected(t *testing.T) {
 	if r := a.route("metering"); r.Direct != 1 || r.Pending != 0 {
 		t.Fatalf("route after delivery %+v: want 1 delivered direct, 0 pending", r)
 	}
-}
-
-func equalCounts(a, b map[corpingest.Key]corpingest.Counts) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // twoEdges starts a holder (a, registered first: top-ranked) and a peer.
@@ -119,7 +108,7 @@ func TestProxyToHolderIntake(t *testing.T) {
 		t.Fatalf("ingested bundle origin %q, want edge-b", got.Origin)
 	}
 	want := map[corpingest.Key]corpingest.Counts{{Class: "metering", Sender: "edge-a", Epoch: ra.Epoch}: {Received: 1, Unique: 1}}
-	if got := e.ingest.ByKey(); !equalCounts(got, want) {
+	if got := e.ingest.ByKey(); !maps.Equal(got, want) {
 		t.Fatalf("ingest counts %+v, want %+v (the holder sends, under its epoch)", got, want)
 	}
 	if r := b.route("metering"); r.Forwarded != 1 || r.Fallback != 0 || r.Holder != "edge-a" {
@@ -228,7 +217,7 @@ func TestForwardToDeadHolderFallsBackDirect(t *testing.T) {
 	e.ingested(t, id)
 	b.awaitEmpty(t)
 	want := map[corpingest.Key]corpingest.Counts{{Class: "metering", Sender: "edge-b", Epoch: 0}: {Received: 1, Unique: 1}}
-	if got := e.ingest.ByKey(); !equalCounts(got, want) {
+	if got := e.ingest.ByKey(); !maps.Equal(got, want) {
 		t.Fatalf("ingest counts %+v, want %+v (a fallback send, epoch 0)", got, want)
 	}
 	if r := b.route("metering"); r.Fallback != 1 || r.LastError == "" {
@@ -257,7 +246,7 @@ func TestStaleFenceIsNeverCommitted(t *testing.T) {
 		}
 	}
 	want := map[corpingest.Key]corpingest.Counts{{Class: "metering", Sender: "edge-b", Epoch: next}: {Received: 1, Unique: 1}}
-	if got := e.ingest.ByKey(); !equalCounts(got, want) {
+	if got := e.ingest.ByKey(); !maps.Equal(got, want) {
 		t.Fatalf("ingest counts %+v, want %+v (forwarded to the new holder)", got, want)
 	}
 	if r := a.route("metering"); r.Route != edgeapi.RouteProxy || r.Holder != "edge-b" {

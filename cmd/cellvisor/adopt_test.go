@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -123,7 +124,7 @@ func TestCellsOutliveAgentSIGKILL(t *testing.T) {
 			return nil
 		})
 		a, st = startAgent(t, bin, cfgPath, cfg)
-		if got := readyPIDs(st); !equalPIDs(got, pids) {
+		if got := readyPIDs(st); !maps.Equal(got, pids) {
 			t.Fatalf("round %d: ready masters %v, want the same %v adopted", round, got, pids)
 		}
 	}
@@ -150,18 +151,6 @@ func TestCellsOutliveAgentSIGKILL(t *testing.T) {
 	if testutil.Alive(pids["cell-02"]) {
 		t.Errorf("killed master %d still alive", pids["cell-02"])
 	}
-}
-
-func equalPIDs(a, b map[string]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // A pid file naming an unrelated live process is never adopted nor

@@ -34,6 +34,32 @@ import (
 // everything else to the real control API, over mutual TLS with the
 // edge's own identity. The agent trusts the front's CA instead of the
 // control API's (its server-ca.pem is replaced).
+// frontEgress starts a corp ingest and, for the enrolled edge id of org
+// acme with intake as its egress intake, a fake of the egress paths that
+// sends there; it points the agent's identity at an egressFront before
+// them. It returns the ingest and the fake.
+func frontEgress(t *testing.T, c *control, cfg config.Agent, id agent.Identity, intake string) (*corpingest.Server, *outboundtest.Control) {
+	t.Helper()
+	ingest := corpingest.New()
+	dest := httptest.NewServer(ingest)
+	t.Cleanup(dest.Close)
+	fake := outboundtest.NewControl(dest.URL+"/ingest", 2*time.Second)
+	fake.Add(id.EdgeID, "acme", "https://"+intake)
+	front, frontCA := egressFront(t, c.ep.EdgeURL, cfg.IdentityDir(), fake)
+	id.ControlURL = front
+	data, err := json.Marshal(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg.Identity(), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfg.IdentityDir(), "server-ca.pem"), frontCA.PEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return ingest, fake
+}
+
 func egressFront(t *testing.T, realURL, identityDir string, fake *outboundtest.Control) (frontURL string, ca *outboundtest.CA) {
 	t.Helper()
 	ca = outboundtest.NewCA(t, "front CA")
@@ -95,16 +121,7 @@ func TestAgentEgressOnRealCells(t *testing.T) {
 		t.Fatalf("identity org %q: want the org the control API named at enrollment", id.Org)
 	}
 
-	ingest := corpingest.New()
-	dest := httptest.NewServer(ingest)
-	t.Cleanup(dest.Close)
-	fake := outboundtest.NewControl(dest.URL+"/ingest", 2*time.Second)
-	fake.Add(id.EdgeID, "acme", "https://"+intake)
-	front, frontCA := egressFront(t, c.ep.EdgeURL, cfg.IdentityDir(), fake)
-	id.ControlURL = front
-	data, _ := json.Marshal(id)
-	os.WriteFile(cfg.Identity(), data, 0o600)
-	os.WriteFile(filepath.Join(cfg.IdentityDir(), "server-ca.pem"), frontCA.PEM, 0o600)
+	ingest, fake := frontEgress(t, c, cfg, id, intake)
 
 	c.publish(t, "v1")
 	a, st := startAgent(t, bin, cfgPath, cfg)

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,9 +14,7 @@ import (
 	"cellvisor/agent"
 	"cellvisor/controlapi"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/corpingest"
 	"cellvisor/internal/testutil"
-	"cellvisor/outbound/outboundtest"
 )
 
 // documentedAgentMetrics are the series docs/observability.md lists under
@@ -62,15 +57,7 @@ func TestEnrolledAgentMetricsMatchTheDocs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dest := httptest.NewServer(corpingest.New())
-	t.Cleanup(dest.Close)
-	fake := outboundtest.NewControl(dest.URL+"/ingest", 2*time.Second)
-	fake.Add(id.EdgeID, "acme", "https://"+intake)
-	front, frontCA := egressFront(t, c.ep.EdgeURL, cfg.IdentityDir(), fake)
-	id.ControlURL = front
-	data, _ := json.Marshal(id)
-	os.WriteFile(cfg.Identity(), data, 0o600)
-	os.WriteFile(filepath.Join(cfg.IdentityDir(), "server-ca.pem"), frontCA.PEM, 0o600)
+	frontEgress(t, c, cfg, id, intake)
 
 	c.publish(t, "v1")
 	_, st := startAgent(t, bin, cfgPath, cfg)

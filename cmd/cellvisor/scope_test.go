@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -143,7 +144,7 @@ func TestScopeRestartKeepsCellsStopStopsThem(t *testing.T) {
 
 	b, st2 := startAgent(t, f.bin, f.cfgPath, f.cfg, f.env...)
 	serves(t, st2)
-	if got := readyPIDs(st2); !mapsEqual(got, pids) {
+	if got := readyPIDs(st2); !maps.Equal(got, pids) {
 		t.Errorf("after the restart masters %v, want the same %v (adopted)", got, pids)
 	}
 	if n := countCalls(f.sd.Calls(), "StartTransientUnit"); n != 1 {
@@ -242,16 +243,4 @@ func readLog(t *testing.T, a *runningAgent) string {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-func mapsEqual(a, b map[string]int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
