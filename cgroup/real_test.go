@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -144,24 +145,29 @@ func hasController(list, c string) bool {
 	return false
 }
 
-func TestKillReachesGrandchildrenAndDeleteRemoves(t *testing.T) {
-	m := testutil.RequireCgroups(t)
-	g, err := m.Ensure("cell-03", cellLimits)
+// shAndTwoSleeps creates the group name and starts a shell in it with two
+// children, waiting until all three are members: their pids, and a channel
+// closed once the shell exited.
+func shAndTwoSleeps(t *testing.T, m cgroup.Manager, name string) (cgroup.Group, []int, <-chan struct{}) {
+	t.Helper()
+	g, err := m.Ensure(name, cellLimits)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, exited := testutil.StartIn(t, g, "/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait")
 	var pids []int
 	testutil.Eventually(t, 10*time.Second, func() error {
-		pids, err = g.Procs()
-		if err != nil {
-			return err
-		}
-		if len(pids) != 3 {
-			return errors.New("want sh and two sleeps, have " + strconv.Itoa(len(pids)))
+		if pids, err = g.Procs(); err != nil || len(pids) != 3 {
+			return fmt.Errorf("want sh and two sleeps, have %v (%v)", pids, err)
 		}
 		return nil
 	})
+	return g, pids, exited
+}
+
+func TestKillReachesGrandchildrenAndDeleteRemoves(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, pids, exited := shAndTwoSleeps(t, m, "cell-03")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := g.Delete(ctx); err != nil {

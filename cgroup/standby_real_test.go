@@ -211,18 +211,7 @@ func TestStandbyKeepsTheCommandsExtraFiles(t *testing.T) {
 // restored: their teardown is not waited for, but none can run on.
 func TestCondemnLeavesNoneRunning(t *testing.T) {
 	m := testutil.RequireCgroups(t)
-	g, err := m.Ensure("cell-07", cellLimits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, exited := testutil.StartIn(t, g, "/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait")
-	var pids []int
-	testutil.Eventually(t, 10*time.Second, func() error {
-		if pids, err = g.Procs(); err != nil || len(pids) != 3 {
-			return fmt.Errorf("want sh and two sleeps, have %v (%v)", pids, err)
-		}
-		return nil
-	})
+	g, pids, exited := shAndTwoSleeps(t, m, "cell-07")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := cgroup.Condemn(ctx, g, 0); err != nil {
