@@ -158,16 +158,7 @@ func TestScopeRestartKeepsCellsStopStopsThem(t *testing.T) {
 	if code := b.stop(t); code != 0 {
 		t.Errorf("agent exit code %d after SIGTERM in a stop job, want 0", code)
 	}
-	for name, pid := range pids {
-		if testutil.Alive(pid) {
-			t.Errorf("%s master %d survived a stop", name, pid)
-		}
-	}
-	for _, pid := range holders {
-		if testutil.Alive(pid) {
-			t.Errorf("holder %d survived a stop", pid)
-		}
-	}
+	noneSurvived(t, pids, holders, "a stop")
 	if _, active := f.sd.Scope(sdscope.ScopeName(scopeUnit)); active {
 		t.Error("scope still active after a stop")
 	}
@@ -197,16 +188,7 @@ func TestScopeShutdownStopsCells(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("agent still running 30s after shutdown returned")
 	}
-	for name, pid := range pids {
-		if testutil.Alive(pid) {
-			t.Errorf("%s master %d survived shutdown", name, pid)
-		}
-	}
-	for _, pid := range holders {
-		if testutil.Alive(pid) {
-			t.Errorf("holder %d survived shutdown", pid)
-		}
-	}
+	noneSurvived(t, pids, holders, "shutdown")
 }
 
 // When systemd cannot be asked what the SIGTERM is for, the cells stop (the
@@ -221,16 +203,7 @@ func TestScopeBusGoneStopsCells(t *testing.T) {
 	if code := a.stop(t); code != 0 {
 		t.Errorf("agent exit code %d, want 0", code)
 	}
-	for name, pid := range pids {
-		if testutil.Alive(pid) {
-			t.Errorf("%s master %d survived a SIGTERM systemd could not explain", name, pid)
-		}
-	}
-	for _, pid := range holders {
-		if testutil.Alive(pid) {
-			t.Errorf("holder %d survived", pid)
-		}
-	}
+	noneSurvived(t, pids, holders, "a SIGTERM systemd could not explain")
 	if log := readLog(t, a); !strings.Contains(log, "cannot tell a stop from a restart") {
 		t.Errorf("log lacks the reason the cells stopped:\n%s", log)
 	}
@@ -243,4 +216,20 @@ func readLog(t *testing.T, a *runningAgent) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// noneSurvived checks that no cell master and no scope holder outlived
+// what (the agent's end, named for the messages).
+func noneSurvived(t *testing.T, masters map[string]int, holders []int, what string) {
+	t.Helper()
+	for name, pid := range masters {
+		if testutil.Alive(pid) {
+			t.Errorf("%s master %d survived %s", name, pid, what)
+		}
+	}
+	for _, pid := range holders {
+		if testutil.Alive(pid) {
+			t.Errorf("holder %d survived %s", pid, what)
+		}
+	}
 }
