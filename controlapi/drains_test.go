@@ -1,6 +1,7 @@
 package controlapi_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,25 +36,21 @@ func cellsOf(m manifest.Manifest) map[string][]string {
 // by the test's context.
 func awaitDrain(t *testing.T, e *env, edge, cell, state string) controlapi.DrainView {
 	t.Helper()
-	c := ctx(t)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		v, err := e.admin.Edge(c, edge)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, d := range v.Drains {
-			if d.Cell == cell && d.State == state {
-				return d
+	var found controlapi.DrainView
+	poll(t, func(c context.Context) (controlapi.EdgeView, error) { return e.admin.Edge(c, edge) },
+		func(v controlapi.EdgeView) bool {
+			for _, d := range v.Drains {
+				if d.Cell == cell && d.State == state {
+					found = d
+					return true
+				}
 			}
-		}
-		select {
-		case <-c.Done():
-			t.Fatalf("the drain of %s never got %s: %+v", cell, state, v.Drains)
-		case <-tick.C:
-		}
-	}
+			return false
+		},
+		func(v controlapi.EdgeView) string {
+			return fmt.Sprintf("the drain of %s never got %s: %+v", cell, state, v.Drains)
+		})
+	return found
 }
 
 // drainThroughAPI changes cell to pool through the admin API while it

@@ -1,6 +1,7 @@
 package controlapi_test
 
 import (
+	"context"
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
@@ -20,20 +21,30 @@ import (
 // test wants it, bounded by the test's context.
 func await(t *testing.T, e *env, domain string, ok func(controlapi.DomainView) bool) controlapi.DomainView {
 	t.Helper()
+	return poll(t, func(c context.Context) (controlapi.DomainView, error) { return e.admin.Domain(c, domain) }, ok,
+		func(d controlapi.DomainView) string {
+			return fmt.Sprintf("domain %s never got there: %+v, move %+v", domain, d, d.Move)
+		})
+}
+
+// poll calls get every 20 ms until ok holds of what it returns, bounded by
+// the test's context; failed says what was seen last when it never does.
+func poll[T any](t *testing.T, get func(context.Context) (T, error), ok func(T) bool, failed func(T) string) T {
+	t.Helper()
 	c := ctx(t)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		d, err := e.admin.Domain(c, domain)
+		v, err := get(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok(d) {
-			return d
+		if ok(v) {
+			return v
 		}
 		select {
 		case <-c.Done():
-			t.Fatalf("domain %s never got there: %+v, move %+v", domain, d, d.Move)
+			t.Fatal(failed(v))
 		case <-tick.C:
 		}
 	}
