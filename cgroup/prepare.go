@@ -95,29 +95,7 @@ func unitCgroup(self selfPaths, c string) (string, error) {
 // handOver chowns dir and its handedFiles after checking dir is a cgroup v1
 // directory (not a symlink, not another filesystem). Nothing is followed.
 func handOver(dir string, uid, gid int) error {
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a directory", dir)
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	if st.Type != unix.CGROUP_SUPER_MAGIC {
-		return fmt.Errorf("%s is not on a cgroup v1 filesystem", dir)
-	}
-	if err := os.Lchown(dir, uid, gid); err != nil {
-		return err
-	}
-	for _, f := range handedFiles {
-		if err := os.Lchown(join(dir, f), uid, gid); err != nil {
-			return err
-		}
-	}
-	return nil
+	return chownTree(dir, unix.CGROUP_SUPER_MAGIC, handedFiles, uid, gid)
 }
 
 // scopeV2Files are the files of a delegated v2 cgroup its owner writes, as
@@ -182,7 +160,11 @@ func chownTree(dir string, magic int64, files []string, uid, gid int) error {
 		return fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	if int64(st.Type) != magic {
-		return fmt.Errorf("%s is not on the expected cgroup filesystem", dir)
+		kind := "cgroup v1"
+		if magic == unix.CGROUP2_SUPER_MAGIC {
+			kind = "cgroup v2"
+		}
+		return fmt.Errorf("%s is not on a %s filesystem", dir, kind)
 	}
 	if err := os.Lchown(dir, uid, gid); err != nil {
 		return err
