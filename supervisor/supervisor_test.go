@@ -417,3 +417,32 @@ func TestCellInBackoffRefusesConnections(t *testing.T) {
 		return nil
 	})
 }
+
+// A cell port another process holds is a refused start that says why,
+// retried with backoff: the cell comes up once the port is free.
+func TestTakenPortIsARefusedStartUntilFreed(t *testing.T) {
+	h := layoutHarness(t, harnessOpts{slots: 1,
+		policy: supervisor.Policy{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, HealthyAfter: time.Minute}})
+	port := h.slotSpec("cell-01").HTTPPort
+	squatter, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer squatter.Close()
+	h.start()
+	testutil.Eventually(t, 30*time.Second, func() error {
+		s := h.slot("cell-01")
+		if s.State != supervisor.StateDegraded || !strings.Contains(s.LastExit, "bind the cell's ports") ||
+			!strings.Contains(s.LastExit, "address already in use") {
+			return fmt.Errorf("state %s, last exit %q", s.State, s.LastExit)
+		}
+		return nil
+	})
+	squatter.Close()
+	if s := h.waitReady("cell-01", 0); s.PID == 0 {
+		t.Errorf("cell-01 ready without a master: %+v", s)
+	}
+	if code, body, err := get(port, "/"); err != nil || code != 200 || body != "hello" {
+		t.Errorf("after the port was freed: %d %q %v", code, body, err)
+	}
+}
