@@ -140,7 +140,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		}
 	}
 	rewind := verifyReleases(topo, assign, log)
-	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log, func() { a.weighSelf(startedWeight) }); err != nil {
+	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log, func() { a.weighStart(startedWeight) }); err != nil {
 		return nil, err
 	}
 	if a.source != nil {
@@ -243,14 +243,16 @@ func (a *Agent) setupCgroups() (refusal error, err error) {
 		// (Run applies it): the agent's start (Go runtime, 8 cells' exec
 		// helpers, probes: 26–41 ms of CPU) exceeds one period's 25 ms, and
 		// a throttled agent left every cell's start waiting for the next
-		// period. The memory limit applies at once.
+		// period. The memory limit applies once the agent is in its leaf:
+		// at once on v2, and with the quota on v1 (cgroup.MoveSelf says
+		// why).
 		start := l
 		start.CPUQuotaUS = -1
 		a.selfLimits = &l
-		if err := a.cg.PlaceSelf(start); err != nil {
+		if err := a.cg.PrepareSelf(start); err != nil {
 			return nil, fmt.Errorf("place agent in its own leaf cgroup: %w", err)
 		}
-		a.weighSelf(startWeight)
+		a.weighStart(startWeight)
 		a.limitsN = fmt.Sprintf("%s memory, %g CPU", cfg.AgentLimits.Memory, cfg.AgentLimits.CPU)
 		if os.Getenv("GOMEMLIMIT") == "" {
 			// Go does not read its cgroup's limit: without a soft limit of
@@ -269,11 +271,21 @@ func (a *Agent) setupCgroups() (refusal error, err error) {
 // them until each has had its first outcome (then the agent's bookkeeping
 // waits on nothing but them), and level with them after, when its quota
 // applies too (limitSelf). The weights decide only who runs first when
-// both want the CPU; the quotas still cap both.
+// both want the CPU; the quotas still cap both. The start's two weights
+// apply on v2 only, where the agent is in its leaf while its cells start;
+// on v1 it moves in after (cgroup.MoveSelf says why).
 const (
 	startWeight   = 10 * cgroup.DefaultWeight
 	startedWeight = cgroup.DefaultWeight / 10
 )
+
+// weighStart sets one of the start's weights, where the agent is in its
+// leaf while its cells start.
+func (a *Agent) weighStart(w int) {
+	if a.cg.Mode() == cgroup.ModeV2 {
+		a.weighSelf(w)
+	}
+}
 
 // weighSelf sets the agent's CPU weight, where it has a leaf of its own.
 func (a *Agent) weighSelf(w int) {

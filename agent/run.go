@@ -164,11 +164,16 @@ func (a *Agent) health() *systemd.Health {
 	return h
 }
 
-// limitSelf applies the agent leaf's CPU quota, held back while the cells
-// started (every slot's first outcome is bounded by the readiness timeout).
-// A failure is logged: the agent keeps its memory limit and runs on.
+// limitSelf moves the agent into its leaf where it is not there yet (v1)
+// and applies the leaf's CPU quota, both held back while the cells started
+// (every slot's first outcome is bounded by the readiness timeout). A
+// failure is logged, and the agent runs on without that limit.
 func (a *Agent) limitSelf() {
 	if a.selfLimits == nil {
+		return
+	}
+	if err := a.cg.MoveSelf(); err != nil {
+		a.log.Error("move the agent into its own leaf cgroup: it runs without its own limits", zap.Error(err))
 		return
 	}
 	a.weighSelf(cgroup.DefaultWeight)

@@ -87,12 +87,21 @@ type Manager interface {
 	Reason() error
 	// Path is the subtree, relative to the cgroup mount (v1: the memory hierarchy).
 	Path() string
-	// PlaceSelf moves the calling process into the agent leaf with l.
-	PlaceSelf(l Limits) error
-	// LimitSelf sets l on the agent leaf, after PlaceSelf (a CPU quota
+	// PrepareSelf creates the agent leaf with l. On v2 it also moves the
+	// calling process into it, at once: controllers can be handed to
+	// children only by a cgroup without processes of its own. On v1 the
+	// move waits for MoveSelf.
+	PrepareSelf(l Limits) error
+	// MoveSelf moves the calling process into the agent leaf PrepareSelf
+	// made, if it is not there yet (v1). Moving a whole process waits out
+	// an RCU grace period while holding the kernel's cgroup lock, which
+	// every cell's join and every group's creation needs: the agent does
+	// it once its cells have started.
+	MoveSelf() error
+	// LimitSelf sets l on the agent leaf, after PrepareSelf (a CPU quota
 	// below 0 is none).
 	LimitSelf(l Limits) error
-	// WeighSelf sets the agent leaf's CPU weight, after PlaceSelf, in
+	// WeighSelf sets the agent leaf's CPU weight, after PrepareSelf, in
 	// cgroup v2 units: 1 to 10000, where 100 (DefaultWeight) is every
 	// cell's. It decides who runs first when the agent and its cells
 	// want the CPU at once; the quotas still cap both.

@@ -25,7 +25,8 @@ func newNone(reason error) *none { return &none{reason: reason, groups: map[stri
 func (n *none) Mode() Mode                                  { return ModeUnenforced }
 func (n *none) Reason() error                               { return n.reason }
 func (n *none) Path() string                                { return "" }
-func (n *none) PlaceSelf(Limits) error                      { return nil }
+func (n *none) PrepareSelf(Limits) error                    { return nil }
+func (n *none) MoveSelf() error                             { return nil }
 func (n *none) LimitSelf(Limits) error                      { return nil }
 func (n *none) WeighSelf(int) error                         { return nil }
 func (n *none) Ensure(name string, _ Limits) (Group, error) { return n.Open(name) }

@@ -167,17 +167,42 @@ func (m *v1) Open(name string) (Group, error) {
 
 func (m *v1) List() ([]string, error) { return listCells(join(m.root, "memory", m.base["memory"])) }
 
-func (m *v1) PlaceSelf(l Limits) error {
-	if err := m.ensureAt(m.agentBase, AgentLeaf, l); err != nil {
-		return err
+// PrepareSelf creates the agent leaf; the agent moves in with MoveSelf.
+func (m *v1) PrepareSelf(l Limits) error { return m.ensureAt(m.agentBase, AgentLeaf, l) }
+
+// MoveSelf writes the agent's pid into the leaf's cgroup.procs in every
+// hierarchy it is not in yet. A thread can move itself without the global
+// threadgroup lock (the join helper does), but a Go process has several
+// threads, so the agent moves as a whole process, once, when nothing waits
+// on the lock it holds meanwhile.
+func (m *v1) MoveSelf() error {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return fmt.Errorf("move agent into its leaf: %w", err)
 	}
 	pid := strconv.Itoa(os.Getpid())
 	for _, c := range m.ctrls {
-		if err := writeFile(join(m.root, c, m.agentBase[c], AgentLeaf, "cgroup.procs"), pid); err != nil {
-			return fmt.Errorf("move agent into %s leaf: %w", c, err)
+		leaf := path.Join(m.agentBase[c], AgentLeaf)
+		if cgroupOf(data, c) == leaf {
+			continue
+		}
+		if err := writeFile(join(m.root, c, leaf, "cgroup.procs"), pid); err != nil {
+			return fmt.Errorf("move agent into its %s leaf: %w", c, err)
 		}
 	}
 	return nil
+}
+
+// cgroupOf is the path, in /proc/self/cgroup's data, of the v1 hierarchy
+// holding controller c ("" if none does).
+func cgroupOf(data []byte, c string) string {
+	for line := range strings.Lines(string(data)) {
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) == 3 && slices.Contains(strings.Split(parts[1], ","), c) {
+			return parts[2]
+		}
+	}
+	return ""
 }
 
 // LimitSelf sets l on the agent leaf.

@@ -126,9 +126,9 @@ func (m *v2) Open(name string) (Group, error) {
 	return &v2Group{m: m, name: name}, nil
 }
 
-// PlaceSelf moves the agent into its leaf first: v2 allows controllers to be
-// enabled for children only in a cgroup without processes of its own.
-func (m *v2) PlaceSelf(l Limits) error {
+// PrepareSelf moves the agent into its leaf first: v2 allows controllers to
+// be enabled for children only in a cgroup without processes of its own.
+func (m *v2) PrepareSelf(l Limits) error {
 	leaf := join(m.root, m.agentBase, AgentLeaf)
 	if err := os.MkdirAll(leaf, 0o755); err != nil {
 		return fmt.Errorf("create agent leaf: %w", err)
@@ -138,6 +138,9 @@ func (m *v2) PlaceSelf(l Limits) error {
 	}
 	return m.ensureAt(m.agentBase, AgentLeaf, l)
 }
+
+// MoveSelf does nothing: PrepareSelf has moved the agent.
+func (m *v2) MoveSelf() error { return nil }
 
 // LimitSelf sets l on the agent leaf.
 func (m *v2) LimitSelf(l Limits) error { return m.ensureAt(m.agentBase, AgentLeaf, l) }
