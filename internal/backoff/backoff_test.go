@@ -162,3 +162,35 @@ func TestSleepReturnsAtOnceForNothingOrAnEndedContext(t *testing.T) {
 		t.Fatal("a timer was armed for an ended context")
 	}
 }
+
+// Under a millisecond the real clock sleeps the thread, for at least d.
+func TestSleepUnderAMillisecondOnTheRealClock(t *testing.T) {
+	for _, c := range []clock.Clock{nil, clock.Real} {
+		const d = 300 * time.Microsecond
+		start := time.Now()
+		if err := Sleep(context.Background(), c, d); err != nil {
+			t.Fatalf("Sleep %v: %v", d, err)
+		}
+		if got := time.Since(start); got < d {
+			t.Errorf("Sleep %v returned after %v", d, got)
+		}
+	}
+}
+
+// BenchmarkSleep measures what a short wait really costs on the real clock
+// (ns/op): the thread sleep under a millisecond, and a Go timer, which
+// waits at least a millisecond when the process is otherwise idle.
+func BenchmarkSleep(b *testing.B) {
+	const d = 200 * time.Microsecond
+	b.Run("Sleep-200us", func(b *testing.B) {
+		for b.Loop() {
+			_ = Sleep(context.Background(), nil, d)
+		}
+	})
+	b.Run("timer-200us", func(b *testing.B) {
+		for b.Loop() {
+			t := time.NewTimer(d)
+			<-t.C
+		}
+	})
+}
