@@ -52,14 +52,17 @@ func (c *slot) recordPath() string {
 }
 
 // writeRecord records the master just started (our child: its pid cannot be
-// recycled before we reap it).
+// recycled before we reap it). The record is in the run directory and names
+// a process of this boot only, so it is replaced without fsyncs: a crash of
+// the host ends the master too, and a record left empty or stale is
+// refused at adoption (readRecord; the start time in adopt).
 func (c *slot) writeRecord(pid int, g cgroup.Group) {
 	id, err := identify(pid)
 	if err == nil {
 		rec := masterRecord{PID: pid, StartTicks: id.startTicks, Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: g.Path()}
 		var b []byte
 		if b, err = json.Marshal(rec); err == nil {
-			err = atomicfile.WriteFile(c.recordPath(), append(b, '\n'), 0o600)
+			err = atomicfile.Replace(c.recordPath(), append(b, '\n'), 0o600)
 		}
 	}
 	if err != nil {

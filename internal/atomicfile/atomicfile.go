@@ -2,6 +2,8 @@
 // written beside its final name, fsynced, renamed into place and its
 // directory fsynced, so that a crash leaves the old file or the new one,
 // never a mix. The agent's state, identity and release writers use it.
+// Replace does the same without the fsyncs, for files that describe only
+// this boot (the run directory's).
 package atomicfile
 
 import (
@@ -14,6 +16,25 @@ import (
 // directory, fsyncs it, renames it into place and fsyncs the directory, so a
 // crash leaves either the old or the new file, never a mix.
 func WriteFile(path string, data []byte, perm os.FileMode) error {
+	if err := write(path, data, perm, true); err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+// Replace writes data to path through a temporary file in the same
+// directory and renames it into place, without fsyncs: a reader sees the
+// old file or the new one, never a mix, but a crash of the host may leave
+// either, or an empty file. It is for files that describe this boot only,
+// such as the pid of a running process, which a crash of the host ends
+// anyway (in production they are on a tmpfs, where an fsync does nothing).
+func Replace(path string, data []byte, perm os.FileMode) error {
+	return write(path, data, perm, false)
+}
+
+// write writes data through a temporary file renamed over path, fsyncing
+// the file first when sync is set.
+func write(path string, data []byte, perm os.FileMode, sync bool) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-")
 	if err != nil {
@@ -29,17 +50,16 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if sync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return SyncDir(dir)
+	return os.Rename(tmp, path)
 }
 
 // SyncDir fsyncs a directory so renames and creations in it are durable.
