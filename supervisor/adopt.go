@@ -219,6 +219,7 @@ func (c *slot) recover(ctx context.Context, g cgroup.Group) {
 	}
 	if len(members) == 0 {
 		c.removeRecord()
+		c.vacant = err == nil
 		return
 	}
 	why := ""
@@ -247,6 +248,8 @@ func (c *slot) recover(ctx context.Context, g cgroup.Group) {
 	defer cancel()
 	if err := g.Kill(kctx); err != nil {
 		c.log.Warn("stop processes left by a previous agent", zap.Error(err))
+	} else {
+		c.vacant = true
 	}
 	c.removeRecord()
 }
@@ -451,6 +454,7 @@ func (s *Supervisor) recoverAll(ctx context.Context) {
 			}
 			if !slices.Contains(names, c.spec.Name) {
 				c.removeRecord()
+				c.vacant = true
 				return
 			}
 			g, err := s.o.Cgroups.Open(c.spec.Name)

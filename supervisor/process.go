@@ -53,8 +53,9 @@ func (c *slot) start() (*proc, error) {
 		return nil, err
 	}
 	condemned := c.condemned && c.ln != nil
-	c.condemned = false
-	if pids := c.leftovers(g, condemned); len(pids) > 0 {
+	vacant := c.vacant
+	c.condemned, c.vacant = false, false
+	if pids := c.leftovers(g, condemned || vacant); len(pids) > 0 {
 		// Never start beside leftovers that still run. With the ports held
 		// they need only be killed: the new master takes the held sockets
 		// while the kernel tears the killed processes down. Without, an
@@ -102,10 +103,11 @@ func (c *slot) start() (*proc, error) {
 	return p, nil
 }
 
-// leftovers lists what of the cell runs in g but the slot's spare; nothing
-// when the last exit's leftovers were just condemned.
-func (c *slot) leftovers(g cgroup.Group, condemned bool) []int {
-	if condemned {
+// leftovers lists what of the cell runs in g but the slot's spare; nothing,
+// without reading the group, when none can run there: the last exit's
+// leftovers were just condemned, or the group is known vacant.
+func (c *slot) leftovers(g cgroup.Group, noneCanRun bool) []int {
+	if noneCanRun {
 		return nil
 	}
 	pids, _ := g.Procs()

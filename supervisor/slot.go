@@ -77,6 +77,11 @@ type slot struct {
 	// after the last exit, with the listeners held: the next start need
 	// not kill them again. Only the slot's routine uses it.
 	condemned bool
+	// vacant says recoverAll found the slot's group absent or empty, or
+	// emptied it, and nothing has started in it since: the first start
+	// need not look for leftovers. Set before the routines run; only the
+	// start that follows uses it.
+	vacant bool
 }
 
 // restartReq is an operator restart; done receives nil once the new cell is

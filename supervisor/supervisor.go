@@ -171,9 +171,7 @@ func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
 func (s *Supervisor) Run(ctx context.Context) error {
 	s.started = s.clk.Now()
 	s.recoverAll(ctx)
-	starting := s.startingSlots()
-	s.createGroups(starting)
-	s.startAll(starting)
+	s.startAll(s.startingSlots())
 	if s.o.Started != nil {
 		s.o.Started()
 	}
@@ -245,51 +243,43 @@ func (s *Supervisor) LeaveRunning() { s.leave.Store(true) }
 // LeftRunning reports whether LeaveRunning was called.
 func (s *Supervisor) LeftRunning() bool { return s.leave.Load() }
 
-// createGroups creates the cgroups of the slots about to start a cell, all
-// before any cell starts. On cgroup v1 a mkdir and a cell's join take the
-// same global cgroup_mutex: when the join helper still named its pid in
-// cgroup.procs (and so held that mutex through an RCU grace period of the
-// threadgroup rwsem), creating a group while other cells joined queued
-// that mkdir behind them (in one traced start the agent's side of the
-// eighth cell's start took 114 ms against 2 ms for the first). Created
-// first, the mkdirs wait behind no join. A failure is left to the slot's
-// own start, which tries again and reports it.
-func (s *Supervisor) createGroups(starting []*slot) {
-	if s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
-		return
-	}
-	var wg sync.WaitGroup
+// createGroups creates the cgroups of the slots about to start a cell, one
+// after the other, and hands each slot to made once its group is there
+// (or could not be made: a failure is left to the slot's own start, which
+// tries again and reports it). It closes made when done. One goroutine:
+// the kernel takes the global cgroup_mutex for every mkdir, so goroutines
+// creating groups side by side only spun on it (docs/performance.md,
+// round 6).
+func (s *Supervisor) createGroups(starting []*slot, made chan<- *slot) {
+	defer close(made)
 	for _, c := range starting {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		if s.o.Cgroups.Mode() != cgroup.ModeUnenforced {
 			l := s.settings().Limits
-			g, err := s.o.Cgroups.Ensure(c.spec.Name, l)
-			if err != nil {
+			if g, err := s.o.Cgroups.Ensure(c.spec.Name, l); err != nil {
 				c.log.Warn("create cell cgroup", zap.Error(err))
-				return
+			} else {
+				c.mu.Lock()
+				c.group, c.fresh = g, &l
+				c.mu.Unlock()
 			}
-			c.mu.Lock()
-			c.group, c.fresh = g, &l
-			c.mu.Unlock()
-		}()
+		}
+		made <- c
 	}
-	wg.Wait()
 }
 
 // startAll starts every cell that is to run now in one pass from one
 // goroutine, before the slots' routines run, each of which then
-// supervises the master started for it. Eight routines starting their own
+// supervises the master started for it; each cell as soon as its group is
+// made (createGroups, beside it), so the first cells are exec'd while the
+// last groups are still being created. Eight routines starting their own
 // cells also waited on one another's scheduling between their few syscalls
 // each; one pass leaves only the CPU the first cells' start-up takes from
-// it. (On a busy two-vCPU host the eighth cell was still exec'd 29–55 ms
-// after the first either way; with the agent's CPU weight ahead of the
-// cells' for this pass, which the agent lowers again in Options.Started,
-// about 12 ms: docs/performance.md, rounds 4 and 5.) A cell this pass
-// cannot start is left to its routine, which starts it again and reports
-// why it cannot.
+// it (docs/performance.md, rounds 4 to 6). A cell this pass cannot start
+// is left to its routine, which starts it again and reports why it cannot.
 func (s *Supervisor) startAll(starting []*slot) {
-	for _, c := range starting {
+	made := make(chan *slot, len(starting))
+	go s.createGroups(starting, made)
+	for c := range made {
 		if p, err := c.start(); err == nil {
 			c.started = p
 		}
