@@ -4,10 +4,14 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"cellvisor/config"
 	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 )
@@ -103,12 +107,22 @@ func TestCacheLocality(t *testing.T) {
 	if b := body(p1, "/page"); b != "/page #1" || o.count("/page") != 1 {
 		t.Errorf("after an unrelated change /page is %q (origin saw it %d times): the cache was lost", b, o.count("/page"))
 	}
+	// A cell that caches nothing has no cache zone, so no cache manager.
+	if n := cacheManagers(t, cfg, "cell-03"); n != 0 {
+		t.Errorf("cell-03 caches nothing but runs %d cache managers", n)
+	}
 
 	// Moved to cell-03: cold there (one more origin request), then cached.
 	sp.publishPlaced(t, 3, two, cached("cell-03"), other)
 	awaitAck(t, sp, 3, manifest.AckApplied)
 	awaitReloaded(t, cfg, "cell-01")
 	awaitReloaded(t, cfg, "cell-03")
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := cacheManagers(t, cfg, "cell-03"); n != 1 {
+			return fmt.Errorf("cell-03 runs %d cache managers after its reload, want 1", n)
+		}
+		return nil
+	})
 	if b := body(p3, "/page"); b != "/page #2" {
 		t.Errorf("first /page on cell-03: %q, want a miss (/page #2)", b)
 	}
@@ -121,4 +135,23 @@ func TestCacheLocality(t *testing.T) {
 	if c := slotStatus(t, cfg, "cell-03").Cell; c == nil || c.Cache.Miss != 1 || c.Cache.Hit != 1 {
 		t.Errorf("cell-03 cache counters %+v, want 1 miss and 1 hit", c)
 	}
+}
+
+// cacheManagers counts the cache manager processes among the children of
+// cell's master.
+func cacheManagers(t *testing.T, cfg config.Agent, cell string) int {
+	t.Helper()
+	pid := slotStatus(t, cfg, cell).PID
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, child := range strings.Fields(string(b)) {
+		title, _ := os.ReadFile("/proc/" + child + "/cmdline")
+		if strings.Contains(string(title), "cache manager process") {
+			n++
+		}
+	}
+	return n
 }

@@ -317,7 +317,8 @@ func awaitReloaded(t testing.TB, cfg config.Agent, cell string) {
 		if err != nil {
 			return err
 		}
-		// The master's other children are its cache manager and loader.
+		// The master's other children are its cache manager and loader,
+		// where the cell caches.
 		var workers []string
 		for _, child := range strings.Fields(string(b)) {
 			title, _ := os.ReadFile("/proc/" + child + "/cmdline")
