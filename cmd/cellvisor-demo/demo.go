@@ -458,6 +458,9 @@ func (e *env) checkCleanedUp() error {
 		if m, err := cgroup.New(cgroup.Options{Subtree: a.subtree}); err == nil && m.Mode() != cgroup.ModeUnenforced {
 			if names, _ := m.List(); len(names) > 0 {
 				errs = append(errs, fmt.Errorf("after stop, cell cgroups are left in %s: %v", a.subtree, names))
+			} else if err := m.Remove(); err != nil {
+				// The look itself (cgroup.New) makes the subtree again.
+				errs = append(errs, fmt.Errorf("after stop, remove the cgroup subtree %s: %w", a.subtree, err))
 			}
 		}
 	}
@@ -486,6 +489,10 @@ func writeConfig(a agentSpec, nginx string, modules []string, out io.Writer) (st
 	if err == nil && cg.Mode() == cgroup.ModeUnenforced {
 		fmt.Fprintf(out, "note: cell limits cannot be enforced here (%v); the demo runs cells without them\n", cg.Reason())
 		enforce = false
+	} else if err == nil {
+		// The probe made the subtree; the agent makes it again, and
+		// removes it when it stops.
+		_ = cg.Remove()
 	}
 	var mods strings.Builder
 	for _, m := range modules {

@@ -339,4 +339,22 @@ func wantNoCells(t *testing.T, dir string) {
 			t.Errorf("process %d of the demo is left: %q", pid, strings.ReplaceAll(string(b), "\x00", " "))
 		}
 	}
+	// Nor its agents' cgroup subtrees, in any v1 hierarchy this process is
+	// in (where there is none, nothing is found).
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(self)) {
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) != 3 || parts[1] == "" || strings.HasPrefix(parts[1], "name=") {
+			continue
+		}
+		for _, sub := range []string{demoSubtree(root), edge2Subtree(root)} {
+			d := filepath.Join("/sys/fs/cgroup", strings.Split(parts[1], ",")[0], parts[2], sub)
+			if _, err := os.Stat(d); err == nil {
+				t.Errorf("the demo's cgroup subtree is left: %s", d)
+			}
+		}
+	}
 }

@@ -231,6 +231,9 @@ func (l leftovers) removeGroups(ctx context.Context) error {
 		}
 		cancel()
 	}
+	if len(errs) == 0 {
+		_ = m.Remove() // the subtree too, which the look (cgroup.New) makes
+	}
 	return errors.Join(errs...)
 }
 
