@@ -120,7 +120,7 @@ func (a *runningAgent) stop(t testing.TB) int {
 
 // launchAgent execs the binary's `run` with cfgPath (and env) without
 // waiting for anything. When the test ends it is stopped by its pid if it
-// still runs; its log is printed if the test failed, and copied to
+// still runs; its log is printed if the test failed, and appended to
 // $CELLVISOR_BENCH_AGENT_LOG when that is set.
 func launchAgent(t testing.TB, bin, cfgPath string, env ...string) *runningAgent {
 	t.Helper()
@@ -145,13 +145,24 @@ func launchAgent(t testing.TB, bin, cfgPath string, env ...string) *runningAgent
 		logf.Close()
 		data, _ := os.ReadFile(logf.Name())
 		if dst := os.Getenv("CELLVISOR_BENCH_AGENT_LOG"); dst != "" {
-			_ = os.WriteFile(dst, data, 0o644)
+			appendLog(dst, data)
 		}
 		if t.Failed() {
 			t.Logf("agent log:\n%s", data)
 		}
 	})
 	return a
+}
+
+// appendLog appends one agent's log to the file at path, best effort: it
+// is for reading a benchmark's timeline afterwards.
+func appendLog(path string, data []byte) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_, _ = f.Write(data)
 }
 
 // startAgent runs the binary with cfgPath and waits until its admin socket
