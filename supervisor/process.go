@@ -144,15 +144,21 @@ func closeOutput(cmd *exec.Cmd) {
 
 // afterStart does the bookkeeping of a start that the new cell need not
 // wait for, while its readiness probe already runs: the master's record
-// (for adoption by a next agent) and a restart count not yet persisted.
-// Both are atomic writes with fsyncs, which took from 2 ms to over 100 ms
-// each on a busy disk when they came before the exec or the probe. The
-// cell is not marked ready before they are done (supervise calls this
-// first), so an agent that reports a cell ready has its record on disk.
+// (for adoption by a next agent). It is written before the exec or the
+// probe no more (atomic writes with fsyncs took from 2 ms to over 100 ms on
+// a busy disk there), and before the cell is marked ready (supervise calls
+// this first), so an agent that reports a cell ready has its record.
 func (c *slot) afterStart(p *proc) {
 	if !p.adopted {
 		c.writeRecord(p.pid, p.group)
 	}
+}
+
+// saveUnsaved persists a restart count not yet persisted. The slot's
+// routine calls it once the restarted cell's probe has an outcome, before
+// the cell is marked ready: the write's two fsyncs no longer share the
+// host with the new master's start.
+func (c *slot) saveUnsaved() {
 	if c.unsaved {
 		c.unsaved = false
 		c.saveCounters()

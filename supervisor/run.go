@@ -74,13 +74,9 @@ func (c *slot) serve(ctx context.Context) bool {
 	var pending *restartReq // an operator restart waiting for the new cell
 	defer func() { answer(&pending, errors.New("cell stopped")) }()
 	defer c.dropListeners() // nothing of the slot outlives its run
-	defer func() {
-		// A restart that never got its new master still counts.
-		if c.unsaved {
-			c.unsaved = false
-			c.saveCounters()
-		}
-	}()
+	// A restart that never got its new master, or its probe's outcome,
+	// still counts.
+	defer c.saveUnsaved()
 	for {
 		switch c.runOnce(ctx, tr, &pending) {
 		case actEnd, actShutdown:
@@ -98,7 +94,7 @@ func (c *slot) serve(ctx context.Context) bool {
 		c.mu.Unlock()
 		c.on(evExit, fmt.Sprintf("%s; restart in %s", reason, delay.Round(time.Millisecond)))
 		if act != actBackoff {
-			c.unsaved = true // saved once the new master runs (afterStart)
+			c.unsaved = true // saved once the new master's probe has an outcome
 			continue
 		}
 		c.dropListeners() // refused, not queued, until it runs again
@@ -258,6 +254,7 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 		select {
 		case err := <-probe:
 			probe = nil
+			c.saveUnsaved()
 			var ready bool
 			if ready, out.why = c.probed(ctx, p, err, pending); ready {
 				readyAt = c.s.clk.Now()

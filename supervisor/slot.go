@@ -64,7 +64,7 @@ type slot struct {
 
 	saveMu sync.Mutex // serialises saveCounters
 	// unsaved says the restart count changed and is not persisted yet: an
-	// immediate restart starts the new master first (afterStart saves it).
+	// immediate restart starts the new master first (saveUnsaved).
 	// Only the slot's routine uses it.
 	unsaved bool
 	// spare is the slot's standby (standby.go), nil when it has none. Only
