@@ -78,9 +78,9 @@ type slot struct {
 	// not kill them again. Only the slot's routine uses it.
 	condemned bool
 	// vacant says recoverAll found the slot's group absent or empty, or
-	// emptied it, and nothing has started in it since: the first start
-	// need not look for leftovers. Set before the routines run; only the
-	// start that follows uses it.
+	// emptied it, and nothing has started in it since: a start of the
+	// agent's first pass (startAll) need not look for leftovers. Set and
+	// cleared before the routines run.
 	vacant bool
 }
 

@@ -284,6 +284,11 @@ func (s *Supervisor) startAll(starting []*slot) {
 			c.started = p
 		}
 	}
+	// What recovery found vacant is trusted for this pass only: a slot
+	// that starts later reads its group as every start does.
+	for _, c := range s.slots {
+		c.vacant = false
+	}
 }
 
 // startingSlots are the slots whose cells Run starts as it begins: none
