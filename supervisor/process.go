@@ -144,10 +144,10 @@ func closeOutput(cmd *exec.Cmd) {
 
 // afterStart does the bookkeeping of a start that the new cell need not
 // wait for, while its readiness probe already runs: the master's record
-// (for adoption by a next agent). It is written before the exec or the
-// probe no more (atomic writes with fsyncs took from 2 ms to over 100 ms on
-// a busy disk there), and before the cell is marked ready (supervise calls
-// this first), so an agent that reports a cell ready has its record.
+// (for adoption by a next agent). It is no longer written before the exec
+// or the probe (with fsyncs it took from 2 ms to over 100 ms on a busy disk
+// there), but still before the cell is marked ready (supervise calls this
+// first), so an agent that reports a cell ready has its record.
 func (c *slot) afterStart(p *proc) {
 	if !p.adopted {
 		c.writeRecord(p.pid, p.group)
