@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -510,5 +511,27 @@ func TestRepeatedDrainUndrain(t *testing.T) {
 		if code := readiness(t, port); code != 200 {
 			t.Fatalf("undrain %d: readiness %d", i+1, code)
 		}
+	}
+}
+
+// An operator restart whose new master exits before it is ready is answered
+// with that exit: the binary (a wrapper around the host's nginx) runs nginx
+// once, and fails every later start.
+func TestRestartThatNeverGetsReadyIsAnError(t *testing.T) {
+	nginx, _ := testutil.RequireOpenResty(t)
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "started")
+	bin := filepath.Join(dir, "nginx-once")
+	script := fmt.Sprintf("#!/bin/sh\nif [ -e %[1]s ]; then echo 'nginx-once: not again' >&2; exit 1; fi\n: > %[1]s\nexec %[2]s \"$@\"\n", marker, nginx)
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, harnessOpts{slots: 1, binary: bin})
+	h.waitReady("cell-01", 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := h.sup.Restart(ctx, "cell-01")
+	if err == nil || !strings.Contains(err.Error(), "exited before it was ready") || !strings.Contains(err.Error(), "exit status 1") {
+		t.Fatalf("restart into a failing binary: %v, want the exit before ready", err)
 	}
 }

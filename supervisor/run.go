@@ -199,7 +199,14 @@ func (c *slot) runOnce(ctx context.Context, tr *tracker, pending **restartReq) a
 		return actIdle
 	}
 	c.afterExit(p, out.why)
-	answer(pending, fmt.Errorf("cell exited before it was ready: %s", c.status().LastExit))
+	if *pending != nil {
+		// Not c.status(): it reads the group's usage and limits (0.2–0.6
+		// ms of cgroup files), on every crash's path to its restart.
+		c.mu.Lock()
+		last := c.lastExit
+		c.mu.Unlock()
+		answer(pending, fmt.Errorf("cell exited before it was ready: %s", last))
+	}
 	tr.exit(out.readyFor)
 	_, act := c.decide(evExit)
 	return act
