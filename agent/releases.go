@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	goruntime "runtime"
 	"strings"
+	"sync"
 
 	"go.uber.org/zap"
 
@@ -20,10 +22,8 @@ import (
 // returns the lowest sequence a slot was rolled back to (0 if none), which
 // the active sequence must go back to so that the newer one is fetched again.
 func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) (rewind int64) {
-	for _, s := range topo.Slots {
-		if assign[s.Name] == "" {
-			continue
-		}
+	var mu sync.Mutex
+	eachAssigned(topo, assign, func(_ int, s runtime.Slot, _ string) {
 		m, rolledBack, err := runtime.VerifyCurrent(s)
 		switch {
 		case errors.Is(err, runtime.ErrNoRelease):
@@ -31,12 +31,35 @@ func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.
 			log.Error("no intact release; the cell stays degraded", zap.String("cell", s.Name), zap.Error(err))
 		case rolledBack:
 			log.Warn("active release was damaged; rolled back", zap.String("cell", s.Name), zap.Int64("sequence", m.Sequence))
+			mu.Lock()
 			if rewind == 0 || m.Sequence < rewind {
 				rewind = m.Sequence
 			}
+			mu.Unlock()
 		}
-	}
+	})
 	return rewind
+}
+
+// eachAssigned runs f for every assigned slot, as many side by side as Go
+// runs threads at once: the slots' releases are independent, and a start
+// waits for all of them before its first cell, while one CPU of two idled.
+func eachAssigned(topo runtime.Topology, assign runtime.Assignments, f func(i int, s runtime.Slot, pool string)) {
+	sem := make(chan struct{}, goruntime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for i, s := range topo.Slots {
+		pool := assign[s.Name]
+		if pool == "" {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			f(i, s, pool)
+		}()
+	}
+	wg.Wait()
 }
 
 // buildStandalone compiles the local domains directory into a release for
@@ -51,25 +74,29 @@ func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Ass
 	if err != nil {
 		return err
 	}
-	for _, s := range topo.Slots {
-		pool := assign[s.Name]
-		if pool == "" {
-			continue
-		}
+	errs := make([]error, len(topo.Slots)) // in slot order: the first is returned
+	eachAssigned(topo, assign, func(i int, s runtime.Slot, pool string) {
 		var seq int64 = 1
 		if cur, err := runtime.Current(s); err == nil {
 			seq = cur.Sequence + 1
 		}
 		r, err := runtime.BuildRelease(RenderParams(cfg, s, pool, seq), pools[pool])
 		if err != nil {
-			return err
+			errs[i] = err
+			return
 		}
 		meta, changed, err := runtime.Activate(s, r)
 		if err != nil {
-			return err
+			errs[i] = err
+			return
 		}
 		if changed {
 			log.Info("release activated", zap.String("cell", s.Name), zap.String("pool", pool), zap.Int64("sequence", meta.Sequence))
+		}
+	})
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
 	}
 	return nil
@@ -92,12 +119,22 @@ func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runt
 	if os.Geteuid() == 0 {
 		// Cells run as the agent's user; as root that needs saying, or
 		// nginx would switch its workers to nobody.
-		if u, err := user.Current(); err == nil {
-			p.User = u.Username + " " + groupName(u)
-		}
+		p.User = cellUser()
 	}
 	return p
 }
+
+// cellUser is nginx's "user" line for the agent's own user and group, ""
+// when they cannot be read. Looked up once: each lookup of the group goes
+// through the name service (the nscd socket, /etc/group), and a start
+// renders every slot's release.
+var cellUser = sync.OnceValue(func() string {
+	u, err := user.Current()
+	if err != nil {
+		return ""
+	}
+	return u.Username + " " + groupName(u)
+})
 
 func groupName(u *user.User) string {
 	if g, err := user.LookupGroupId(u.Gid); err == nil {
