@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -86,9 +85,7 @@ func (c *slot) startLiveness(ctx context.Context) (<-chan error, func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-		defer hc.CloseIdleConnections()
-		url := "http://" + net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort)) + "/.cellvisor/ready"
+		addr := net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort))
 		t := c.s.clk.NewTicker(p.Interval)
 		defer t.Stop()
 		for {
@@ -97,7 +94,7 @@ func (c *slot) startLiveness(ctx context.Context) (<-chan error, func()) {
 				return
 			case <-t.C():
 			}
-			err := checkAlive(ctx, hc, url, p.Timeout)
+			err := checkAlive(ctx, addr, p.Timeout)
 			select {
 			case results <- err:
 			case <-ctx.Done():
@@ -111,10 +108,10 @@ func (c *slot) startLiveness(ctx context.Context) (<-chan error, func()) {
 // checkAlive asks the readiness path once: 200 (ready) and 503 (drained)
 // are answers; no answer within timeout, a refused connection or another
 // status are not.
-func checkAlive(ctx context.Context, hc *http.Client, url string, timeout time.Duration) error {
+func checkAlive(ctx context.Context, addr string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return askReady(ctx, hc, url)
+	return askReady(ctx, addr)
 }
 
 // onLiveness records a check's result and executes the machine's decision:

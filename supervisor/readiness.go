@@ -1,13 +1,15 @@
 package supervisor
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
-	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -36,12 +38,10 @@ func (c *slot) onReady() {
 // along and probeHeld waits on one request instead.
 func (c *slot) probe(ctx context.Context, exited <-chan struct{}, held bool) error {
 	addr := net.JoinHostPort(c.s.o.ProbeHost, strconv.Itoa(c.spec.HTTPPort))
-	url := "http://" + addr + "/.cellvisor/ready"
+	url := "http://" + addr + readyPath // in its errors
 	if held {
-		return c.probeHeld(ctx, exited, url)
+		return c.probeHeld(ctx, exited, addr, url)
 	}
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
-	defer hc.CloseIdleConnections()
 	start := c.s.clk.Now()
 	b := &backoff.Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond, Clock: c.s.clk}
 	listening := false
@@ -59,7 +59,10 @@ func (c *slot) probe(ctx context.Context, exited <-chan struct{}, held bool) err
 			last = err
 		}
 		if listening {
-			if last = askReady(ctx, hc, url); last == nil {
+			actx, cancel := context.WithTimeout(ctx, time.Second)
+			last = askReady(actx, addr)
+			cancel()
+			if last == nil {
 				return nil
 			}
 		}
@@ -85,7 +88,7 @@ func (c *slot) probe(ctx context.Context, exited <-chan struct{}, held bool) err
 // the listen backlog until a worker takes and answers it. Nothing polls
 // while the cell starts. A request that fails early (a connection reset)
 // is sent again after a pause, from 1ms growing to 20ms.
-func (c *slot) probeHeld(ctx context.Context, exited <-chan struct{}, url string) error {
+func (c *slot) probeHeld(ctx context.Context, exited <-chan struct{}, addr, url string) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -95,11 +98,9 @@ func (c *slot) probeHeld(ctx context.Context, exited <-chan struct{}, url string
 		case <-rctx.Done():
 		}
 	}()
-	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	defer hc.CloseIdleConnections()
 	b := &backoff.Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond, Clock: c.s.clk}
 	for {
-		err := askReady(rctx, hc, url)
+		err := askReady(rctx, addr)
 		if err == nil {
 			return nil
 		}
@@ -122,20 +123,47 @@ func (c *slot) probeHeld(ctx context.Context, exited <-chan struct{}, url string
 	}
 }
 
-// askReady asks url once: nil when a worker answered 200 (ready) or 503
-// (drained, and up).
-func askReady(ctx context.Context, hc *http.Client, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+// readyPath is the cell's readiness path (the cells' Lua module answers it).
+const readyPath = "/.cellvisor/ready"
+
+// askReady asks the cell at addr once, in one HTTP/1.0 exchange on a fresh
+// connection, until ctx ends: nil when a worker answered 200 (ready) or 503
+// (drained, and up). Only the status line is read. A bare exchange rather
+// than net/http's client, whose transport runs two goroutines for every
+// connection: eight cells' probes at a start, and every cell's liveness
+// check after, are that many connections.
+func askReady(ctx context.Context, addr string) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
 	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := io.WriteString(conn, "GET "+readyPath+" HTTP/1.0\r\nHost: "+addr+"\r\n\r\n"); err != nil {
+		return askErr(ctx, err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusServiceUnavailable {
+	line, err := bufio.NewReaderSize(conn, 256).ReadSlice('\n')
+	if err != nil {
+		return askErr(ctx, fmt.Errorf("readiness status line: %w", err))
+	}
+	proto, status, _ := strings.Cut(strings.TrimSpace(string(line)), " ")
+	if !strings.HasPrefix(proto, "HTTP/1.") {
+		return fmt.Errorf("readiness answered %q: not HTTP", strings.TrimSpace(string(line)))
+	}
+	code, _, _ := strings.Cut(status, " ")
+	if code == "200" || code == "503" {
 		return nil
 	}
-	return fmt.Errorf("readiness answered %s", resp.Status)
+	return fmt.Errorf("readiness answered %s", status)
+}
+
+// askErr is err, or ctx's error where ctx ending caused it (the deadline
+// its end set on the connection).
+func askErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	return err
 }
