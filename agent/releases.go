@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/user"
-	goruntime "runtime"
 	"strings"
 	"sync"
 
@@ -22,8 +21,10 @@ import (
 // returns the lowest sequence a slot was rolled back to (0 if none), which
 // the active sequence must go back to so that the newer one is fetched again.
 func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) (rewind int64) {
-	var mu sync.Mutex
-	eachAssigned(topo, assign, func(_ int, s runtime.Slot, _ string) {
+	for _, s := range topo.Slots {
+		if assign[s.Name] == "" {
+			continue
+		}
 		m, rolledBack, err := runtime.VerifyCurrent(s)
 		switch {
 		case errors.Is(err, runtime.ErrNoRelease):
@@ -31,35 +32,12 @@ func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.
 			log.Error("no intact release; the cell stays degraded", zap.String("cell", s.Name), zap.Error(err))
 		case rolledBack:
 			log.Warn("active release was damaged; rolled back", zap.String("cell", s.Name), zap.Int64("sequence", m.Sequence))
-			mu.Lock()
 			if rewind == 0 || m.Sequence < rewind {
 				rewind = m.Sequence
 			}
-			mu.Unlock()
 		}
-	})
-	return rewind
-}
-
-// eachAssigned runs f for every assigned slot, as many side by side as Go
-// runs threads at once: the slots' releases are independent, and a start
-// waits for all of them before its first cell, while one CPU of two idled.
-func eachAssigned(topo runtime.Topology, assign runtime.Assignments, f func(i int, s runtime.Slot, pool string)) {
-	sem := make(chan struct{}, goruntime.GOMAXPROCS(0))
-	var wg sync.WaitGroup
-	for i, s := range topo.Slots {
-		pool := assign[s.Name]
-		if pool == "" {
-			continue
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			f(i, s, pool)
-		}()
 	}
-	wg.Wait()
+	return rewind
 }
 
 // buildStandalone compiles the local domains directory into a release for
@@ -74,29 +52,25 @@ func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Ass
 	if err != nil {
 		return err
 	}
-	errs := make([]error, len(topo.Slots)) // in slot order: the first is returned
-	eachAssigned(topo, assign, func(i int, s runtime.Slot, pool string) {
+	for _, s := range topo.Slots {
+		pool := assign[s.Name]
+		if pool == "" {
+			continue
+		}
 		var seq int64 = 1
 		if cur, err := runtime.Current(s); err == nil {
 			seq = cur.Sequence + 1
 		}
 		r, err := runtime.BuildRelease(RenderParams(cfg, s, pool, seq), pools[pool])
 		if err != nil {
-			errs[i] = err
-			return
+			return err
 		}
 		meta, changed, err := runtime.Activate(s, r)
 		if err != nil {
-			errs[i] = err
-			return
+			return err
 		}
 		if changed {
 			log.Info("release activated", zap.String("cell", s.Name), zap.String("pool", pool), zap.Int64("sequence", meta.Sequence))
-		}
-	})
-	for _, err := range errs {
-		if err != nil {
-			return err
 		}
 	}
 	return nil
