@@ -181,33 +181,45 @@ func (c *Client) Headers(method, path string, now time.Time) http.Header {
 // Do sends method path with the given headers and decodes the status the
 // cell answers with. Tests use it to send bad credentials.
 func (c *Client) Do(ctx context.Context, method, path string, h http.Header) (Status, error) {
-	req, err := http.NewRequestWithContext(ctx, method, "http://cell"+path, nil)
+	var st Status
+	err := c.send(ctx, method, path, "", h, &st)
+	return st, err
+}
+
+// send sends method path (with query, if not "") with the given headers
+// and decodes the cell's 200 answer into out; any other answer is an error
+// (ErrUnauthorized, ErrExpired, or the status with the cell's body).
+func (c *Client) send(ctx context.Context, method, path, query string, h http.Header, out any) error {
+	target := "http://cell" + path
+	if query != "" {
+		target += "?" + query
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, nil)
 	if err != nil {
-		return Status{}, err
+		return err
 	}
 	req.Header = h
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return Status{}, fmt.Errorf("cell %s %s: %w", method, path, err)
+		return fmt.Errorf("cell %s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return Status{}, err
+		return err
 	}
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized:
-		return Status{}, fmt.Errorf("cell %s %s: %w: %s", method, path, ErrUnauthorized, body)
+		return fmt.Errorf("cell %s %s: %w: %s", method, path, ErrUnauthorized, body)
 	case resp.StatusCode == http.StatusRequestTimeout:
-		return Status{}, fmt.Errorf("cell %s %s: %w: %s", method, path, ErrExpired, body)
+		return fmt.Errorf("cell %s %s: %w: %s", method, path, ErrExpired, body)
 	case resp.StatusCode != http.StatusOK:
-		return Status{}, fmt.Errorf("cell %s %s: %s: %s", method, path, resp.Status, body)
+		return fmt.Errorf("cell %s %s: %s: %s", method, path, resp.Status, body)
 	}
-	var st Status
-	if err := json.Unmarshal(body, &st); err != nil {
-		return Status{}, fmt.Errorf("cell %s %s: decode: %w", method, path, err)
+	if err := json.Unmarshal(body, out); err != nil {
+		return fmt.Errorf("cell %s %s: decode: %w", method, path, err)
 	}
-	return st, nil
+	return nil
 }
 
 // call waits for the call in flight, if any, then signs and sends this one
@@ -262,26 +274,7 @@ func (c *Client) Undrain(ctx context.Context) (Status, error) {
 // resolved against its org's front doors): the edge's id, or the reason
 // the cell refused (edge "").
 func (c *Client) FrontDoor(ctx context.Context, u string) (edge, reason string, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://cell/frontdoor?url="+url.QueryEscape(u), nil)
-	if err != nil {
-		return "", "", err
-	}
-	req.Header = c.Headers(http.MethodGet, "/frontdoor", time.Now())
-	resp, err := c.hc.Do(req)
-	if err != nil {
-		return "", "", fmt.Errorf("cell GET /frontdoor: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if err != nil {
-		return "", "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", "", fmt.Errorf("cell GET /frontdoor: %s: %s", resp.Status, body)
-	}
 	var out struct{ Edge, Reason string }
-	if err := json.Unmarshal(body, &out); err != nil {
-		return "", "", fmt.Errorf("cell GET /frontdoor: decode %s: %w", body, err)
-	}
-	return out.Edge, out.Reason, nil
+	err = c.send(ctx, http.MethodGet, "/frontdoor", "url="+url.QueryEscape(u), c.Headers(http.MethodGet, "/frontdoor", time.Now()), &out)
+	return out.Edge, out.Reason, err
 }

@@ -55,10 +55,31 @@ func readSelf(data []byte) (selfPaths, error) {
 	return parseSelf(data)
 }
 
-// parseSelf parses /proc/self/cgroup ("id:controllers:path" lines). When the
-// process already sits in the agent leaf (a restarted agent placed itself
-// there), its subtree is the leaf's parent.
+// readOwn is parseOwn of this process's /proc/self/cgroup.
+func readOwn() (selfPaths, error) {
+	data, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("read own cgroup: %w", err)
+	}
+	return parseOwn(data)
+}
+
+// parseSelf parses /proc/self/cgroup (parseOwn). When the process already
+// sits in the agent leaf (a restarted agent placed itself there), its
+// subtree is the leaf's parent.
 func parseSelf(data []byte) (selfPaths, error) {
+	out, err := parseOwn(data)
+	for c, p := range out {
+		if path.Base(p) == AgentLeaf {
+			out[c] = path.Dir(p)
+		}
+	}
+	return out, err
+}
+
+// parseOwn parses /proc/self/cgroup ("id:controllers:path" lines) into the
+// process's own cgroup in each hierarchy, as they are.
+func parseOwn(data []byte) (selfPaths, error) {
 	out := selfPaths{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for sc.Scan() {
@@ -71,9 +92,6 @@ func parseSelf(data []byte) (selfPaths, error) {
 			return nil, fmt.Errorf("parse own cgroup: malformed line %q", line)
 		}
 		p := path.Clean(parts[2])
-		if path.Base(p) == AgentLeaf {
-			p = path.Dir(p)
-		}
 		if parts[1] == "" {
 			out[""] = p
 			continue

@@ -176,14 +176,14 @@ func (m *v1) PrepareSelf(l Limits) error { return m.ensureAt(m.agentBase, AgentL
 // threads, so the agent moves as a whole process, once, when nothing waits
 // on the lock it holds meanwhile.
 func (m *v1) MoveSelf() error {
-	data, err := os.ReadFile("/proc/self/cgroup")
+	own, err := readOwn()
 	if err != nil {
 		return fmt.Errorf("move agent into its leaf: %w", err)
 	}
 	pid := strconv.Itoa(os.Getpid())
 	for _, c := range m.ctrls {
 		leaf := path.Join(m.agentBase[c], AgentLeaf)
-		if cgroupOf(data, c) == leaf {
+		if own[c] == leaf {
 			continue
 		}
 		if err := writeFile(join(m.root, c, leaf, "cgroup.procs"), pid); err != nil {
@@ -191,18 +191,6 @@ func (m *v1) MoveSelf() error {
 		}
 	}
 	return nil
-}
-
-// cgroupOf is the path, in /proc/self/cgroup's data, of the v1 hierarchy
-// holding controller c ("" if none does).
-func cgroupOf(data []byte, c string) string {
-	for line := range strings.Lines(string(data)) {
-		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
-		if len(parts) == 3 && slices.Contains(strings.Split(parts[1], ","), c) {
-			return parts[2]
-		}
-	}
-	return ""
 }
 
 // LimitSelf sets l on the agent leaf.

@@ -2,7 +2,6 @@ package controlapi_test
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"cellvisor/edgeapi"
+	"cellvisor/internal/testutil"
 )
 
 // A status report equal to the last one written but for its timestamp and
@@ -65,19 +65,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	if err := c.Report(ctx(t), edgeapi.StatusReport{At: time.Now().UTC(), Status: json.RawMessage(`{}`)}); err != nil {
 		t.Fatal(err)
 	}
-	get := func(token string) (int, string) {
-		req, _ := http.NewRequestWithContext(ctx(t), http.MethodGet, e.admin.URL+"/metrics", nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
+	get := func(token string) (int, string) { return testutil.Get(t, e.admin.URL+"/metrics", token) }
 	if code, _ := get(""); code != http.StatusUnauthorized {
 		t.Errorf("no token: HTTP %d, want 401", code)
 	}

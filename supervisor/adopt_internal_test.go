@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"errors"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -45,6 +47,16 @@ func TestMismatch(t *testing.T) {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}
+}
+
+// doomed reports what releaseSpare reads from one statFields: pid gone, a
+// zombie, or killed.
+func doomed(pid int) bool {
+	f, err := statFields(pid)
+	if err != nil {
+		return os.IsNotExist(err) || errors.Is(err, syscall.ESRCH)
+	}
+	return f[0] == "Z" || f[0] == "X" || killed(f)
 }
 
 // doomed: a running process is not; once SIGKILLed (pending, then a zombie

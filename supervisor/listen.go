@@ -1,14 +1,16 @@
 package supervisor
 
 import (
+	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"cellvisor/internal/safefile"
 )
 
 // The agent binds each cell's public TCP ports itself and hands the
@@ -67,22 +69,14 @@ const maxConf = 1 << 20
 // `listen [IPv6]:PORT`. nginx takes an inherited socket only for a listen
 // line with the same address, so the agent binds exactly that. It is not
 // ok (the agent holds nothing, and nginx binds its own ports) when the file
-// cannot be read, is not a regular file or is over maxConf, a port has no
-// listen line or two
-// disagree, or the address is a host name, which nginx resolves itself.
+// cannot be read as a regular file of at most maxConf (safefile's rules: no
+// link, FIFO or device), a port has no listen line or two disagree, or the
+// address is a host name, which nginx resolves itself.
 func confListen(path string, ports ...int) (addr string, ok bool) {
-	// Without blocking: a FIFO put in the file's place must not hold the
-	// start until a writer comes; only a regular file is read.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	// A FIFO put in the file's place must not hold the start until a
+	// writer comes: only a regular file is read, never blocking.
+	data, err := safefile.ReadFile(context.Background(), path, maxConf)
 	if err != nil {
-		return "", false
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		return "", false
-	}
-	data, err := io.ReadAll(io.LimitReader(f, maxConf+1))
-	if err != nil || len(data) > maxConf {
 		return "", false
 	}
 	found := map[int][]string{}

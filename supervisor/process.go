@@ -53,9 +53,8 @@ func (c *slot) start() (*proc, error) {
 		return nil, err
 	}
 	condemned := c.condemned && c.ln != nil
-	vacant := c.vacant
-	c.condemned, c.vacant = false, false
-	if pids := c.leftovers(g, condemned || vacant); len(pids) > 0 {
+	c.condemned = false
+	if pids := c.leftovers(g, condemned || c.vacant); len(pids) > 0 {
 		// Never start beside leftovers that still run. With the ports held
 		// they need only be killed: the new master takes the held sockets
 		// while the kernel tears the killed processes down. Without, an

@@ -70,16 +70,28 @@ func (c *slot) probe(ctx context.Context, exited <-chan struct{}, held bool) err
 		if c.s.clk.Since(start) > 250*time.Millisecond {
 			delay = b.Next()
 		}
-		t := c.s.clk.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%s: %w (last: %v)", url, ctx.Err(), last)
-		case <-exited:
-			t.Stop()
-			return errors.New("exited before it was ready")
-		case <-t.C():
+		if err := c.pause(ctx, exited, delay, url, last); err != nil {
+			return err
 		}
+	}
+}
+
+// errExitedBeforeReady is a probe's answer when the master exits first.
+var errExitedBeforeReady = errors.New("exited before it was ready")
+
+// pause waits d on the slot's clock between two tries of a probe of url:
+// it returns ctx's end (with the last try's error) or the master's exit,
+// whichever comes first, or nil after d.
+func (c *slot) pause(ctx context.Context, exited <-chan struct{}, d time.Duration, url string, last error) error {
+	t := c.s.clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("%s: %w (last: %v)", url, ctx.Err(), last)
+	case <-exited:
+		return errExitedBeforeReady
+	case <-t.C():
+		return nil
 	}
 }
 
@@ -105,20 +117,10 @@ func (c *slot) probeHeld(ctx context.Context, exited <-chan struct{}, addr, url 
 			return nil
 		}
 		if closed(exited) {
-			return errors.New("exited before it was ready")
+			return errExitedBeforeReady
 		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%s: %w (last: %v)", url, ctx.Err(), err)
-		}
-		t := c.s.clk.NewTimer(b.Next())
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%s: %w (last: %v)", url, ctx.Err(), err)
-		case <-exited:
-			t.Stop()
-			return errors.New("exited before it was ready")
-		case <-t.C():
+		if err := c.pause(ctx, exited, b.Next(), url, err); err != nil {
+			return err
 		}
 	}
 }

@@ -3,13 +3,11 @@ package supervisor
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 )
 
 // A graceful reload (SIGHUP) starts new workers with the new release and
@@ -69,18 +67,12 @@ func statFields(pid int) ([]string, error) {
 	return f, nil
 }
 
-// doomed reports whether pid can no longer run code of its own: it is gone,
-// a zombie, exiting (PF_EXITING in the flags, field 9: a killed process
-// that has taken its SIGKILL), or has a SIGKILL pending (the signal field,
-// 31, where a kill sets it in each of the process's threads).
-func doomed(pid int) bool {
-	f, err := statFields(pid)
-	if err != nil {
-		return os.IsNotExist(err) || errors.Is(err, syscall.ESRCH)
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return true
-	}
+// killed reports, from a process's stat fields (statFields), that it can
+// no longer run code of its own though it is not a zombie yet: exiting
+// (PF_EXITING in the flags, field 9: a killed process that has taken its
+// SIGKILL), or with a SIGKILL pending (the signal field, 31, where a kill
+// sets it in each of the process's threads).
+func killed(f []string) bool {
 	const pfExiting = 0x4
 	if flags, err := strconv.ParseUint(f[6], 10, 64); err == nil && flags&pfExiting != 0 {
 		return true

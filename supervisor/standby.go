@@ -123,12 +123,12 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 	// readiness timeout. Such a spare is discarded and the cell started by
 	// a join.
 	f, err := statFields(sp.cmd.Process.Pid)
-	if killed := err == nil && doomed(sp.cmd.Process.Pid); err != nil || !runnable(f[0]) || killed {
+	if dead := err == nil && killed(f); err != nil || !runnable(f[0]) || dead {
 		state := "unreadable"
 		if err == nil {
 			state = f[0]
 		}
-		if killed {
+		if dead {
 			state += ", killed"
 		}
 		_ = sp.sb.Close()

@@ -252,8 +252,9 @@ func (s *Supervisor) LeftRunning() bool { return s.leave.Load() }
 // round 6).
 func (s *Supervisor) createGroups(starting []*slot, made chan<- *slot) {
 	defer close(made)
+	enforced := s.o.Cgroups.Mode() != cgroup.ModeUnenforced
 	for _, c := range starting {
-		if s.o.Cgroups.Mode() != cgroup.ModeUnenforced {
+		if enforced {
 			l := s.settings().Limits
 			if g, err := s.o.Cgroups.Ensure(c.spec.Name, l); err != nil {
 				c.log.Warn("create cell cgroup", zap.Error(err))
