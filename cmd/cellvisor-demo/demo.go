@@ -30,7 +30,24 @@ const (
 	demoBody = "hello from cellvisor: demo.cellvisor.test served by cell-01 (shared-default)\n"
 	// readyWait bounds the start: cells ready, the manifest served and acked.
 	readyWait = 90 * time.Second
+	// controlDir, in the demo's directory, holds the control API's data
+	// (its SQLite database, CA, admin token) while the demo runs.
+	controlDir = "control"
 )
+
+// shortPath is path relative to the working directory when it lies below
+// it (.demo/control/admin.token), else as it is: for the lines the demo
+// prints for copying.
+func shortPath(path string) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return path
+	}
+	if rel, err := filepath.Rel(wd, path); err == nil && filepath.IsLocal(rel) {
+		return rel
+	}
+	return path
+}
 
 // options are the demo's flags.
 type options struct {
@@ -104,7 +121,7 @@ func demo(ctx context.Context, o options) error {
 	}
 	// Every run is a new edge of a new control plane: no identity, topology
 	// or release of an earlier run is kept.
-	for _, d := range []string{"state", "run", agentPidFile, edge2Dir} {
+	for _, d := range []string{"state", "run", controlDir, agentPidFile, edge2Dir} {
 		if err := os.RemoveAll(filepath.Join(root, d)); err != nil {
 			return err
 		}
@@ -124,13 +141,16 @@ func demo(ctx context.Context, o options) error {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stderr sync fails on terminals
-	data, err := os.MkdirTemp("", "cellvisor-control-demo-")
-	if err != nil {
+	// The control API's data lives in the demo's directory, not the
+	// system's temporary one: a demo killed before it could remove it
+	// leaves it where the next demo (and make clean) removes it.
+	data := filepath.Join(root, controlDir)
+	if err := os.Mkdir(data, 0o700); err != nil {
 		return err
 	}
 	defer os.RemoveAll(data)
 
-	// 1. The control API, on SQLite in a temporary directory, in this process.
+	// 1. The control API, on SQLite in DIR/control, in this process.
 	ctlCtx, stopCtl := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCtl()
 	ready := make(chan controlapi.Endpoints, 1)
@@ -150,7 +170,7 @@ func demo(ctx context.Context, o options) error {
 		return errors.Join(ctx.Err(), <-ctlDone)
 	}
 	e.admin = &controlapi.AdminClient{URL: e.ep.AdminURL, Token: e.ep.AdminToken}
-	e.tokenRel = filepath.Join(data, "admin.token")
+	e.tokenRel = shortPath(filepath.Join(data, "admin.token"))
 	// The corp ingest: the egress policies' destination, on loopback.
 	e.ingest = corpingest.New()
 	ingestSrv := httptest.NewServer(e.ingest)
@@ -270,7 +290,7 @@ func (e *env) steps(ctx context.Context) error {
 	fmt.Fprintln(out, "Running; press Ctrl-C to stop and clean up.")
 	select {
 	case <-ctx.Done():
-		fmt.Fprintln(out, "\nstopping: every cell is stopped and its cgroup removed; the control API's temporary directory is removed")
+		fmt.Fprintln(out, "\nstopping: every cell is stopped and its cgroup removed; the control API's directory is removed")
 		return nil
 	case <-e.agent.exited:
 		return fmt.Errorf("the agent exited on its own: %v", e.agent.err)

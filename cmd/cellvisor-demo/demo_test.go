@@ -235,6 +235,12 @@ func TestKilledDemoStopsItsAgent(t *testing.T) {
 		"agent": readAgentPid(t, dir), "cell-01": cellMaster(t, dir, "cell-01"),
 		"second agent": readAgentPid(t, filepath.Join(dir, edge2Dir)), "second edge's cell-01": cellMaster(t, filepath.Join(dir, edge2Dir), "cell-01"),
 	}
+	// The control API's data is in the demo's directory, where a killed
+	// demo leaves it for the next one (and make clean), not in the system's
+	// temporary directory, where nothing would ever remove it.
+	if _, err := os.Stat(filepath.Join(dir, controlDir, "admin.token")); err != nil {
+		t.Errorf("the control API's data is not in the demo's directory: %v", err)
+	}
 	d.stop(t, syscall.SIGKILL)
 	testutil.Eventually(t, 60*time.Second, func() error {
 		for what, pid := range pids {
@@ -295,6 +301,9 @@ func TestDemoAfterSIGKILL(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, controlDir)); !os.IsNotExist(err) {
+		t.Errorf("the control API's data of the killed demo or of this one is left in %s: %v", dir, err)
 	}
 	if testutil.Alive(cellPid) {
 		t.Errorf("the earlier demo's cell-01 (pid %d) still runs", cellPid)

@@ -35,7 +35,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	root := &cobra.Command{
 		Use:   "cellvisor-demo",
 		Short: "run the cellvisor demo: a control API, an enrolled agent, 8 cell slots",
-		Long: `cellvisor-demo starts a control API on SQLite in a temporary directory, creates an edge,
+		Long: `cellvisor-demo starts a control API on SQLite (its data in DIR/control), creates an edge,
 runs the agent (bin/cellvisor, found beside this executable, or --agent) as a child
 process, enrolls it with the edge's one-time token, and publishes the sample domain
 demo.cellvisor.test to shared-default, which cell-01 then serves on loopback port 18080.

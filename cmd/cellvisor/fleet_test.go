@@ -27,7 +27,11 @@ func browser(t *testing.T) context.Context {
 		t.Skip("skipped: no chromium on PATH (make deps installs Debian's chromium)")
 	}
 	dataDir := t.TempDir()
+	// Chromium makes its singleton socket's directory in TMPDIR, and a
+	// killed browser leaves it there: in the test's own, it goes with it.
+	tmp := t.TempDir()
 	opts := []chromedp.ExecAllocatorOption{
+		chromedp.Env("TMPDIR=" + tmp),
 		chromedp.ExecPath(path),
 		chromedp.Flag("headless", true),
 		chromedp.Flag("no-sandbox", true),
