@@ -21,6 +21,12 @@ VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 # host, and this halves it.
 LDFLAGS := -s -w -X cellvisor/agent.Version=$(VERSION)
 BUILDFLAGS := -trimpath
+# The shipped binaries are static (CGO_ENABLED=0): nothing of the build
+# host's glibc for an edge host to match, user and DNS lookups in pure Go,
+# and the agent starts without the dynamic loader and libc's own start
+# (perf stat -r 100 cellvisor version: 3.5-4.0 ms of CPU against 5.1 ms).
+# Only builds set it: `go test -race` needs cgo.
+STATIC := CGO_ENABLED=0
 
 # What the tests and the demo need from Debian: nginx with its dynamic Lua
 # module (the OpenResty stand-in) and cjson for the cells' Lua; PostgreSQL's
@@ -126,9 +132,9 @@ tools: ## install staticcheck and benchstat into $(go env GOPATH)/bin if missing
 
 build: ## build bin/cellvisor, bin/cellvisor-control and bin/cellvisor-demo (version from git describe, else "dev")
 	@echo "build: compiling the agent, the control API and the demo into bin/ (the first build compiles every dependency: a minute or two)"
-	$(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
-	$(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-control ./cmd/cellvisor-control
-	$(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-demo ./cmd/cellvisor-demo
+	$(STATIC) $(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
+	$(STATIC) $(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-control ./cmd/cellvisor-control
+	$(STATIC) $(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-demo ./cmd/cellvisor-demo
 
 # The packages' version is git describe's, made valid for deb and rpm
 # (packaging/version.go): X.Y.Z from the last tag vX.Y.Z, +gitN.gHASH past it;

@@ -24,6 +24,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"cellvisor/internal/testutil"
 )
 
 // controlProc is a `cellvisor-control serve` child process on loopback,
@@ -45,12 +47,9 @@ type controlProc struct {
 
 // buildControl builds cmd/cellvisor-control into dir.
 func buildControl(tb testing.TB, dir string) string {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
 	bin := filepath.Join(dir, "cellvisor-control")
-	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "cellvisor/cmd/cellvisor-control").CombinedOutput()
-	if err != nil {
-		tb.Fatalf("build cellvisor-control: %v\n%s", err, out)
+	if err := testutil.GoBuild("cellvisor/cmd/cellvisor-control", bin); err != nil {
+		tb.Fatal(err)
 	}
 	return bin
 }

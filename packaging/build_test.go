@@ -57,6 +57,7 @@ func packagesFor(t *testing.T, version string) map[string]string {
 	gobuild := func(out, pkg string, ldflags string) {
 		cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", ldflags, "-o", out, pkg)
 		cmd.Dir = ".."
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // static, as make build builds them
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("go build %s: %v\n%s", pkg, err, b)
 		}

@@ -1,6 +1,8 @@
 package packaging
 
 import (
+	"debug/elf"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -79,6 +81,32 @@ func TestDebContents(t *testing.T) {
 				if !strings.HasPrefix(body, "#!/bin/sh\n") || !strings.Contains(body, "name="+name+"\n") {
 					t.Errorf("%s is not %s's script:\n%.200s", s, name, body)
 				}
+			}
+		})
+	}
+}
+
+// The packaged binaries are static: an edge host runs them whatever its C
+// library, and the agent starts without the dynamic loader.
+func TestPackagedBinariesAreStatic(t *testing.T) {
+	requireTool(t, "dpkg-deb", "to read .deb packages")
+	pkgs := packagesFor(t, testVersion)
+	for _, name := range Packages {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			command(t, "dpkg-deb", "-x", pkgs[name+" deb"], dir)
+			f, err := elf.Open(filepath.Join(dir, "usr", "bin", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			for _, p := range f.Progs {
+				if p.Type == elf.PT_INTERP {
+					t.Errorf("/usr/bin/%s asks for a dynamic loader: built with cgo", name)
+				}
+			}
+			if libs, err := f.ImportedLibraries(); err != nil || len(libs) > 0 {
+				t.Errorf("/usr/bin/%s links %v (%v), want no shared library", name, libs, err)
 			}
 		})
 	}

@@ -41,9 +41,7 @@ func buildDemo(t *testing.T) string {
 			return
 		}
 		for _, b := range []struct{ out, pkg string }{{"cellvisor", "../cellvisor"}, {"cellvisor-demo", "."}} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, b.out), b.pkg).CombinedOutput()
-			if err != nil {
-				buildErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+			if buildErr = testutil.GoBuild(b.pkg, filepath.Join(binDir, b.out)); buildErr != nil {
 				return
 			}
 		}

@@ -75,8 +75,8 @@ type fleetSpec struct{ name, org, region string }
 func startControlBinary(t testing.TB, lease time.Duration) (*control, string) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "cellvisor-control")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cellvisor-control").CombinedOutput(); err != nil {
-		t.Fatalf("go build cellvisor-control: %v\n%s", err, out)
+	if err := testutil.GoBuild("../cellvisor-control", bin); err != nil {
+		t.Fatal(err)
 	}
 	data := t.TempDir()
 	listen, adminListen := freeAddr(t), freeAddr(t)

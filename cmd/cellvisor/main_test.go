@@ -28,9 +28,8 @@ import (
 func buildAgent(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "cellvisor")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := testutil.GoBuild(".", bin); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
