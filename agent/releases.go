@@ -99,9 +99,9 @@ func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runt
 }
 
 // cellUser is nginx's "user" line for the agent's own user and group, ""
-// when they cannot be read. Looked up once: each lookup of the group goes
-// through the name service (the nscd socket, /etc/group), and a start
-// renders every slot's release.
+// when they cannot be read. Looked up once: each lookup reads /etc/passwd
+// and /etc/group (the static binary's own lookup), and a start renders
+// every slot's release.
 var cellUser = sync.OnceValue(func() string {
 	u, err := user.Current()
 	if err != nil {

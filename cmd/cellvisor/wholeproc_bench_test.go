@@ -75,7 +75,7 @@ func newWholeEnv(b *testing.B) *wholeEnv {
 		e.bin = buildAgent(b)
 	}
 	e.cfgPath, e.cfg = agentConfig(b, wholeSlots, "")
-	e.cfg = asPackaged(b, e.cfgPath)
+	e.cfg = asPackaged(b, e.cfgPath, e.cfg)
 	all := runtime.Assignments{}
 	for i := 1; i <= wholeSlots; i++ {
 		all[runtime.SlotName(i)] = domain.PoolSharedDefault
@@ -104,7 +104,7 @@ func newWholeEnv(b *testing.B) *wholeEnv {
 	return e
 }
 
-// asPackaged rewrites the test agent's configuration at cfgPath to run as
+// asPackaged rewrites the test agent's configuration cfg, at cfgPath, to run as
 // the packaged unit runs it, and returns it loaded: its run directory on a
 // tmpfs (the unit's RuntimeDirectory=, /run/cellvisor), where the masters'
 // records, pid files and private sockets go, and logging at info, the
@@ -112,7 +112,7 @@ func newWholeEnv(b *testing.B) *wholeEnv {
 // start's debug lines). The floors run the same cells' configuration, so
 // their pid files and sockets move to the tmpfs too. Where /dev/shm is no
 // tmpfs the run directory stays, and the benchmark says so.
-func asPackaged(b *testing.B, cfgPath string) config.Agent {
+func asPackaged(b *testing.B, cfgPath string, cfg config.Agent) config.Agent {
 	b.Helper()
 	data, err := os.ReadFile(cfgPath)
 	if err != nil {
@@ -129,10 +129,6 @@ func asPackaged(b *testing.B, cfgPath string) config.Agent {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { os.RemoveAll(run) })
-		cfg, err := config.Load(cfgPath)
-		if err != nil {
-			b.Fatal(err)
-		}
 		y = strings.Replace(y, "run_dir: "+cfg.RunDir+"\n", "run_dir: "+run+"\n", 1)
 	} else {
 		b.Logf("run directory on disk: /dev/shm is no tmpfs here (%v)", err)
@@ -140,7 +136,7 @@ func asPackaged(b *testing.B, cfgPath string) config.Agent {
 	if err := os.WriteFile(cfgPath, []byte(y), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	cfg, err := config.Load(cfgPath)
+	cfg, err = config.Load(cfgPath)
 	if err != nil {
 		b.Fatal(err)
 	}
