@@ -99,9 +99,10 @@ log:
 
 // runningAgent is a cellvisor run process started by a test.
 type runningAgent struct {
-	cmd    *exec.Cmd
-	log    string        // the file its output goes to
-	exited chan struct{} // closed once reaped; cmd.ProcessState is valid then
+	cmd     *exec.Cmd
+	log     string        // the file its output goes to
+	exited  chan struct{} // closed once reaped; cmd.ProcessState is valid then
+	started time.Time     // just before its exec
 }
 
 // stop sends SIGTERM and waits, bounded, for the agent to exit.
@@ -130,10 +131,11 @@ func launchAgent(t testing.TB, bin, cfgPath string, env ...string) *runningAgent
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
+	started := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	a := &runningAgent{cmd: cmd, log: logf.Name(), exited: make(chan struct{})}
+	a := &runningAgent{cmd: cmd, log: logf.Name(), exited: make(chan struct{}), started: started}
 	go func() { _ = cmd.Wait(); close(a.exited) }()
 	t.Cleanup(func() {
 		select {
