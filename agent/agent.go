@@ -129,6 +129,17 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log, func() { a.weighStart(startedWeight) }); err != nil {
+		return nil, err
+	}
+	// The cells' groups are made while the releases are built and checked,
+	// on the CPU this serial start-up leaves idle.
+	a.sup.Prepare()
+	defer func() {
+		if !ok {
+			a.sup.Unprepare()
+		}
+	}()
 	// Choose the source before anything is written: an enrolled edge
 	// refuses domains_dir without touching its releases.
 	if err := a.chooseSource(); err != nil {
@@ -140,9 +151,6 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		}
 	}
 	rewind := verifyReleases(topo, assign, log)
-	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log, func() { a.weighStart(startedWeight) }); err != nil {
-		return nil, err
-	}
 	if a.source != nil {
 		if err := a.setupActivation(topo, assign); err != nil {
 			return nil, err

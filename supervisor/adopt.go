@@ -452,7 +452,9 @@ func (s *Supervisor) recoverAll(ctx context.Context) {
 				c.recoverUngrouped(ctx)
 				return
 			}
-			if !slices.Contains(names, c.spec.Name) {
+			if c.prepared != nil || !slices.Contains(names, c.spec.Name) {
+				// No group before this agent's (Prepare may be making it
+				// now): nothing of a previous agent's runs there.
 				c.removeRecord()
 				c.vacant = true
 				return

@@ -57,10 +57,14 @@ type slot struct {
 	// started is the master startAll started for the slot's routine, which
 	// supervises it instead of starting one. Only the routine takes it.
 	started *proc
-	// fresh are the limits group was just created with (createGroups),
-	// nil once a start used it: a first start with the same limits need
-	// not write them again.
+	// fresh are the limits group was just created with (Prepare or
+	// createGroups), nil once a start used it: a first start with the same
+	// limits need not write them again.
 	fresh *cgroup.Limits
+	// prepared is closed once Prepare has made the slot's group (or
+	// failed to: the slot's start then tries again, and reports it); nil
+	// when Prepare left the slot alone. Set before Run.
+	prepared chan struct{}
 
 	saveMu sync.Mutex // serialises saveCounters
 	// unsaved says the restart count changed and is not persisted yet: an

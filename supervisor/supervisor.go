@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -243,26 +244,91 @@ func (s *Supervisor) LeaveRunning() { s.leave.Store(true) }
 // LeftRunning reports whether LeaveRunning was called.
 func (s *Supervisor) LeftRunning() bool { return s.leave.Load() }
 
+// Prepare begins making, on a goroutine of its own and one slot after the
+// other, the cgroup of every assigned slot that has none yet (every one on
+// a host's cold start), so that the groups are made while the caller
+// finishes its own start-up (the agent checks its releases meanwhile) on a
+// CPU that would otherwise idle, instead of after it: Run's start pass
+// takes each group as it is made. A group that exists (a previous agent's)
+// is left to Run's recovery. Nothing is made under a refusal or without
+// enforced limits. Call it at most once, before Run; a caller that will
+// not Run after all calls Unprepare.
+func (s *Supervisor) Prepare() {
+	if s.o.Refusal != nil || s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
+		return
+	}
+	names, err := s.o.Cgroups.List()
+	if err != nil {
+		return // Run's recovery lists them again, and says why it cannot
+	}
+	var todo []*slot
+	for _, c := range s.slots {
+		if c.pool != "" && !slices.Contains(names, c.spec.Name) {
+			c.prepared = make(chan struct{})
+			todo = append(todo, c)
+		}
+	}
+	go func() {
+		for _, c := range todo {
+			s.makeGroup(c)
+			close(c.prepared)
+		}
+	}()
+}
+
+// Unprepare waits for Prepare's groups and removes them: for a caller that
+// prepared and will not Run. Nothing had started in them.
+func (s *Supervisor) Unprepare() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, c := range s.slots {
+		if c.prepared == nil {
+			continue
+		}
+		<-c.prepared
+		c.mu.Lock()
+		g := c.group
+		c.group, c.fresh = nil, nil
+		c.mu.Unlock()
+		if g != nil {
+			if err := g.Delete(ctx); err != nil {
+				c.log.Warn("remove cell cgroup", zap.Error(err))
+			}
+		}
+	}
+}
+
+// makeGroup creates (or updates) c's group with the current limits and
+// keeps it, and the limits as fresh, for c's next start. A failure is left
+// to that start, which tries again and reports it.
+func (s *Supervisor) makeGroup(c *slot) {
+	l := s.settings().Limits
+	g, err := s.o.Cgroups.Ensure(c.spec.Name, l)
+	if err != nil {
+		c.log.Warn("create cell cgroup", zap.Error(err))
+		return
+	}
+	c.mu.Lock()
+	c.group, c.fresh = g, &l
+	c.mu.Unlock()
+}
+
 // createGroups creates the cgroups of the slots about to start a cell, one
 // after the other, and hands each slot to made once its group is there
 // (or could not be made: a failure is left to the slot's own start, which
-// tries again and reports it). It closes made when done. One goroutine:
-// the kernel takes the global cgroup_mutex for every mkdir, so goroutines
-// creating groups side by side only spun on it (docs/performance.md,
-// round 6).
+// tries again and reports it); a group Prepare makes is handed on once
+// made. It closes made when done. One goroutine: the kernel takes the
+// global cgroup_mutex for every mkdir, so goroutines creating groups side
+// by side only spun on it (docs/performance.md, round 6).
 func (s *Supervisor) createGroups(starting []*slot, made chan<- *slot) {
 	defer close(made)
 	enforced := s.o.Cgroups.Mode() != cgroup.ModeUnenforced
 	for _, c := range starting {
-		if enforced {
-			l := s.settings().Limits
-			if g, err := s.o.Cgroups.Ensure(c.spec.Name, l); err != nil {
-				c.log.Warn("create cell cgroup", zap.Error(err))
-			} else {
-				c.mu.Lock()
-				c.group, c.fresh = g, &l
-				c.mu.Unlock()
-			}
+		switch {
+		case c.prepared != nil:
+			<-c.prepared
+		case enforced:
+			s.makeGroup(c)
 		}
 		made <- c
 	}
@@ -286,8 +352,12 @@ func (s *Supervisor) startAll(starting []*slot) {
 		}
 	}
 	// What recovery found vacant is trusted for this pass only: a slot
-	// that starts later reads its group as every start does.
+	// that starts later reads its group as every start does. Prepare is
+	// done with every slot before the slots' routines run.
 	for _, c := range s.slots {
+		if c.prepared != nil {
+			<-c.prepared
+		}
 		c.vacant = false
 	}
 }

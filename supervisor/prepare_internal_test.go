@@ -1,0 +1,170 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+
+	"cellvisor/cgroup"
+	"cellvisor/runtime"
+)
+
+// stubManager is a v1 manager whose groups live in memory: it records
+// which groups were made (Ensure) and removed (Delete).
+type stubManager struct {
+	cgroup.Manager
+	mu       sync.Mutex
+	existing []string
+	ensured  []string
+	deleted  []string
+	read     []string // groups whose members were read
+	failing  string   // Ensure of this name fails
+}
+
+func (m *stubManager) Mode() cgroup.Mode { return cgroup.ModeV1Hybrid }
+func (m *stubManager) Reason() error     { return nil }
+
+func (m *stubManager) List() ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.existing), nil
+}
+
+func (m *stubManager) Ensure(name string, _ cgroup.Limits) (cgroup.Group, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ensured = append(m.ensured, name)
+	if name == m.failing {
+		return nil, errors.New("mkdir: permission denied")
+	}
+	if !slices.Contains(m.existing, name) {
+		m.existing = append(m.existing, name)
+	}
+	return &stubManagedGroup{m: m, name: name}, nil
+}
+
+func (m *stubManager) Open(name string) (cgroup.Group, error) {
+	return &stubManagedGroup{m: m, name: name}, nil
+}
+
+func (m *stubManager) made() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.ensured)
+}
+
+type stubManagedGroup struct {
+	cgroup.Group
+	m    *stubManager
+	name string
+}
+
+func (g *stubManagedGroup) Name() string { return g.name }
+func (g *stubManagedGroup) Procs() ([]int, error) {
+	g.m.mu.Lock()
+	defer g.m.mu.Unlock()
+	g.m.read = append(g.m.read, g.name)
+	return nil, nil
+}
+
+func (g *stubManagedGroup) Delete(context.Context) error {
+	g.m.mu.Lock()
+	defer g.m.mu.Unlock()
+	g.m.deleted = append(g.m.deleted, g.name)
+	return nil
+}
+
+func newPrepareSupervisor(t *testing.T, m cgroup.Manager, refusal error) *Supervisor {
+	t.Helper()
+	topo := runtime.Plan(runtime.Layout{Slots: 4, HTTPBase: 1000, HTTPSBase: 2000, StateDir: t.TempDir(), RunDir: t.TempDir()})
+	assign := runtime.Assignments{"cell-01": "shared", "cell-02": "shared", "cell-04": "shared"} // cell-03 unassigned
+	s, err := New(Options{Binary: "/bin/true", Topology: topo, Assignments: assign, Cgroups: m, Refusal: refusal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Prepare makes the group of every assigned slot that has none, in slot
+// order, and leaves alone an unassigned slot and a group that exists (a
+// previous agent's, for recovery); the start pass then takes Prepare's
+// groups as made, without making them again, and makes the others.
+func TestPrepareMakesMissingGroupsOnceForTheStartPass(t *testing.T) {
+	m := &stubManager{existing: []string{"cell-02"}}
+	s := newPrepareSupervisor(t, m, nil)
+	s.Prepare()
+	starting := []*slot{s.slots[0], s.slots[1], s.slots[3]}
+	made := make(chan *slot, len(starting))
+	s.createGroups(starting, made)
+	var order []string
+	for c := range made {
+		order = append(order, c.spec.Name)
+		if c.group == nil || c.fresh == nil {
+			t.Errorf("%s handed on without its group and fresh limits", c.spec.Name)
+		}
+	}
+	if want := []string{"cell-01", "cell-02", "cell-04"}; !slices.Equal(order, want) {
+		t.Errorf("start pass order %v, want %v", order, want)
+	}
+	got := m.made()
+	slices.Sort(got)
+	if want := []string{"cell-01", "cell-02", "cell-04"}; !slices.Equal(got, want) {
+		t.Errorf("groups made %v, want each of %v once", got, want)
+	}
+	if s.slots[1].prepared != nil || s.slots[2].prepared != nil {
+		t.Error("Prepare took an existing group or an unassigned slot")
+	}
+}
+
+// A group Prepare made is one recovery need not read, made already or
+// not: nothing of a previous agent's can run in it.
+func TestRecoveryTrustsPreparedGroupsVacant(t *testing.T) {
+	m := &stubManager{existing: []string{"cell-02"}}
+	s := newPrepareSupervisor(t, m, nil)
+	s.Prepare()
+	<-s.slots[0].prepared
+	s.recoverAll(context.Background())
+	if !s.slots[0].vacant {
+		t.Error("a prepared group was not trusted vacant")
+	}
+	if slices.Contains(m.read, "cell-01") || slices.Contains(m.read, "cell-04") {
+		t.Errorf("recovery read prepared groups: %v", m.read)
+	}
+	if !slices.Contains(m.read, "cell-02") {
+		t.Errorf("recovery did not read the existing group: %v", m.read)
+	}
+	s.startAll(nil)
+	for _, c := range s.slots {
+		if c.vacant {
+			t.Errorf("%s still vacant after the start pass", c.spec.Name)
+		}
+	}
+}
+
+// A caller that prepared and does not run removes what Prepare made, and
+// only that.
+func TestUnprepareRemovesPreparedGroups(t *testing.T) {
+	m := &stubManager{existing: []string{"cell-02"}, failing: "cell-04"}
+	s := newPrepareSupervisor(t, m, nil)
+	s.Prepare()
+	s.Unprepare()
+	if !slices.Equal(m.deleted, []string{"cell-01"}) {
+		t.Errorf("removed %v, want [cell-01] (cell-04's failed, cell-02 is not Prepare's)", m.deleted)
+	}
+	if s.slots[0].group != nil {
+		t.Error("the removed group is still the slot's")
+	}
+}
+
+// Under a refusal Prepare makes nothing.
+func TestPrepareMakesNothingUnderARefusal(t *testing.T) {
+	m := &stubManager{}
+	s := newPrepareSupervisor(t, m, errors.New("limits cannot be enforced"))
+	s.Prepare()
+	s.Unprepare()
+	if got := m.made(); len(got) != 0 {
+		t.Errorf("made %v under a refusal", got)
+	}
+}
