@@ -1,16 +1,17 @@
 // Package agentmetrics owns the agent's Prometheus metrics: one collector
 // that reads the supervisor's status, the cells' cgroup readings and private
 // reports, and the activator's counters at scrape time, on a registry of its
-// own (never the global one), and the HTTP endpoint that serves them. Only
-// agent imports it.
+// own, the agent process's Go runtime and process series, the text format
+// they are written in (expo.go), and the HTTP endpoint that serves them.
+// Only agent imports it.
 package agentmetrics
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"strings"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"cellvisor/activation"
 	"cellvisor/supervisor"
@@ -33,7 +34,7 @@ type Options struct {
 	ScrapeTimeout time.Duration
 	// Collectors are registered beside the agent's: the egress collector
 	// (NewEgressCollector) and any that come later.
-	Collectors []prometheus.Collector
+	Collectors []Collector
 }
 
 // States are the runtime states exported one gauge each.
@@ -46,41 +47,56 @@ var enrollments = []string{"enrolled", "not_enrolled", "spool", "unusable", "sta
 // outcomes are the activation outcomes exported one gauge each.
 var outcomes = []string{activation.OutcomeApplied, activation.OutcomePartial, activation.OutcomeRefused, activation.OutcomeFailed}
 
-// NewRegistry returns a registry holding the agent's collector, Go and
-// process collectors, and o.Collectors.
-func NewRegistry(o Options) (*prometheus.Registry, error) {
+// Registry is the agent's own set of collectors (never a global one).
+type Registry struct {
+	cs []Collector
+}
+
+// NewRegistry returns a registry holding the agent's collector, its Go
+// runtime and process collectors, and o.Collectors. Two collectors that
+// describe the same family are refused.
+func NewRegistry(o Options) (*Registry, error) {
 	if o.ScrapeTimeout == 0 {
 		o.ScrapeTimeout = 2 * time.Second
 	}
-	reg := prometheus.NewRegistry()
-	cs := append([]prometheus.Collector{newCollector(o), newGoCollector(), newProcessCollector()}, o.Collectors...)
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return nil, err
+	r := &Registry{cs: append([]Collector{newCollector(o), runtimeCollector{}, processCollector{}}, o.Collectors...)}
+	seen := map[string]bool{}
+	for _, c := range r.cs {
+		for _, d := range c.Describe() {
+			if seen[d.name] {
+				return nil, fmt.Errorf("metric %s described twice", d.name)
+			}
+			seen[d.name] = true
 		}
 	}
-	return reg, nil
+	return r, nil
 }
 
-// collector is the agent's prometheus.Collector: every value is read when
-// scraped, nothing is counted on the side.
+// Write collects every series and writes them in the text format.
+func (r *Registry) Write(w io.Writer) error {
+	var samples []sample
+	emit := func(s sample) { samples = append(samples, s) }
+	for _, c := range r.cs {
+		c.Collect(emit)
+	}
+	return writeFamilies(w, samples)
+}
+
+// collector is the agent's own: every value is read when scraped, nothing
+// is counted on the side.
 type collector struct {
 	o Options
 }
 
-var _ prometheus.Collector = (*collector)(nil)
+var _ Collector = (*collector)(nil)
 
 func newCollector(o Options) *collector { return &collector{o: o} }
 
-// Describe sends every descriptor this collector may send.
-func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range allDescs {
-		ch <- d
-	}
-}
+// Describe lists every family this collector may send.
+func (c *collector) Describe() []*Desc { return allDescs }
 
 // Collect reads the status once and sends every series.
-func (c *collector) Collect(ch chan<- prometheus.Metric) {
+func (c *collector) Collect(ch func(sample)) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.o.ScrapeTimeout)
 	defer cancel()
 	st := c.o.Status(ctx)
@@ -93,7 +109,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (c *collector) collectAgent(ch chan<- prometheus.Metric, st supervisor.Status) {
+func (c *collector) collectAgent(ch func(sample), st supervisor.Status) {
 	gauge(ch, agentInfo, 1, st.Version, string(st.CgroupMode))
 	gauge(ch, limitsEnforced, b2f(st.Enforced))
 	gauge(ch, startTime, float64(st.StartedAt.UnixNano())/1e9)
@@ -128,7 +144,7 @@ func (c *collector) collectAgent(ch chan<- prometheus.Metric, st supervisor.Stat
 	}
 }
 
-func collectActivation(ch chan<- prometheus.Metric, s activation.Stats) {
+func collectActivation(ch func(sample), s activation.Stats) {
 	if !s.LastSuccess.IsZero() {
 		gauge(ch, pollLastSuccess, unix(s.LastSuccess))
 	}
@@ -146,7 +162,7 @@ func collectActivation(ch chan<- prometheus.Metric, s activation.Stats) {
 	}
 }
 
-func (c *collector) collectCell(ch chan<- prometheus.Metric, s supervisor.SlotStatus) {
+func (c *collector) collectCell(ch func(sample), s supervisor.SlotStatus) {
 	cell, pool := s.Name, s.Pool
 	gauge(ch, cellInfo, 1, cell, pool, s.Assignment)
 	for _, state := range states {
@@ -206,12 +222,12 @@ func (c *collector) collectCell(ch chan<- prometheus.Metric, s supervisor.SlotSt
 	counter(ch, cellSecurity, float64(r.Security.AuthFailures), cell, pool)
 }
 
-func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
-	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+func gauge(emit func(sample), d *Desc, v float64, labels ...string) {
+	emit(sample{d: d, kind: gaugeKind, values: labels, v: v})
 }
 
-func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
-	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+func counter(emit func(sample), d *Desc, v float64, labels ...string) {
+	emit(sample{d: d, kind: counterKind, values: labels, v: v})
 }
 
 func b2f(b bool) float64 {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"cellvisor/activation"
@@ -48,14 +47,13 @@ func fakeStats() activation.Stats {
 }
 
 // The collector turns a status into the documented series with the right
-// values, passes client_golang's linter, and sends nothing undescribed.
+// values, written as Prometheus parses them, passes client_golang's
+// linter, and sends nothing undescribed.
 func TestCollectorValues(t *testing.T) {
 	c := newCollector(Options{Status: fakeStatus, Activation: fakeStats, ScrapeTimeout: time.Second,
 		LogBytes: func(string) (int64, error) { return 100, nil }})
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(c); err != nil {
-		t.Fatal(err)
-	}
+	checkDescribed(t, c)
+	reg := gatherer(c)
 	want := `
 # HELP cellvisor_cell_restarts_total Restarts of the cell: after crashes (kind=crash) and by the operator or control tasks (kind=operator); kept across agent restarts.
 # TYPE cellvisor_cell_restarts_total counter
@@ -115,7 +113,7 @@ cellvisor_activation_last_duration_seconds 1.5
 	if n, _ := promtest.GatherAndCount(reg, "cellvisor_cell_report_ok"); n != 2 {
 		t.Errorf("report_ok series %d, want 2 (the running cells)", n)
 	}
-	problems, err := promtest.CollectAndLint(c)
+	problems, err := promtest.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +142,7 @@ func TestDocsListEveryMetric(t *testing.T) {
 	}
 	var described []string
 	for _, d := range append(slices.Clone(allDescs), egressDescs...) {
-		name := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(d.String())[1]
+		name := d.Name()
 		described = append(described, name)
 		if !slices.Contains(documented, name) {
 			t.Errorf("%s is not documented in docs/observability.md", name)

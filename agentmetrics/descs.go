@@ -1,10 +1,5 @@
 package agentmetrics
 
-import (
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-)
-
 // Every series the collector sends; docs/observability.md lists them with
 // their meaning, and a test checks the two agree.
 var (
@@ -58,7 +53,7 @@ var (
 	cellOriginFailures   = desc("cell_origin_failures_total", "Passive-origin failures the cell saw while proxying, over every origin (no per-domain series).", cellLabels...)
 	cellSecurity         = desc("cell_security_events_total", "Refused (unauthenticated or wrongly signed) calls to the cell's private endpoint.", cellLabels...)
 
-	allDescs = []*prometheus.Desc{
+	allDescs = []*Desc{
 		agentInfo, limitsEnforced, startTime, enrollmentState, activeSequence, ackPending, ackDropped,
 		controlLastSuccess, pollLast, pollFailing, pollLastSuccess, certExpiry, frontDoorRows, frontDoorFetched, frontDoorFailing,
 		activationLastDuration, activationLastTime, activationLastSequence, activationLastOutcome, activations, refusals,
@@ -68,14 +63,6 @@ var (
 	}
 )
 
-func desc(name, help string, labels ...string) *prometheus.Desc {
-	return prometheus.NewDesc(ns+"_"+name, help, labels, nil)
-}
-
-// newGoCollector and newProcessCollector are the agent's own runtime and
-// process figures (go_*, process_*).
-func newGoCollector() prometheus.Collector { return collectors.NewGoCollector() }
-
-func newProcessCollector() prometheus.Collector {
-	return collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})
+func desc(name, help string, labels ...string) *Desc {
+	return &Desc{name: ns + "_" + name, help: help, labels: labels}
 }

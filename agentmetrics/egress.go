@@ -1,8 +1,6 @@
 package agentmetrics
 
 import (
-	"github.com/prometheus/client_golang/prometheus"
-
 	"cellvisor/edgeapi"
 	"cellvisor/outbound"
 )
@@ -28,7 +26,7 @@ var (
 	egressJournalDamaged = desc("egress_journal_damaged", "Journal files set aside as unreadable when the agent started.")
 	egressIntake         = desc("egress_intake_requests_total", "Forwards this edge's intake answered since the agent started, by result: accepted, or the refusal's reason.", "result")
 
-	egressDescs = []*prometheus.Desc{egressError, egressRoute, egressHolder, egressEpoch, egressExpiry, egressPending, egressDelivered,
+	egressDescs = []*Desc{egressError, egressRoute, egressHolder, egressEpoch, egressExpiry, egressPending, egressDelivered,
 		egressJournalBundles, egressJournalBytes, egressJournalMaxB, egressJournalMaxBy, egressJournalRefused, egressJournalDamaged, egressIntake}
 )
 
@@ -44,19 +42,15 @@ type EgressOptions struct {
 
 // NewEgressCollector returns the collector of the agent's governed-egress
 // series, for Options.Collectors.
-func NewEgressCollector(o EgressOptions) prometheus.Collector { return &egressCollector{o: o} }
+func NewEgressCollector(o EgressOptions) Collector { return &egressCollector{o: o} }
 
 type egressCollector struct{ o EgressOptions }
 
-var _ prometheus.Collector = (*egressCollector)(nil)
+var _ Collector = (*egressCollector)(nil)
 
-func (c *egressCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range egressDescs {
-		ch <- d
-	}
-}
+func (c *egressCollector) Describe() []*Desc { return egressDescs }
 
-func (c *egressCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *egressCollector) Collect(ch func(sample)) {
 	st := c.o.Status()
 	if st == nil {
 		return

@@ -30,14 +30,12 @@ func TestEgressCollectorValues(t *testing.T) {
 		Intake: func() map[string]int64 {
 			return map[string]int64{outbound.IntakeAccepted: 6, outbound.IntakeNotHolder: 2}
 		}})
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(c); err != nil {
-		t.Fatal(err)
-	}
+	reg := gatherer(c)
 	if n, err := promtest.GatherAndCount(reg); err != nil || n != 0 {
 		t.Fatalf("%d series (%v) without a send path, want none", n, err)
 	}
 	cur = st
+	checkDescribed(t, c)
 	want := `
 # HELP cellvisor_egress_lease_holder 1 when this edge holds the class's egress lease (sends direct under its epoch).
 # TYPE cellvisor_egress_lease_holder gauge
@@ -90,7 +88,7 @@ cellvisor_egress_error 0
 	if v := gathered(t, reg, "cellvisor_egress_intake_requests_total", "result", outbound.IntakeAccepted); v != 6 {
 		t.Errorf("intake accepted %v, want 6", v)
 	}
-	problems, err := promtest.CollectAndLint(c)
+	problems, err := promtest.GatherAndLint(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +98,7 @@ cellvisor_egress_error 0
 }
 
 // gathered is the value of the one gathered series of name with labels.
-func gathered(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+func gathered(t *testing.T, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
 	fams, err := reg.Gather()
 	if err != nil {

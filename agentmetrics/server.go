@@ -1,6 +1,7 @@
 package agentmetrics
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -8,22 +9,42 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"cellvisor/internal/backoff"
 )
 
-// Handler serves reg's metrics (one scrape at a time: each one calls every
-// running cell).
-func Handler(reg *prometheus.Registry, log *zap.Logger) http.Handler {
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{
-		ErrorLog:            zap.NewStdLog(log),
-		ErrorHandling:       promhttp.ContinueOnError,
-		MaxRequestsInFlight: 1,
-		Timeout:             10 * time.Second,
+// scrapeTimeout bounds one scrape: a slower one is answered 503.
+const scrapeTimeout = 10 * time.Second
+
+// contentType is the text exposition format's.
+const contentType = "text/plain; version=0.0.4; charset=utf-8"
+
+// Handler serves reg's metrics, one scrape at a time (each one calls every
+// running cell): a scrape while another runs is answered 503 at once, and
+// one that takes longer than scrapeTimeout 503 then.
+func Handler(reg *Registry, log *zap.Logger) http.Handler {
+	busy := make(chan struct{}, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case busy <- struct{}{}:
+			defer func() { <-busy }()
+		default:
+			http.Error(w, "another scrape is running; scrape less often", http.StatusServiceUnavailable)
+			return
+		}
+		var buf bytes.Buffer
+		if err := reg.Write(&buf); err != nil {
+			log.Error("write metrics", zap.Error(err))
+			http.Error(w, "metrics could not be written", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", contentType)
+		if _, err := w.Write(buf.Bytes()); err != nil {
+			log.Debug("send metrics", zap.Error(err))
+		}
 	})
+	return http.TimeoutHandler(h, scrapeTimeout, "scrape timed out")
 }
 
 // Server serves /metrics on one address.
