@@ -111,6 +111,25 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 			a.closeScope()
 		}
 	}()
+	// The cgroups (and, under systemd, the cells' scope: calls on the
+	// system bus) are set up while the admin socket is bound and the layout
+	// loaded: none of them needs another, and the agent's start is serial
+	// until its first cell while a second CPU idles.
+	type cgroups struct{ refusal, err error }
+	cgDone := make(chan cgroups, 1)
+	go func() {
+		refusal, err := a.setupCgroups()
+		cgDone <- cgroups{refusal, err}
+	}()
+	var cg *cgroups
+	awaitCgroups := func() cgroups {
+		if cg == nil {
+			r := <-cgDone
+			cg = &r
+		}
+		return *cg
+	}
+	defer awaitCgroups() // before the deferred unlock: setupCgroups takes a lock
 	admin, err := supervisor.ListenAdmin(AdminSocket(cfg), a, log.Named("admin"))
 	if err != nil {
 		return nil, err
@@ -125,10 +144,11 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	refusal, err := a.setupCgroups()
-	if err != nil {
-		return nil, err
+	cgs := awaitCgroups()
+	if cgs.err != nil {
+		return nil, cgs.err
 	}
+	refusal := cgs.refusal
 	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log, func() { a.weighStart(startedWeight) }); err != nil {
 		return nil, err
 	}
