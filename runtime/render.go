@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"text/template"
 )
 
@@ -18,7 +19,12 @@ var frontDoorLua []byte
 //go:embed nginx.conf.tmpl
 var nginxTmpl string
 
-var confTemplate = template.Must(template.New("nginx.conf").Parse(nginxTmpl))
+// confTemplate is parsed when first rendered, not in the package's
+// initialiser: an agent whose releases are in place renders nothing when it
+// starts, and every initialiser runs before its first cell.
+var confTemplate = sync.OnceValue(func() *template.Template {
+	return template.Must(template.New("nginx.conf").Parse(nginxTmpl))
+})
 
 // RenderParams are the inputs of a cell's nginx.conf.
 type RenderParams struct {
@@ -88,7 +94,7 @@ func RenderConf(p RenderParams) ([]byte, error) {
 		return nil, fmt.Errorf("render nginx.conf: slot and release dir are required")
 	}
 	var b bytes.Buffer
-	if err := confTemplate.Execute(&b, p); err != nil {
+	if err := confTemplate().Execute(&b, p); err != nil {
 		return nil, fmt.Errorf("render nginx.conf for %s: %w", p.Slot.Name, err)
 	}
 	return b.Bytes(), nil
