@@ -57,9 +57,12 @@ func (c *slot) recordPath() string {
 // the host ends the master too, and a record left empty or stale is
 // refused at adoption (readRecord; the start time in adopt).
 func (c *slot) writeRecord(pid int, g cgroup.Group) {
-	id, err := identify(pid)
+	// Only the start time: the process may still be the join helper, its
+	// exec under way (reading its command line would wait on that), and
+	// the record names the binary it execs.
+	ticks, err := startTicks(pid)
 	if err == nil {
-		rec := masterRecord{PID: pid, StartTicks: id.startTicks, Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: g.Path()}
+		rec := masterRecord{PID: pid, StartTicks: ticks, Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: g.Path()}
 		var b []byte
 		if b, err = json.Marshal(rec); err == nil {
 			err = atomicfile.Replace(c.recordPath(), append(b, '\n'), 0o600)
@@ -82,6 +85,24 @@ type procIdentity struct {
 	args       []string // the command line, split on NULs and spaces (nginx rewrites its title)
 	startTicks uint64
 	pgid       int
+}
+
+// startTicks reads when a live process started, in clock ticks since boot
+// (/proc/PID/stat's starttime): with its pid, it names the process across
+// pid reuse.
+func startTicks(pid int) (uint64, error) {
+	f, err := statFields(pid)
+	if err != nil {
+		return 0, err
+	}
+	if f[0] == "Z" || f[0] == "X" {
+		return 0, fmt.Errorf("process %d is dead", pid)
+	}
+	t, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s/%d/stat: starttime: %w", procRoot, pid, err)
+	}
+	return t, nil
 }
 
 // identify reads a process's identity from /proc.
