@@ -263,7 +263,10 @@ func (s *Supervisor) Prepare() {
 	}
 	var todo []*slot
 	for _, c := range s.slots {
-		if c.pool != "" && !slices.Contains(names, c.spec.Name) {
+		c.mu.Lock()
+		assigned := c.pool != ""
+		c.mu.Unlock()
+		if assigned && !slices.Contains(names, c.spec.Name) {
 			c.prepared = make(chan struct{})
 			todo = append(todo, c)
 		}

@@ -87,11 +87,15 @@ func (e *wholeEnv) floorSpawns(b *testing.B, m cgroup.Manager) {
 		}
 		e.spawnSpecs[name] = p
 	}
+	ip := e.cfg.Ports.Address
+	if ip == "" {
+		ip = "0.0.0.0" // as the agent binds `listen PORT`
+	}
 	var bare, held, cg floorSpec
 	for _, s := range e.slots {
 		c := floorCell{Argv: append([]string{e.nginx}, nginxArgs(s)...)}
 		bare.Cells = append(bare.Cells, c)
-		c.Listen = []floorAddress{{e.cfg.Ports.Address, s.HTTPPort}, {e.cfg.Ports.Address, s.HTTPSPort}}
+		c.Listen = []floorAddress{{ip, s.HTTPPort}, {ip, s.HTTPSPort}}
 		held.Cells = append(held.Cells, c)
 	}
 	write("floor-exec", bare)
