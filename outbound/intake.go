@@ -173,6 +173,7 @@ func (in *Intake) accept(r *http.Request) (peer, class string, _ error) {
 		}
 		return peer, class, err
 	}
+	in.log.Debug("forward journaled", zap.String("peer", peer), zap.String("class", class), zap.String("bundle", b.ID), zap.Int64("epoch", rt.epoch))
 	in.s.Wake(class)
 	return peer, class, nil
 }

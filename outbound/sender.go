@@ -363,6 +363,7 @@ func (s *Sender) deliver(ctx context.Context, class string, due time.Time) error
 		rt := s.routes[class].route
 		s.mu.Unlock()
 		var how *int64
+		var path string
 		var after error // delivered, then asks for an election
 		switch rt.mode {
 		case edgeapi.RouteRefused, edgeapi.RouteUnknown:
@@ -371,9 +372,9 @@ func (s *Sender) deliver(ctx context.Context, class string, due time.Time) error
 			if err := s.sendDirect(ctx, rt, b); err != nil {
 				return err
 			}
-			how = &s.routes[class].direct
+			how, path = &s.routes[class].direct, "direct"
 		case edgeapi.RouteProxy:
-			how = &s.routes[class].forwarded
+			how, path = &s.routes[class].forwarded, "forwarded"
 			if ferr := s.forward(ctx, rt, b); ferr != nil {
 				// The holder is unreachable or refused (stale lease, not
 				// holder): deliver it ourselves rather than lose it, and
@@ -383,12 +384,14 @@ func (s *Sender) deliver(ctx context.Context, class string, due time.Time) error
 				if err := s.post(ctx, rt.destination, b, 0); err != nil {
 					return err
 				}
-				how, after = &s.routes[class].fallback, errReelect
+				how, path, after = &s.routes[class].fallback, "fallback", errReelect
 			}
 		}
 		s.mu.Lock()
 		*how++ // delivered, whether or not its file goes at once
 		s.mu.Unlock()
+		s.log.Debug("bundle delivered", zap.String("class", class), zap.String("bundle", b.ID), zap.String("path", path),
+			zap.Int64("epoch", rt.epoch), zap.String("holder", rt.holder))
 		if err := s.o.Journal.Remove(b.ID); err != nil {
 			return err
 		}

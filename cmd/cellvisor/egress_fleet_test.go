@@ -530,6 +530,23 @@ func journaled(t *testing.T, logs ...string) map[string]bool {
 	return out
 }
 
+// trail is every log line of the edges' agents that names bundle id, by
+// edge and run: where a bundle went.
+func trail(edges []*fleetEdge, id string) string {
+	var b strings.Builder
+	for _, e := range edges {
+		for run, path := range e.logs {
+			data, _ := os.ReadFile(path)
+			for line := range strings.Lines(string(data)) {
+				if strings.Contains(line, id) {
+					fmt.Fprintf(&b, "  %s run %d: %s", e.name, run+1, line)
+				}
+			}
+		}
+	}
+	return b.String()
+}
+
 func sendSignal(t testing.TB, e *fleetEdge, sig syscall.Signal) {
 	t.Helper()
 	if err := e.agent().cmd.Process.Signal(sig); err != nil {
@@ -748,6 +765,11 @@ func TestEgressFleet(t *testing.T) {
 	t.Logf("bundles: %d journaled by the agents (%d more unlogged: killed before the log line), %d ingested, %d lost, %d deliveries (%d duplicates, harmless)",
 		len(produced), unlogged, len(ingested), lost, tot.Received, tot.Duplicate)
 	if lost != 0 || len(produced) == 0 {
+		for id := range produced {
+			if !ingested[id] {
+				t.Logf("lost bundle %s:\n%s", id, trail(f.edges[:4], id))
+			}
+		}
 		t.Fatalf("%d of %d journaled bundles never ingested", lost, len(produced))
 	}
 	// The cells' last counts become bundles at the agents' next producer
