@@ -113,13 +113,7 @@ cellvisor_activation_last_duration_seconds 1.5
 	if n, _ := promtest.GatherAndCount(reg, "cellvisor_cell_report_ok"); n != 2 {
 		t.Errorf("report_ok series %d, want 2 (the running cells)", n)
 	}
-	problems, err := promtest.GatherAndLint(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("lint %s: %s", p.Metric, p.Text)
-	}
+	lintClean(t, reg)
 }
 
 // Every metric the collector describes is documented under "## Agent

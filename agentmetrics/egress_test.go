@@ -88,13 +88,7 @@ cellvisor_egress_error 0
 	if v := gathered(t, reg, "cellvisor_egress_intake_requests_total", "result", outbound.IntakeAccepted); v != 6 {
 		t.Errorf("intake accepted %v, want 6", v)
 	}
-	problems, err := promtest.GatherAndLint(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("lint %s: %s", p.Metric, p.Text)
-	}
+	lintClean(t, reg)
 }
 
 // gathered is the value of the one gathered series of name with labels.

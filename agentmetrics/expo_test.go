@@ -49,6 +49,18 @@ func parse(text string) ([]*dto.MetricFamily, error) {
 	return out, nil
 }
 
+// lintClean fails on anything client_golang's linter finds in g's series.
+func lintClean(t *testing.T, g prometheus.Gatherer) {
+	t.Helper()
+	problems, err := promtest.GatherAndLint(g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint %s: %s", p.Metric, p.Text)
+	}
+}
+
 // checkDescribed fails unless every series c sends is of a family it
 // describes, with that family's labels, and no series is sent twice (what
 // client_golang's pedantic registry checked).
@@ -194,13 +206,7 @@ func TestRuntimeAndProcessSeries(t *testing.T) {
 	if v := value("process_max_fds"); v < value("process_open_fds") {
 		t.Errorf("process_max_fds %v below the open ones", v)
 	}
-	problems, err := promtest.GatherAndLint(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("lint %s: %s", p.Metric, p.Text)
-	}
+	lintClean(t, reg)
 }
 
 // A registry refuses two collectors describing the same family.
