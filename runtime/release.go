@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"cellvisor/domain"
 	"cellvisor/internal/atomicfile"
@@ -69,6 +70,12 @@ func idSequence(name string) (int64, bool) {
 }
 
 // hashOf returns the hex SHA-256 of data.
+// luaHashes are the embedded Lua modules' hashes, the same in every
+// release: computed once, not for each slot's release.
+var luaHashes = sync.OnceValue(func() struct{ cell, frontDoor string } {
+	return struct{ cell, frontDoor string }{hashOf(cellLua), hashOf(frontDoorLua)}
+})
+
 func hashOf(data []byte) string {
 	h := sha256.Sum256(data)
 	return hex.EncodeToString(h[:])
@@ -85,7 +92,7 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 		return Release{}, fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
 	}
 	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua}}
-	hashes := map[string]string{"lua/cellvisor.lua": hashOf(cellLua), "lua/frontdoor.lua": hashOf(frontDoorLua)}
+	hashes := map[string]string{"lua/cellvisor.lua": luaHashes().cell, "lua/frontdoor.lua": luaHashes().frontDoor}
 	if p.Pool != "" {
 		if pool == nil {
 			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*domain.Domain{}}
