@@ -96,111 +96,111 @@ func newCollector(o Options) *collector { return &collector{o: o} }
 func (c *collector) Describe() []*Desc { return allDescs }
 
 // Collect reads the status once and sends every series.
-func (c *collector) Collect(ch func(sample)) {
+func (c *collector) Collect(emit func(sample)) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.o.ScrapeTimeout)
 	defer cancel()
 	st := c.o.Status(ctx)
-	c.collectAgent(ch, st)
+	c.collectAgent(emit, st)
 	for _, s := range st.Slots {
-		c.collectCell(ch, s)
+		c.collectCell(emit, s)
 	}
 	if c.o.Activation != nil {
-		collectActivation(ch, c.o.Activation())
+		collectActivation(emit, c.o.Activation())
 	}
 }
 
-func (c *collector) collectAgent(ch func(sample), st supervisor.Status) {
-	gauge(ch, agentInfo, 1, st.Version, string(st.CgroupMode))
-	gauge(ch, limitsEnforced, b2f(st.Enforced))
-	gauge(ch, startTime, float64(st.StartedAt.UnixNano())/1e9)
+func (c *collector) collectAgent(emit func(sample), st supervisor.Status) {
+	gauge(emit, agentInfo, 1, st.Version, string(st.CgroupMode))
+	gauge(emit, limitsEnforced, b2f(st.Enforced))
+	gauge(emit, startTime, float64(st.StartedAt.UnixNano())/1e9)
 	enrollment := "standalone"
 	if ctl := st.Control; ctl != nil {
 		if ctl.Enrollment != "" {
 			enrollment = strings.ReplaceAll(ctl.Enrollment, " ", "_")
 		}
-		gauge(ch, activeSequence, float64(ctl.ActiveSequence))
-		gauge(ch, ackPending, float64(ctl.PendingAcks))
-		counter(ch, ackDropped, float64(ctl.DroppedAcks))
+		gauge(emit, activeSequence, float64(ctl.ActiveSequence))
+		gauge(emit, ackPending, float64(ctl.PendingAcks))
+		counter(emit, ackDropped, float64(ctl.DroppedAcks))
 		if ctl.LastSuccess != nil {
-			gauge(ch, controlLastSuccess, unix(*ctl.LastSuccess))
+			gauge(emit, controlLastSuccess, unix(*ctl.LastSuccess))
 		}
 		if ctl.LastPoll != nil {
-			gauge(ch, pollLast, unix(*ctl.LastPoll))
-			gauge(ch, pollFailing, b2f(ctl.LastPollError != ""))
+			gauge(emit, pollLast, unix(*ctl.LastPoll))
+			gauge(emit, pollFailing, b2f(ctl.LastPollError != ""))
 		}
 		if ctl.CertExpires != nil {
-			gauge(ch, certExpiry, unix(*ctl.CertExpires))
+			gauge(emit, certExpiry, unix(*ctl.CertExpires))
 		}
 		if fd := ctl.FrontDoors; fd != nil {
-			gauge(ch, frontDoorRows, float64(fd.Rows))
-			gauge(ch, frontDoorFailing, b2f(fd.Error != ""))
+			gauge(emit, frontDoorRows, float64(fd.Rows))
+			gauge(emit, frontDoorFailing, b2f(fd.Error != ""))
 			if fd.LastFetch != nil {
-				gauge(ch, frontDoorFetched, unix(*fd.LastFetch))
+				gauge(emit, frontDoorFetched, unix(*fd.LastFetch))
 			}
 		}
 	}
 	for _, e := range enrollments {
-		gauge(ch, enrollmentState, b2f(e == enrollment), e)
+		gauge(emit, enrollmentState, b2f(e == enrollment), e)
 	}
 }
 
-func collectActivation(ch func(sample), s activation.Stats) {
+func collectActivation(emit func(sample), s activation.Stats) {
 	if !s.LastSuccess.IsZero() {
-		gauge(ch, pollLastSuccess, unix(s.LastSuccess))
+		gauge(emit, pollLastSuccess, unix(s.LastSuccess))
 	}
 	if !s.Last.At.IsZero() {
-		gauge(ch, activationLastDuration, s.Last.Duration.Seconds())
-		gauge(ch, activationLastTime, unix(s.Last.At))
-		gauge(ch, activationLastSequence, float64(s.Last.Sequence))
+		gauge(emit, activationLastDuration, s.Last.Duration.Seconds())
+		gauge(emit, activationLastTime, unix(s.Last.At))
+		gauge(emit, activationLastSequence, float64(s.Last.Sequence))
 	}
 	for _, o := range outcomes {
-		gauge(ch, activationLastOutcome, b2f(s.Last.Outcome == o), o)
-		counter(ch, activations, float64(s.Outcomes[o]), o)
+		gauge(emit, activationLastOutcome, b2f(s.Last.Outcome == o), o)
+		counter(emit, activations, float64(s.Outcomes[o]), o)
 	}
 	for _, r := range activation.RefusalClasses() {
-		counter(ch, refusals, float64(s.Refusals[r]), r)
+		counter(emit, refusals, float64(s.Refusals[r]), r)
 	}
 }
 
-func (c *collector) collectCell(ch func(sample), s supervisor.SlotStatus) {
+func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	cell, pool := s.Name, s.Pool
-	gauge(ch, cellInfo, 1, cell, pool, s.Assignment)
+	gauge(emit, cellInfo, 1, cell, pool, s.Assignment)
 	for _, state := range states {
-		gauge(ch, cellState, b2f(s.State == state), cell, pool, string(state))
+		gauge(emit, cellState, b2f(s.State == state), cell, pool, string(state))
 	}
-	gauge(ch, cellReady, b2f(s.State == supervisor.StateReady), cell, pool)
-	gauge(ch, cellDrained, b2f(s.Drained), cell, pool)
-	gauge(ch, cellUp, b2f(s.PID != 0), cell, pool)
-	counter(ch, cellRestarts, float64(s.Restarts), cell, pool, "crash")
-	counter(ch, cellRestarts, float64(s.OperatorRestarts), cell, pool, "operator")
-	gauge(ch, cellSequence, float64(s.Sequence), cell, pool)
+	gauge(emit, cellReady, b2f(s.State == supervisor.StateReady), cell, pool)
+	gauge(emit, cellDrained, b2f(s.Drained), cell, pool)
+	gauge(emit, cellUp, b2f(s.PID != 0), cell, pool)
+	counter(emit, cellRestarts, float64(s.Restarts), cell, pool, "crash")
+	counter(emit, cellRestarts, float64(s.OperatorRestarts), cell, pool, "operator")
+	gauge(emit, cellSequence, float64(s.Sequence), cell, pool)
 	if s.Limits.MemoryBytes > 0 {
-		gauge(ch, cellMemoryLimit, float64(s.Limits.MemoryBytes), cell, pool)
+		gauge(emit, cellMemoryLimit, float64(s.Limits.MemoryBytes), cell, pool)
 	}
 	if s.Limits.CPUPeriodUS > 0 && s.Limits.CPUQuotaUS > 0 {
-		gauge(ch, cellCPULimit, float64(s.Limits.CPUQuotaUS)/float64(s.Limits.CPUPeriodUS), cell, pool)
+		gauge(emit, cellCPULimit, float64(s.Limits.CPUQuotaUS)/float64(s.Limits.CPUPeriodUS), cell, pool)
 	}
 	if s.Limits.PIDs > 0 {
-		gauge(ch, cellPIDsLimit, float64(s.Limits.PIDs), cell, pool)
+		gauge(emit, cellPIDsLimit, float64(s.Limits.PIDs), cell, pool)
 	}
 	if u := s.Usage; u != nil {
-		gauge(ch, cellMemory, float64(u.MemoryBytes), cell, pool)
-		counter(ch, cellCPU, float64(u.CPUUsageNS)/1e9, cell, pool)
-		counter(ch, cellThrottled, float64(u.CPUThrottleNS)/1e9, cell, pool)
-		counter(ch, cellThrottledPeriods, float64(u.CPUThrottled), cell, pool)
-		gauge(ch, cellPIDs, float64(u.PIDs), cell, pool)
-		counter(ch, cellOOM, float64(u.OOMKills), cell, pool)
-		counter(ch, cellPIDsRefused, float64(u.PIDsRefused), cell, pool)
+		gauge(emit, cellMemory, float64(u.MemoryBytes), cell, pool)
+		counter(emit, cellCPU, float64(u.CPUUsageNS)/1e9, cell, pool)
+		counter(emit, cellThrottled, float64(u.CPUThrottleNS)/1e9, cell, pool)
+		counter(emit, cellThrottledPeriods, float64(u.CPUThrottled), cell, pool)
+		gauge(emit, cellPIDs, float64(u.PIDs), cell, pool)
+		counter(emit, cellOOM, float64(u.OOMKills), cell, pool)
+		counter(emit, cellPIDsRefused, float64(u.PIDsRefused), cell, pool)
 	}
 	if c.o.LogBytes != nil {
 		if n, err := c.o.LogBytes(cell); err == nil {
-			gauge(ch, cellLogBytes, float64(n), cell, pool)
+			gauge(emit, cellLogBytes, float64(n), cell, pool)
 		}
 	}
 	if s.PID == 0 {
 		return
 	}
-	gauge(ch, cellReportOK, b2f(s.Cell != nil), cell, pool)
+	gauge(emit, cellReportOK, b2f(s.Cell != nil), cell, pool)
 	r := s.Cell
 	if r == nil {
 		return
@@ -209,17 +209,17 @@ func (c *collector) collectCell(ch func(sample), s supervisor.SlotStatus) {
 		state string
 		n     int
 	}{{"active", r.Connections.Active}, {"reading", r.Connections.Reading}, {"writing", r.Connections.Writing}, {"waiting", r.Connections.Waiting}} {
-		gauge(ch, cellConns, float64(kv.n), cell, pool, kv.state)
+		gauge(emit, cellConns, float64(kv.n), cell, pool, kv.state)
 	}
-	counter(ch, cellRequests, float64(r.Requests), cell, pool)
-	counter(ch, cellLimited, float64(r.Refused.Connections), cell, pool, "connections")
-	counter(ch, cellLimited, float64(r.Refused.Rate), cell, pool, "rate")
+	counter(emit, cellRequests, float64(r.Requests), cell, pool)
+	counter(emit, cellLimited, float64(r.Refused.Connections), cell, pool, "connections")
+	counter(emit, cellLimited, float64(r.Refused.Rate), cell, pool, "rate")
 	var failures int64
 	for _, o := range r.Origins {
 		failures += o.Failures
 	}
-	counter(ch, cellOriginFailures, float64(failures), cell, pool)
-	counter(ch, cellSecurity, float64(r.Security.AuthFailures), cell, pool)
+	counter(emit, cellOriginFailures, float64(failures), cell, pool)
+	counter(emit, cellSecurity, float64(r.Security.AuthFailures), cell, pool)
 }
 
 func gauge(emit func(sample), d *Desc, v float64, labels ...string) {

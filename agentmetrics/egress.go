@@ -50,38 +50,38 @@ var _ Collector = (*egressCollector)(nil)
 
 func (c *egressCollector) Describe() []*Desc { return egressDescs }
 
-func (c *egressCollector) Collect(ch func(sample)) {
+func (c *egressCollector) Collect(emit func(sample)) {
 	st := c.o.Status()
 	if st == nil {
 		return
 	}
-	gauge(ch, egressError, b2f(st.Error != ""))
+	gauge(emit, egressError, b2f(st.Error != ""))
 	for _, r := range st.Routes {
 		for _, mode := range routes {
-			gauge(ch, egressRoute, b2f(r.Route == mode), r.Class, mode)
+			gauge(emit, egressRoute, b2f(r.Route == mode), r.Class, mode)
 		}
-		gauge(ch, egressHolder, b2f(r.Route == edgeapi.RouteDirect && r.Epoch > 0), r.Class)
-		gauge(ch, egressEpoch, float64(r.Epoch), r.Class)
+		gauge(emit, egressHolder, b2f(r.Route == edgeapi.RouteDirect && r.Epoch > 0), r.Class)
+		gauge(emit, egressEpoch, float64(r.Epoch), r.Class)
 		if r.Expires != nil {
-			gauge(ch, egressExpiry, unix(*r.Expires), r.Class)
+			gauge(emit, egressExpiry, unix(*r.Expires), r.Class)
 		}
-		gauge(ch, egressPending, float64(r.Pending), r.Class)
-		counter(ch, egressDelivered, float64(r.Direct), r.Class, "direct")
-		counter(ch, egressDelivered, float64(r.Forwarded), r.Class, "forwarded")
-		counter(ch, egressDelivered, float64(r.Fallback), r.Class, "fallback")
+		gauge(emit, egressPending, float64(r.Pending), r.Class)
+		counter(emit, egressDelivered, float64(r.Direct), r.Class, "direct")
+		counter(emit, egressDelivered, float64(r.Forwarded), r.Class, "forwarded")
+		counter(emit, egressDelivered, float64(r.Fallback), r.Class, "fallback")
 	}
 	j := st.Journal
-	gauge(ch, egressJournalBundles, float64(j.Bundles))
-	gauge(ch, egressJournalBytes, float64(j.Bytes))
-	gauge(ch, egressJournalMaxB, float64(j.MaxBundles))
-	gauge(ch, egressJournalMaxBy, float64(j.MaxBytes))
-	counter(ch, egressJournalRefused, float64(j.Refused))
-	gauge(ch, egressJournalDamaged, float64(j.Damaged))
+	gauge(emit, egressJournalBundles, float64(j.Bundles))
+	gauge(emit, egressJournalBytes, float64(j.Bytes))
+	gauge(emit, egressJournalMaxB, float64(j.MaxBundles))
+	gauge(emit, egressJournalMaxBy, float64(j.MaxBytes))
+	counter(emit, egressJournalRefused, float64(j.Refused))
+	gauge(emit, egressJournalDamaged, float64(j.Damaged))
 	if c.o.Intake == nil {
 		return
 	}
 	counts := c.o.Intake()
 	for _, r := range outbound.IntakeResults {
-		counter(ch, egressIntake, float64(counts[r]), r)
+		counter(emit, egressIntake, float64(counts[r]), r)
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -167,11 +169,26 @@ func TestRuntimeAndProcessSeries(t *testing.T) {
 	for _, c := range []Collector{runtimeCollector{}, processCollector{}} {
 		checkDescribed(t, c)
 	}
+	// Run until the process has used a few clock ticks of CPU, so that its
+	// CPU series can be held against getrusage's.
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for x := 0; cpu() < 50*time.Millisecond && time.Now().Before(deadline); x++ {
+		_ = strconv.Itoa(x)
+	}
+	before := cpu()
 	reg := gatherer(runtimeCollector{}, processCollector{})
 	fams, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	after := cpu()
 	value := func(name string) float64 {
 		for _, f := range fams {
 			if f.GetName() == name {
@@ -185,8 +202,9 @@ func TestRuntimeAndProcessSeries(t *testing.T) {
 	if v := value("go_goroutines"); v < 1 {
 		t.Errorf("go_goroutines %v", v)
 	}
-	if v := value("process_cpu_seconds_total"); v <= 0 {
-		t.Errorf("process_cpu_seconds_total %v: this test process has run", v)
+	// /proc counts in ticks of 10 ms, getrusage finer.
+	if v := value("process_cpu_seconds_total"); v < before.Seconds()-0.02 || v > after.Seconds()+0.02 {
+		t.Errorf("process_cpu_seconds_total %v, getrusage %v to %v", v, before.Seconds(), after.Seconds())
 	}
 	if v := value("process_resident_memory_bytes"); v < 1<<20 {
 		t.Errorf("process_resident_memory_bytes %v", v)
