@@ -216,10 +216,23 @@ func TestPrepareV1HandsSubtreeToUnprivilegedAgent(t *testing.T) {
 	if uid := owner(t, unit.dir("memory", "cell-01")); uid != nobody {
 		t.Errorf("cell cgroup owned by %d, want the agent's user %d", uid, nobody)
 	}
-	own := readTrim(t, "/proc/"+strconv.Itoa(after.PID)+"/cgroup")
-	for _, c := range unit.ctrls {
-		if !strings.Contains(own+"\n", ":"+c+":"+unit.base[c]+"/cell-01\n") {
-			t.Errorf("the cell's process is not in %s:%s/cell-01:\n%s", c, unit.base[c], own)
+	// The helper returned once the cell's join helper was exec'd; the cell
+	// runs its command only once the helper has joined every hierarchy.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for wait := pollBackoff(); ; {
+		own := readTrim(t, "/proc/"+strconv.Itoa(after.PID)+"/cgroup")
+		var missing []string
+		for _, c := range unit.ctrls {
+			if !strings.Contains(own+"\n", ":"+c+":"+unit.base[c]+"/cell-01\n") {
+				missing = append(missing, c+":"+unit.base[c]+"/cell-01")
+			}
+		}
+		if len(missing) == 0 {
+			break
+		}
+		if wait.Wait(ctx) != nil {
+			t.Fatalf("the cell's process is not in %v:\n%s", missing, own)
 		}
 	}
 	// Enforced: the cell tried 13 processes under a limit of 8.
@@ -228,8 +241,6 @@ func TestPrepareV1HandsSubtreeToUnprivilegedAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	var u Usage
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
 	for wait := pollBackoff(); ; {
 		if u, err = g.Usage(); err != nil {
 			t.Fatal(err)
