@@ -6,8 +6,11 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
+
+	"cellvisor/internal/procstat"
 )
 
 // The agent process's own series, named as Prometheus's Go client names
@@ -79,12 +82,16 @@ func (processCollector) Describe() []*Desc {
 const userHZ = 100
 
 func (processCollector) Collect(emit func(sample)) {
-	if st, err := readSelfStat(); err == nil {
-		counter(emit, procCPU, float64(st.utime+st.stime)/userHZ)
-		gauge(emit, procRSS, float64(st.rss*int64(os.Getpagesize())))
-		gauge(emit, procVSize, float64(st.vsize))
+	if f, err := procstat.Fields(os.Getpid()); err == nil {
+		field := func(n int) float64 { // n: the field's number in proc(5)
+			v, _ := strconv.ParseInt(f[n-3], 10, 64)
+			return float64(v)
+		}
+		counter(emit, procCPU, (field(14)+field(15))/userHZ)
+		gauge(emit, procRSS, field(24)*float64(os.Getpagesize()))
+		gauge(emit, procVSize, field(23))
 		if boot, err := bootTime(); err == nil {
-			gauge(emit, procStart, float64(boot)+float64(st.start)/userHZ)
+			gauge(emit, procStart, float64(boot)+field(22)/userHZ)
 		}
 	}
 	if fds, err := os.ReadDir("/proc/self/fd"); err == nil {
@@ -96,40 +103,9 @@ func (processCollector) Collect(emit func(sample)) {
 	}
 }
 
-// selfStat are the fields of /proc/self/stat the collector reads.
-type selfStat struct {
-	utime, stime, start, vsize, rss int64
-}
-
-func readSelfStat() (selfStat, error) {
-	data, err := os.ReadFile("/proc/self/stat")
-	if err != nil {
-		return selfStat{}, err
-	}
-	// The command name, in parentheses, may hold spaces: fields are
-	// counted after its closing one (field 3, the state, comes first).
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return selfStat{}, os.ErrInvalid
-	}
-	f := bytes.Fields(data[i+1:])
-	field := func(n int) int64 { // n: the field's number in proc(5)
-		if n-3 >= len(f) {
-			err = os.ErrInvalid
-			return 0
-		}
-		v, perr := strconv.ParseInt(string(f[n-3]), 10, 64)
-		if perr != nil {
-			err = perr
-		}
-		return v
-	}
-	st := selfStat{utime: field(14), stime: field(15), start: field(22), vsize: field(23), rss: field(24)}
-	return st, err
-}
-
-// bootTime is the host's boot time, Unix seconds (/proc/stat's btime).
-func bootTime() (int64, error) {
+// bootTime is the host's boot time, Unix seconds (/proc/stat's btime),
+// read once: it does not change while the host runs.
+var bootTime = sync.OnceValues(func() (int64, error) {
 	data, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		return 0, err
@@ -140,4 +116,4 @@ func bootTime() (int64, error) {
 		}
 	}
 	return 0, os.ErrNotExist
-}
+})

@@ -1,7 +1,6 @@
 package cgroup
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+
+	"cellvisor/internal/procstat"
 )
 
 // none is the unenforced mode: no limits, and a cell's process tree is found
@@ -128,20 +129,11 @@ func processGroupMembers(pgid int) ([]int, error) {
 		if err != nil {
 			continue
 		}
-		st, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
+		f, err := procstat.Fields(pid)
+		if err != nil || f[0] == "Z" {
 			continue
 		}
-		// Fields after the parenthesised comm: state ppid pgrp ...
-		i := bytes.LastIndexByte(st, ')')
-		if i < 0 {
-			continue
-		}
-		f := bytes.Fields(st[i+1:])
-		if len(f) < 3 || string(f[0]) == "Z" {
-			continue
-		}
-		if g, _ := strconv.Atoi(string(f[2])); g == pgid {
+		if g, _ := strconv.Atoi(f[2]); g == pgid {
 			out = append(out, pid)
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"cellvisor/cgroup"
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/procstat"
 	"cellvisor/internal/safefile"
 	"cellvisor/runtime"
 )
@@ -91,12 +92,9 @@ type procIdentity struct {
 // (/proc/PID/stat's starttime): with its pid, it names the process across
 // pid reuse.
 func startTicks(pid int) (uint64, error) {
-	f, err := statFields(pid)
+	f, err := liveStat(pid)
 	if err != nil {
 		return 0, err
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return 0, fmt.Errorf("process %d is dead", pid)
 	}
 	t, err := strconv.ParseUint(f[19], 10, 64)
 	if err != nil {
@@ -105,16 +103,23 @@ func startTicks(pid int) (uint64, error) {
 	return t, nil
 }
 
+// liveStat reads a process's stat fields (procstat.Fields), refusing a
+// process that is dead but for its entry.
+func liveStat(pid int) ([]string, error) {
+	f, err := procstat.Fields(pid)
+	if err == nil && procstat.Dead(f[0]) {
+		err = fmt.Errorf("process %d is dead", pid)
+	}
+	return f, err
+}
+
 // identify reads a process's identity from /proc.
 func identify(pid int) (procIdentity, error) {
 	var id procIdentity
 	dir := procRoot + "/" + strconv.Itoa(pid)
-	f, err := statFields(pid)
+	f, err := liveStat(pid)
 	if err != nil {
 		return id, err
-	}
-	if f[0] == "Z" || f[0] == "X" {
-		return id, fmt.Errorf("process %d is dead", pid)
 	}
 	if id.pgid, err = strconv.Atoi(f[2]); err != nil {
 		return id, fmt.Errorf("%s/stat: pgrp: %w", dir, err)

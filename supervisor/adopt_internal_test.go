@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"cellvisor/internal/procstat"
 )
 
 func TestMismatch(t *testing.T) {
@@ -49,14 +51,14 @@ func TestMismatch(t *testing.T) {
 	}
 }
 
-// doomed reports what releaseSpare reads from one statFields: pid gone, a
+// doomed reports what releaseSpare reads from one procstat.Fields: pid gone, a
 // zombie, or killed.
 func doomed(pid int) bool {
-	f, err := statFields(pid)
+	f, err := procstat.Fields(pid)
 	if err != nil {
 		return os.IsNotExist(err) || errors.Is(err, syscall.ESRCH)
 	}
-	return f[0] == "Z" || f[0] == "X" || killed(f)
+	return procstat.Dead(f[0]) || killed(f)
 }
 
 // doomed: a running process is not; once SIGKILLed (pending, then a zombie

@@ -2,12 +2,13 @@ package supervisor
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"cellvisor/internal/procstat"
 )
 
 // A graceful reload (SIGHUP) starts new workers with the new release and
@@ -47,27 +48,7 @@ func children(pid int) ([]procID, error) {
 	return out, nil
 }
 
-// statFields returns the fields of /proc/pid/stat after the parenthesised
-// command name (which may hold spaces): the first is the state (field 3),
-// f[2] the process group (field 5), f[19] the start time (field 22).
-func statFields(pid int) ([]string, error) {
-	path := fmt.Sprintf("%s/%d/stat", procRoot, pid)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return nil, fmt.Errorf("%s: malformed", path)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return nil, fmt.Errorf("%s: %d fields", path, len(f))
-	}
-	return f, nil
-}
-
-// killed reports, from a process's stat fields (statFields), that it can
+// killed reports, from a process's stat fields (procstat.Fields), that it can
 // no longer run code of its own though it is not a zombie yet: exiting
 // (PF_EXITING in the flags, field 9: a killed process that has taken its
 // SIGKILL), or with a SIGKILL pending (the signal field, 31, where a kill
@@ -87,7 +68,7 @@ func killed(f []string) bool {
 
 // startTime is a process's start time in clock ticks since boot.
 func startTime(pid int) (uint64, bool) {
-	f, err := statFields(pid)
+	f, err := procstat.Fields(pid)
 	if err != nil {
 		return 0, false
 	}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/cgroup"
+	"cellvisor/internal/procstat"
 )
 
 // A restart on a cgroup v1 host costs a join: the helper that becomes the
@@ -122,7 +123,7 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 	// zombie) would never exec the master: the cell would wait its whole
 	// readiness timeout. Such a spare is discarded and the cell started by
 	// a join.
-	f, err := statFields(sp.cmd.Process.Pid)
+	f, err := procstat.Fields(sp.cmd.Process.Pid)
 	if dead := err == nil && killed(f); err != nil || !runnable(f[0]) || dead {
 		state := "unreadable"
 		if err == nil {

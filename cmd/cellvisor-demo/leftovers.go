@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"cellvisor/cgroup"
+	"cellvisor/internal/procstat"
 )
 
 // A demo killed with SIGKILL (and its agent with it) leaves its cells
@@ -45,17 +45,8 @@ type procInfo struct {
 // zombie, which is as good as gone: it holds no port).
 func readProc(pid int) (procInfo, bool) {
 	dir := filepath.Join("/proc", strconv.Itoa(pid))
-	stat, err := os.ReadFile(filepath.Join(dir, "stat"))
-	if err != nil {
-		return procInfo{}, false
-	}
-	// The command name is in parentheses and may hold spaces: parse after it.
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return procInfo{}, false
-	}
-	f := strings.Fields(string(stat[i+1:]))
-	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+	f, err := procstat.Fields(pid)
+	if err != nil || procstat.Dead(f[0]) {
 		return procInfo{}, false
 	}
 	var p procInfo

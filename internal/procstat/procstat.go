@@ -1,0 +1,51 @@
+// Package procstat reads /proc/PID/stat: the fields after the process's
+// command name, which is in parentheses and may itself hold spaces and
+// parentheses.
+package procstat
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+)
+
+// minFields is the fields Fields promises: through rss (field 24).
+const minFields = 24 - 2
+
+// Fields returns the fields of /proc/pid/stat after the command name, as
+// proc(5) numbers them less 3: f[0] is the state (field 3), f[2] the
+// process group (5), f[11] and f[12] utime and stime (14, 15), f[19] the
+// start time (22), f[20] and f[21] vsize and rss (23, 24).
+func Fields(pid int) ([]string, error) {
+	path := "/proc/" + strconv.Itoa(pid) + "/stat"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	f, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return f, nil
+}
+
+// Parse splits the content of a stat file as Fields does.
+func Parse(b []byte) ([]string, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil, fmt.Errorf("malformed: no command name")
+	}
+	var f []string
+	for _, w := range bytes.Fields(b[i+1:]) {
+		f = append(f, string(w))
+	}
+	if len(f) < minFields {
+		return nil, fmt.Errorf("malformed: %d fields", len(f))
+	}
+	return f, nil
+}
+
+// Dead reports a state field (f[0]) of a process that is gone but for its
+// entry: a zombie, or dead.
+func Dead(state string) bool { return state == "Z" || state == "X" }
