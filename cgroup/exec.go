@@ -36,14 +36,20 @@ const joinScript = `while [ "$1" != -- ]; do echo 0 > "$1" || exit 126; shift; d
 // execArg0 names the helper in the cell's stderr log.
 const execArg0 = "cellvisor-cgexec"
 
+// JoinArgv is the command line of the v1 join helper that joins each of
+// tasks (a hierarchy's tasks file) and then execs argv in place: how the
+// agent starts a cell on v1 (wrapExec), and how the whole-process
+// benchmark's floor starts one the same way.
+func JoinArgv(tasks, argv []string) []string {
+	args := []string{joinShell, "-c", joinScript, execArg0}
+	args = append(args, tasks...)
+	return append(append(args, "--"), argv...)
+}
+
 // wrapExec rewrites cmd to run through the join helper.
 func wrapExec(cmd *exec.Cmd, procsFiles []string) {
-	args := []string{joinShell, "-c", joinScript, execArg0}
-	args = append(args, procsFiles...)
-	args = append(args, "--", cmd.Path)
-	args = append(args, cmd.Args[1:]...)
+	cmd.Args = JoinArgv(procsFiles, append([]string{cmd.Path}, cmd.Args[1:]...))
 	cmd.Path = joinShell
-	cmd.Args = args
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}

@@ -122,12 +122,15 @@ func (e *wholeEnv) floorSpawns(b *testing.B, m cgroup.Manager) {
 		limits["cpu"] = append(limits["cpu"], [2]string{"cpu.cfs_burst_us", strconv.FormatUint(l.CPUBurstUS, 10)})
 	}
 	for i, c := range held.Cells {
+		var tasks []string
 		for _, ctrl := range []string{"memory", "cpu", "pids", "cpuacct"} {
 			if p, ok := paths[ctrl]; ok {
 				dir := filepath.Join("/sys/fs/cgroup", ctrl, path.Dir(p), floorCgName(i))
 				c.Groups = append(c.Groups, floorGroup{Dir: dir, Limits: limits[ctrl]})
+				tasks = append(tasks, filepath.Join(dir, "tasks"))
 			}
 		}
+		c.Argv = cgroup.JoinArgv(tasks, c.Argv)
 		cg.Cells = append(cg.Cells, c)
 	}
 	write("floor-cg", cg)

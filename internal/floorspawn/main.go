@@ -8,12 +8,12 @@
 //
 // It reads a spec (JSON, the file named by its one argument) and starts
 // its cells as the agent does: one goroutine creates each cell's cgroups
-// and writes their limits, in turn, while the main one starts each cell as
-// soon as its groups are there, through the agent's v1 join helper (a
-// shell moving its own thread into each group's tasks file, then exec'ing
-// the cell in place); a cell without groups is exec'd straight away. A
-// cell's listen addresses are bound here and handed to its master as the
-// agent hands them (fds 3 on, named by the NGINX variable). It verifies
+// and writes their limits, in turn, while the main one starts each cell's
+// command as soon as its groups are there. The spec gives the command
+// whole: for a cell in v1 groups, the agent's own join helper
+// (cgroup.JoinArgv). A cell's listen addresses are bound here and handed to
+// its master as the agent hands them (fds 3 on, named by the NGINX
+// variable). It verifies
 // nothing, logs nothing and keeps no state. On SIGTERM or SIGINT it kills
 // every cell's process group, reaps its children and exits 0; the groups
 // are left for its caller to remove.
@@ -39,8 +39,7 @@ type spec struct {
 
 type cell struct {
 	// Groups are created in turn (their parents must exist), each with
-	// its limit files written in order; the helper joins them in the same
-	// order.
+	// its limit files written in order, before Argv starts.
 	Groups []group   `json:"groups"`
 	Argv   []string  `json:"argv"`
 	Listen []address `json:"listen"` // none: the master binds its own ports
@@ -55,9 +54,6 @@ type address struct {
 	IP   string `json:"ip"`
 	Port int    `json:"port"`
 }
-
-// joinScript is the agent's v1 join helper (package cgroup).
-const joinScript = `while [ "$1" != -- ]; do echo 0 > "$1" || exit 126; shift; done; shift; exec "$@"`
 
 func main() {
 	if err := run(); err != nil {
@@ -126,20 +122,12 @@ func create(c cell) error {
 	return nil
 }
 
-// start starts c's command inside its groups, with its listeners.
+// start starts c's command, with its listeners.
 func start(c cell) (*exec.Cmd, error) {
 	if len(c.Argv) == 0 {
 		return nil, errors.New("a cell without a command")
 	}
-	args := c.Argv
-	if len(c.Groups) > 0 {
-		args = []string{"/bin/sh", "-c", joinScript, "cellvisor-cgexec"}
-		for _, g := range c.Groups {
-			args = append(args, filepath.Join(g.Dir, "tasks"))
-		}
-		args = append(append(args, "--"), c.Argv...)
-	}
-	cmd := exec.Command(args[0], args[1:]...)
+	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if len(c.Listen) > 0 {
 		env := "NGINX="
@@ -161,7 +149,9 @@ func start(c cell) (*exec.Cmd, error) {
 }
 
 // bind binds a as nginx binds a listener (SO_REUSEADDR, backlog 511,
-// non-blocking).
+// non-blocking), as the agent's supervisor does. It is not imported from
+// there: floorspawn links nothing but the standard library, so that its own
+// start is an empty Go program's.
 func bind(a address) (*os.File, error) {
 	ip, err := netip.ParseAddr(a.IP)
 	if err != nil {
