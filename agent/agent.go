@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 
 	"go.uber.org/zap"
@@ -115,21 +116,10 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	// system bus) are set up while the admin socket is bound and the layout
 	// loaded: none of them needs another, and the agent's start is serial
 	// until its first cell while a second CPU idles.
-	type cgroups struct{ refusal, err error }
-	cgDone := make(chan cgroups, 1)
-	go func() {
-		refusal, err := a.setupCgroups()
-		cgDone <- cgroups{refusal, err}
-	}()
-	var cg *cgroups
-	awaitCgroups := func() cgroups {
-		if cg == nil {
-			r := <-cgDone
-			cg = &r
-		}
-		return *cg
-	}
-	defer awaitCgroups() // before the deferred unlock: setupCgroups takes a lock
+	var cgroups sync.WaitGroup
+	var refusal, cgErr error
+	cgroups.Go(func() { refusal, cgErr = a.setupCgroups() })
+	defer cgroups.Wait() // before the deferred unlock: setupCgroups takes a lock
 	admin, err := supervisor.ListenAdmin(AdminSocket(cfg), a, log.Named("admin"))
 	if err != nil {
 		return nil, err
@@ -144,11 +134,10 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	cgs := awaitCgroups()
-	if cgs.err != nil {
-		return nil, cgs.err
+	cgroups.Wait()
+	if cgErr != nil {
+		return nil, cgErr
 	}
-	refusal := cgs.refusal
 	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log, func() { a.weighStart(startedWeight) }); err != nil {
 		return nil, err
 	}

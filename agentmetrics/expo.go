@@ -60,59 +60,60 @@ type Collector interface {
 // and TYPE lines once; in a series, labels in name order (a summary's
 // quantile last); series in the order of those label values.
 func writeFamilies(w io.Writer, samples []sample) error {
+	// A line is a sample with its labels in the order they are written.
 	type line struct {
-		sample
-		names, values []string // in name order
+		s           sample
+		names, vals []string
 	}
 	lines := make([]line, 0, len(samples))
 	for _, s := range samples {
-		l := line{sample: s}
+		l := line{s: s}
 		for _, i := range s.d.order() {
 			if i < len(s.values) {
 				l.names = append(l.names, s.d.labels[i])
-				l.values = append(l.values, s.values[i])
+				l.vals = append(l.vals, s.values[i])
 			}
 		}
 		if s.kind == summaryKind && s.suffix == "" && len(s.values) > len(s.d.labels) {
 			l.names = append(l.names, "quantile")
-			l.values = append(l.values, s.values[len(s.d.labels)])
+			l.vals = append(l.vals, s.values[len(s.d.labels)])
 		}
 		lines = append(lines, l)
 	}
 	slices.SortStableFunc(lines, func(a, b line) int {
-		if c := strings.Compare(a.d.name, b.d.name); c != 0 {
+		if c := strings.Compare(a.s.d.name, b.s.d.name); c != 0 {
 			return c
 		}
-		n := len(a.d.labels) // before a summary's quantile
-		if c := slices.Compare(a.values[:min(n, len(a.values))], b.values[:min(n, len(b.values))]); c != 0 {
+		n := len(a.s.d.labels) // before a summary's quantile
+		if c := slices.Compare(a.vals[:min(n, len(a.vals))], b.vals[:min(n, len(b.vals))]); c != 0 {
 			return c
 		}
-		if c := suffixOrder(a.suffix) - suffixOrder(b.suffix); c != 0 {
+		if c := suffixOrder(a.s.suffix) - suffixOrder(b.s.suffix); c != 0 {
 			return c
 		}
-		return slices.Compare(a.values, b.values)
+		return slices.Compare(a.vals, b.vals)
 	})
 	bw := bufio.NewWriter(w)
 	var last *Desc
 	for _, l := range lines {
-		if l.d != last {
-			last = l.d
-			bw.WriteString("# HELP " + l.d.name + " " + escapeHelp(l.d.help) + "\n")
-			bw.WriteString("# TYPE " + l.d.name + " " + string(l.kind) + "\n")
+		if d := l.s.d; d != last {
+			last = d
+			bw.WriteString("# HELP " + d.name + " " + escapeHelp(d.help) + "\n")
+			bw.WriteString("# TYPE " + d.name + " " + string(l.s.kind) + "\n")
 		}
-		bw.WriteString(l.d.name + l.suffix)
+		bw.WriteString(l.s.d.name + l.s.suffix)
 		if len(l.names) > 0 {
 			bw.WriteByte('{')
 			for i, name := range l.names {
 				if i > 0 {
 					bw.WriteByte(',')
 				}
-				bw.WriteString(name + `="` + escapeLabel(l.values[i]) + `"`)
+				bw.WriteString(name + `="` + escapeLabel(l.vals[i]) + `"`)
 			}
 			bw.WriteByte('}')
 		}
 		bw.WriteByte(' ')
-		bw.WriteString(formatFloat(l.v))
+		bw.WriteString(formatFloat(l.s.v))
 		bw.WriteByte('\n')
 	}
 	return bw.Flush()
