@@ -20,6 +20,7 @@ import (
 	"cellvisor/agent"
 	"cellvisor/cgroup"
 	"cellvisor/config"
+	"cellvisor/domain"
 	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
 )
@@ -276,6 +277,39 @@ func TestChangedSlotCountRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(agent.AdminSocket(cfg)); err == nil {
 		t.Error("a refused agent bound its admin socket")
+	}
+}
+
+// A start refused after the cells' groups were prepared (a bad domains
+// directory is found while they are made) leaves no cell group behind,
+// and started nothing.
+func TestRefusedStartLeavesNoCellGroups(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := buildAgent(t)
+	cfgPath, cfg := agentConfig(t, 2, "")
+	cells, err := cgroup.New(cgroup.Options{Subtree: cfg.Cgroup.Subtree})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cells.Mode() == cgroup.ModeUnenforced {
+		t.Skipf("cell limits cannot be enforced on this host: %v", cells.Reason())
+	}
+	if err := os.WriteFile(filepath.Join(cfg.DomainsDir, "bad.json"), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	assign := `{"cell-01":"` + domain.PoolSharedDefault + `","cell-02":"` + domain.PoolSharedDefault + `"}`
+	if err := os.WriteFile(filepath.Join(cfg.StateDir, "assignments.json"), []byte(assign), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "--config", cfgPath, "run").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "bad.json") {
+		t.Fatalf("agent with a bad domains file: %v\n%s", err, out[max(0, len(out)-600):])
+	}
+	if names, err := cells.List(); err != nil || len(names) != 0 {
+		t.Errorf("cell cgroups left by the refused start: %v (%v)", names, err)
 	}
 }
 
