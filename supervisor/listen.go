@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 
+	"go.uber.org/zap"
+
 	"cellvisor/internal/safefile"
 )
 
@@ -182,6 +184,17 @@ func (c *slot) holdListeners() error {
 		return nil
 	}
 	addr, ok := confListen(c.spec.ConfPath(), c.spec.HTTPPort, c.spec.HTTPSPort)
+	if early := c.early; early != nil {
+		// Bound for the release active when the agent began: the one about
+		// to start, unless the start-up built another that listens
+		// elsewhere.
+		c.early = nil
+		if ok && c.earlyAddr == addr {
+			c.ln = early
+			return nil
+		}
+		early.close()
+	}
 	if !ok {
 		return nil
 	}
@@ -191,6 +204,34 @@ func (c *slot) holdListeners() error {
 	}
 	c.ln = ln
 	return nil
+}
+
+// bindEarly binds the ports where the slot's active release listens, ahead
+// of its first start (Prepare): from then on a connection waits in the
+// backlog for the cell rather than being refused, as it does across a
+// restart. Nothing is bound where the ports are taken (a master left
+// running by a previous agent holds them; recovery adopts it) or the
+// release cannot be read; the start then binds as it always does.
+func (c *slot) bindEarly() {
+	addr, ok := confListen(c.spec.ConfPath(), c.spec.HTTPPort, c.spec.HTTPSPort)
+	if !ok {
+		return
+	}
+	ln, err := bindListeners(addr, c.spec.HTTPPort, c.spec.HTTPSPort)
+	if err != nil {
+		c.log.Debug("ports not bound ahead of the start", zap.Error(err))
+		return
+	}
+	c.early, c.earlyAddr = ln, addr
+}
+
+// dropEarly closes the listeners bindEarly bound, if the slot's start did
+// not take them: a port nobody will serve soon refuses connections.
+func (c *slot) dropEarly() {
+	if c.early != nil {
+		c.early.close()
+		c.early = nil
+	}
 }
 
 // dropListeners closes the slot's copy of its cell's listeners, and ends

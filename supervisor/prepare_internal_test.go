@@ -3,11 +3,18 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"cellvisor/cgroup"
+	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 )
 
@@ -166,5 +173,141 @@ func TestPrepareMakesNothingUnderARefusal(t *testing.T) {
 	s.Unprepare()
 	if got := m.made(); len(got) != 0 {
 		t.Errorf("made %v under a refusal", got)
+	}
+}
+
+// earlySupervisor is newPrepareSupervisor on free loopback ports, each
+// slot's active release (its nginx.conf) listening on 127.0.0.1 but
+// cell-04's, which has no release.
+func earlySupervisor(t *testing.T, m cgroup.Manager, refusal error) *Supervisor {
+	t.Helper()
+	topo := runtime.Plan(runtime.Layout{Slots: 4, HTTPBase: testutil.PortBase(t, 4), HTTPSBase: testutil.PortBase(t, 4),
+		Address: "127.0.0.1", StateDir: t.TempDir(), RunDir: t.TempDir()})
+	for _, sl := range topo.Slots[:3] {
+		writeConf(t, sl, "127.0.0.1")
+	}
+	assign := runtime.Assignments{"cell-01": "shared", "cell-02": "shared", "cell-04": "shared"} // cell-03 unassigned
+	s, err := New(Options{Binary: "/bin/true", Topology: topo, Assignments: assign, Cgroups: m, Refusal: refusal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range s.slots {
+			c.dropEarly()
+			if c.ln != nil {
+				c.ln.close()
+			}
+		}
+	})
+	return s
+}
+
+// writeConf writes an nginx.conf listening on addr at sl's active release.
+func writeConf(t *testing.T, sl runtime.Slot, addr string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(sl.ConfPath()), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := fmt.Sprintf("http {\n  server {\n    listen %[1]s:%[2]d;\n    listen %[1]s:%[3]d ssl;\n  }\n}\n", addr, sl.HTTPPort, sl.HTTPSPort)
+	if err := os.WriteFile(sl.ConfPath(), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// accepting reports whether 127.0.0.1:port accepts a connection.
+func accepting(port int) bool {
+	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// Prepare binds the ports of every assigned slot with a release, so that a
+// client's connection waits for the cell from then on; not an unassigned
+// slot's, nor those of a slot without a release. The start takes them,
+// and the start pass closes those no start took.
+func TestPrepareBindsAssignedSlotsPortsAhead(t *testing.T) {
+	s := earlySupervisor(t, &stubManager{}, nil)
+	s.Prepare()
+	for i, want := range []bool{true, true, false, false} {
+		sl := s.slots[i].spec
+		for _, port := range []int{sl.HTTPPort, sl.HTTPSPort} {
+			if got := accepting(port); got != want {
+				t.Errorf("%s port %d accepts: %v, want %v", sl.Name, port, got, want)
+			}
+		}
+	}
+	first := s.slots[0]
+	early := first.early
+	if err := first.holdListeners(); err != nil {
+		t.Fatal(err)
+	}
+	if first.ln != early || first.early != nil {
+		t.Error("the start did not take the listeners bound ahead")
+	}
+	// cell-02 does not start (as if adopted): the pass closes its ports.
+	s.startAll(nil)
+	if sl := s.slots[1].spec; accepting(sl.HTTPPort) || accepting(sl.HTTPSPort) {
+		t.Errorf("%s: ports still accept after the start pass that did not start it", sl.Name)
+	}
+	if !accepting(first.spec.HTTPPort) {
+		t.Error("the started slot's listeners were closed")
+	}
+}
+
+// A start whose release listens elsewhere than the one bound ahead (the
+// agent built another meanwhile) binds where its release says.
+func TestEarlyListenersRebindForAnotherAddress(t *testing.T) {
+	s := earlySupervisor(t, &stubManager{}, nil)
+	s.Prepare()
+	c := s.slots[0]
+	early := c.early
+	writeConf(t, c.spec, "127.0.0.2")
+	if err := c.holdListeners(); err != nil {
+		t.Fatal(err)
+	}
+	if c.ln == nil || c.ln == early || c.early != nil {
+		t.Fatal("the start kept the listeners bound for the old address")
+	}
+	if accepting(c.spec.HTTPPort) {
+		t.Error("127.0.0.1 still accepts: the old listeners were not closed")
+	}
+	conn, err := net.DialTimeout("tcp", "127.0.0.2:"+strconv.Itoa(c.spec.HTTPPort), time.Second)
+	if err != nil {
+		t.Fatalf("the new address does not accept: %v", err)
+	}
+	conn.Close()
+}
+
+// Ports taken by something else (a previous agent's master, which
+// recovery adopts) are left alone, quietly; a refusal binds nothing, and
+// Unprepare closes what Prepare bound.
+func TestEarlyListenersTakenRefusedUnprepared(t *testing.T) {
+	s := earlySupervisor(t, &stubManager{}, nil)
+	held, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(s.slots[0].spec.HTTPPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	s.Prepare()
+	if s.slots[0].early != nil {
+		t.Error("bound ahead although its port is taken")
+	}
+	if s.slots[1].early == nil {
+		t.Fatal("cell-02 not bound ahead")
+	}
+	s.Unprepare()
+	if sl := s.slots[1].spec; accepting(sl.HTTPPort) {
+		t.Errorf("%s still accepts after Unprepare", sl.Name)
+	}
+
+	r := earlySupervisor(t, &stubManager{}, errors.New("limits cannot be enforced"))
+	r.Prepare()
+	for _, c := range r.slots {
+		if c.early != nil || accepting(c.spec.HTTPPort) {
+			t.Errorf("%s bound under a refusal", c.spec.Name)
+		}
 	}
 }

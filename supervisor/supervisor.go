@@ -244,17 +244,36 @@ func (s *Supervisor) LeaveRunning() { s.leave.Store(true) }
 // LeftRunning reports whether LeaveRunning was called.
 func (s *Supervisor) LeftRunning() bool { return s.leave.Load() }
 
-// Prepare begins making, on a goroutine of its own and one slot after the
-// other, the cgroup of every assigned slot that has none yet (every one on
-// a host's cold start), so that the groups are made while the caller
-// finishes its own start-up (the agent checks its releases meanwhile) on a
-// CPU that would otherwise idle, instead of after it: Run's start pass
-// takes each group as it is made. A group that exists (a previous agent's)
-// is left to Run's recovery. Nothing is made under a refusal or without
-// enforced limits. Call it at most once, before Run; a caller that will
-// not Run after all calls Unprepare.
+// Prepare readies the assigned slots' first starts while the caller
+// finishes its own start-up (the agent checks its releases meanwhile),
+// instead of after it:
+//
+//   - it binds each slot's public ports where its active release listens
+//     (bindEarly), at once: from then on a client's connection waits in the
+//     listen backlog until the cell answers it, rather than being refused
+//     until the start pass reaches the slot;
+//   - it begins making, on a goroutine of its own and one slot after the
+//     other, the cgroup of every assigned slot that has none yet (every one
+//     on a host's cold start), on a CPU that would otherwise idle: Run's
+//     start pass takes each group as it is made. A group that exists (a
+//     previous agent's) is left to Run's recovery.
+//
+// Nothing is bound or made under a refusal, and no group without enforced
+// limits. Call it at most once, before Run; a caller that will not Run
+// after all calls Unprepare.
 func (s *Supervisor) Prepare() {
-	if s.o.Refusal != nil || s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
+	if s.o.Refusal != nil {
+		return
+	}
+	for _, c := range s.slots {
+		c.mu.Lock()
+		assigned := c.pool != ""
+		c.mu.Unlock()
+		if assigned {
+			c.bindEarly()
+		}
+	}
+	if s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
 		return
 	}
 	names, err := s.o.Cgroups.List()
@@ -279,12 +298,14 @@ func (s *Supervisor) Prepare() {
 	}()
 }
 
-// Unprepare waits for Prepare's groups and removes them: for a caller that
-// prepared and will not Run. Nothing had started in them.
+// Unprepare closes the ports Prepare bound, waits for its groups and
+// removes them: for a caller that prepared and will not Run. Nothing had
+// started in them.
 func (s *Supervisor) Unprepare() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, c := range s.slots {
+		c.dropEarly()
 		if c.prepared == nil {
 			continue
 		}
@@ -362,6 +383,7 @@ func (s *Supervisor) startAll(starting []*slot) {
 			<-c.prepared
 		}
 		c.vacant = false
+		c.dropEarly() // not started (adopted, nothing to start) or failed first
 	}
 }
 
