@@ -154,12 +154,15 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err := a.chooseSource(); err != nil {
 		return nil, err
 	}
+	// Verified first: a standalone agent builds only where the verified
+	// release differs from its domains directory, or is damaged beyond
+	// rollback.
+	active, rewind := verifyReleases(topo, assign, cfg.DomainsDir != "", log)
 	if cfg.DomainsDir != "" {
-		if err := buildStandalone(cfg, topo, assign, log); err != nil {
+		if err := buildStandalone(cfg, topo, assign, active, log); err != nil {
 			return nil, err
 		}
 	}
-	rewind := verifyReleases(topo, assign, log)
 	if a.source != nil {
 		if err := a.setupActivation(topo, assign); err != nil {
 			return nil, err

@@ -16,11 +16,14 @@ import (
 
 // verifyReleases re-checks every assigned slot's active release before any
 // cell starts: a damaged one is replaced by the newest intact older one, and
-// a slot with none stays degraded. This is what lets an agent restarted with
-// its control plane unreachable serve from disk, and only what is whole. It
-// returns the lowest sequence a slot was rolled back to (0 if none), which
-// the active sequence must go back to so that the newer one is fetched again.
-func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) (rewind int64) {
+// a slot with none stays degraded (unless rebuilt: a standalone agent builds
+// it anew from its domains directory). This is what lets an agent restarted
+// with its control plane unreachable serve from disk, and only what is
+// whole. It returns each slot's intact active release, and the lowest
+// sequence a slot was rolled back to (0 if none), which the active sequence
+// must go back to so that the newer one is fetched again.
+func verifyReleases(topo runtime.Topology, assign runtime.Assignments, rebuilt bool, log *zap.Logger) (active map[string]runtime.ReleaseMeta, rewind int64) {
+	active = map[string]runtime.ReleaseMeta{}
 	for _, s := range topo.Slots {
 		if assign[s.Name] == "" {
 			continue
@@ -28,22 +31,31 @@ func verifyReleases(topo runtime.Topology, assign runtime.Assignments, log *zap.
 		m, rolledBack, err := runtime.VerifyCurrent(s)
 		switch {
 		case errors.Is(err, runtime.ErrNoRelease):
+			continue
+		case err != nil && rebuilt:
+			log.Error("no intact release; building it anew from domains_dir", zap.String("cell", s.Name), zap.Error(err))
+			continue
 		case err != nil:
 			log.Error("no intact release; the cell stays degraded", zap.String("cell", s.Name), zap.Error(err))
+			continue
 		case rolledBack:
 			log.Warn("active release was damaged; rolled back", zap.String("cell", s.Name), zap.Int64("sequence", m.Sequence))
 			if rewind == 0 || m.Sequence < rewind {
 				rewind = m.Sequence
 			}
 		}
+		active[s.Name] = m
 	}
-	return rewind
+	return active, rewind
 }
 
 // buildStandalone compiles the local domains directory into a release for
-// every assigned slot and switches to it if its content changed. A bad
-// domains directory refuses to start, naming the file.
-func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) error {
+// every assigned slot and switches to it unless the slot's intact active
+// release (active, from verifyReleases) does the same already: on a
+// restart with the same domains, nothing is rendered but what tells that.
+// A damaged release that no older one could replace is replaced by a new
+// one. A bad domains directory refuses to start, naming the file.
+func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, active map[string]runtime.ReleaseMeta, log *zap.Logger) error {
 	domains, err := runtime.LoadDomainsDir(cfg.DomainsDir)
 	if err != nil {
 		return fmt.Errorf("domains_dir %s: %w", cfg.DomainsDir, err)
@@ -58,14 +70,35 @@ func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Ass
 			continue
 		}
 		var seq int64 = 1
-		if cur, err := runtime.Current(s); err == nil {
+		cur, intact := active[s.Name]
+		// Else no release, or one that failed verification and is still
+		// active: its sequence is the one to go past.
+		last, damaged := runtime.CurrentSequence(s)
+		damaged = damaged && !intact
+		if intact {
 			seq = cur.Sequence + 1
+		} else if damaged {
+			seq = last + 1
 		}
-		r, err := runtime.BuildRelease(RenderParams(cfg, s, pool, seq), pools[pool])
+		p := RenderParams(cfg, s, pool, seq)
+		if intact && cur.Pool == pool {
+			d, err := runtime.ReleaseDigest(p, pools[pool])
+			if err != nil {
+				return err
+			}
+			if d == cur.Digest {
+				continue
+			}
+		}
+		r, err := runtime.BuildRelease(p, pools[pool])
 		if err != nil {
 			return err
 		}
-		meta, changed, err := runtime.Activate(s, r)
+		activate := runtime.Activate
+		if damaged {
+			activate = runtime.Replace
+		}
+		meta, changed, err := activate(s, r)
 		if err != nil {
 			return err
 		}

@@ -88,8 +88,35 @@ const MaxSequence = 1<<53 - 1
 // BuildRelease assembles the files of a slot's release for sequence seq: its
 // pool runtime JSON, the cell Lua and the rendered nginx.conf.
 func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
+	r, hashes, p, sum, err := identify(p, pool)
+	if err != nil {
+		return Release{}, err
+	}
+	id := releaseID(p.Sequence, sum)
+	p.ReleaseDir = filepath.Join(p.Slot.RuntimeDir(), releasesDir, id)
+	conf, err := RenderConf(p)
+	if err != nil {
+		return Release{}, err
+	}
+	r.Files["nginx.conf"] = conf
+	hashes["nginx.conf"] = hashOf(conf)
+	r.Meta = ReleaseMeta{ID: id, Sequence: p.Sequence, Pool: p.Pool, Digest: sum, Files: hashes}
+	return r, nil
+}
+
+// ReleaseDigest is the Digest BuildRelease gives a release of p and pool,
+// without rendering the release itself: enough to tell that the active
+// release already does the same (Activate would keep it).
+func ReleaseDigest(p RenderParams, pool *PoolRuntime) (string, error) {
+	_, _, _, sum, err := identify(p, pool)
+	return sum, err
+}
+
+// identify starts a release of p and pool: its files but nginx.conf, their
+// hashes, p completed with the pool's cache TTLs, and the release's digest.
+func identify(p RenderParams, pool *PoolRuntime) (Release, map[string]string, RenderParams, string, error) {
 	if p.Sequence < 0 || p.Sequence > MaxSequence {
-		return Release{}, fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
+		return Release{}, nil, p, "", fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
 	}
 	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua}}
 	hashes := map[string]string{"lua/cellvisor.lua": luaHashes().cell, "lua/frontdoor.lua": luaHashes().frontDoor}
@@ -99,7 +126,7 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 		}
 		sum, err := pool.contentHash()
 		if err != nil {
-			return Release{}, err
+			return Release{}, nil, p, "", err
 		}
 		r.pool, r.poolFile = pool, "pools/"+p.Pool+".json"
 		hashes[r.poolFile] = sum
@@ -112,21 +139,11 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 	neutral.Sequence, neutral.ReleaseDir = 0, "/release"
 	nconf, err := RenderConf(neutral)
 	if err != nil {
-		return Release{}, err
+		return Release{}, nil, p, "", err
 	}
 	ident := maps.Clone(hashes)
 	ident["nginx.conf"] = hashOf(nconf)
-	sum := digest(ident)
-	id := releaseID(p.Sequence, sum)
-	p.ReleaseDir = filepath.Join(p.Slot.RuntimeDir(), releasesDir, id)
-	conf, err := RenderConf(p)
-	if err != nil {
-		return Release{}, err
-	}
-	r.Files["nginx.conf"] = conf
-	hashes["nginx.conf"] = hashOf(conf)
-	r.Meta = ReleaseMeta{ID: id, Sequence: p.Sequence, Pool: p.Pool, Digest: sum, Files: hashes}
-	return r, nil
+	return r, hashes, p, digest(ident), nil
 }
 
 // digest hashes file names and their hashes in name order.
@@ -351,6 +368,32 @@ func Activate(s Slot, r Release) (ReleaseMeta, bool, error) {
 	} else if err == nil && r.Meta.Sequence <= cur.Sequence {
 		return ReleaseMeta{}, false, fmt.Errorf("activate release %d for %s: active sequence is %d; sequences never go backwards", r.Meta.Sequence, s.Name, cur.Sequence)
 	}
+	return installSwitch(s, r)
+}
+
+// Replace is Activate for a slot whose active release failed verification
+// and had no intact older one to roll back to: r is installed and switched
+// to even where it does what the damaged one should (the same digest).
+func Replace(s Slot, r Release) (ReleaseMeta, bool, error) {
+	if last, ok := CurrentSequence(s); ok && r.Meta.Sequence <= last {
+		return ReleaseMeta{}, false, fmt.Errorf("replace release %d for %s: active sequence is %d; sequences never go backwards", r.Meta.Sequence, s.Name, last)
+	}
+	return installSwitch(s, r)
+}
+
+// CurrentSequence is the active release's sequence, read from the name of
+// its directory (which a damaged release.json does not take with it); false
+// without an active release.
+func CurrentSequence(s Slot) (int64, bool) {
+	id := currentID(s)
+	if id == "" {
+		return 0, false
+	}
+	return idSequence(id)
+}
+
+// installSwitch installs r, switches the slot to it and prunes the others.
+func installSwitch(s Slot, r Release) (ReleaseMeta, bool, error) {
 	if _, err := Install(s, r); err != nil {
 		return ReleaseMeta{}, false, err
 	}

@@ -208,3 +208,59 @@ func TestMissingReleaseJSONRollsBack(t *testing.T) {
 		t.Fatalf("%+v rolled=%v %v, want a rollback to 1", m, rolled, err)
 	}
 }
+
+// ReleaseDigest is the digest BuildRelease gives, whatever the sequence,
+// without rendering the release: what a start compares with the active one.
+func TestReleaseDigestIsBuildReleases(t *testing.T) {
+	s := slotFor(t)
+	pool := &PoolRuntime{Pool: domain.PoolSharedDefault, Hosts: map[string]*domain.Domain{"a.test": {Domain: "a.test", Revision: 3, Cache: &domain.Cache{TTLSeconds: 60}}}}
+	for _, pl := range []*PoolRuntime{nil, pool} {
+		r, err := BuildRelease(testParams(s, 5), pl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, seq := range []int64{1, 5, 9} {
+			if d, err := ReleaseDigest(testParams(s, seq), pl); err != nil || d != r.Meta.Digest {
+				t.Errorf("sequence %d: digest %s (%v), want %s", seq, d, err, r.Meta.Digest)
+			}
+		}
+	}
+	other := testParams(s, 5)
+	other.WorkerConnections++
+	if d, _ := ReleaseDigest(other, pool); d == "" || d == mustBuild(t, testParams(s, 5), pool).Meta.Digest {
+		t.Error("a changed parameter left the digest as it was")
+	}
+}
+
+func mustBuild(t *testing.T, p RenderParams, pool *PoolRuntime) Release {
+	t.Helper()
+	r, err := BuildRelease(p, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// Replace installs a release doing what the active one does (which
+// Activate would keep): for an active release found damaged. It refuses a
+// sequence that goes backwards, read from the active directory's name.
+func TestReplaceInstallsTheSameContentAnew(t *testing.T) {
+	s := slotFor(t)
+	if _, _, err := Activate(s, mustBuild(t, testParams(s, 3), nil)); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := CurrentSequence(s); !ok || n != 3 {
+		t.Fatalf("CurrentSequence %d %v, want 3", n, ok)
+	}
+	os.Remove(filepath.Join(s.RuntimeDir(), currentLink, metaFile)) // its release.json lost
+	if _, _, err := Replace(s, mustBuild(t, testParams(s, 3), nil)); err == nil || !strings.Contains(err.Error(), "never go backwards") {
+		t.Errorf("replace at the damaged release's own sequence: %v", err)
+	}
+	m, changed, err := Replace(s, mustBuild(t, testParams(s, 4), nil))
+	if err != nil || !changed {
+		t.Fatalf("replace: changed=%v err=%v", changed, err)
+	}
+	if v, _, err := VerifyCurrent(s); err != nil || v.ID != m.ID {
+		t.Errorf("active after replace: %s (%v), want %s intact", v.ID, err, m.ID)
+	}
+}

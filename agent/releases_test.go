@@ -1,0 +1,126 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"cellvisor/config"
+	"cellvisor/runtime"
+)
+
+// standalone is a standalone agent's configuration and layout in a
+// temporary directory: two slots, cell-01 assigned, one domain.
+func standalone(t *testing.T) (config.Agent, runtime.Topology, runtime.Assignments) {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := config.Default()
+	cfg.StateDir, cfg.RunDir, cfg.DomainsDir = filepath.Join(dir, "state"), filepath.Join(dir, "run"), filepath.Join(dir, "domains")
+	if err := os.MkdirAll(cfg.DomainsDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	setDomain(t, cfg, "hi")
+	topo := runtime.Plan(runtime.Layout{Slots: 2, HTTPBase: 10080, HTTPSBase: 10443, StateDir: cfg.StateDir, RunDir: cfg.RunDir})
+	if err := topo.MakeDirs(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, topo, runtime.Assignments{"cell-01": "shared-default"}
+}
+
+// setDomain writes the one domain, answering body.
+func setDomain(t *testing.T, cfg config.Agent, body string) {
+	t.Helper()
+	doc := `{"domain":"app.test","pool":"shared-default","revision":1,"hostnames":["app.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":"` + body + `"}}]}`
+	if err := os.WriteFile(filepath.Join(cfg.DomainsDir, "app.json"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// start is what New does with releases: verify, then build.
+func start(t *testing.T, cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, log *zap.Logger) runtime.ReleaseMeta {
+	t.Helper()
+	active, _ := verifyReleases(topo, assign, true, log)
+	if err := buildStandalone(cfg, topo, assign, active, log); err != nil {
+		t.Fatal(err)
+	}
+	m, _, err := runtime.VerifyCurrent(topo.Slots[0])
+	if err != nil {
+		t.Fatalf("the active release does not verify: %v", err)
+	}
+	return m
+}
+
+// A restart with the same domains keeps the active release; changed
+// domains make a new one, of the next sequence.
+func TestStandaloneBuildsOnlyWhatChanged(t *testing.T) {
+	cfg, topo, assign := standalone(t)
+	first := start(t, cfg, topo, assign, zap.NewNop())
+	if again := start(t, cfg, topo, assign, zap.NewNop()); again.ID != first.ID {
+		t.Errorf("same domains: active release %s, want %s kept", again.ID, first.ID)
+	}
+	setDomain(t, cfg, "changed")
+	next := start(t, cfg, topo, assign, zap.NewNop())
+	if next.Sequence != first.Sequence+1 || next.Digest == first.Digest {
+		t.Errorf("changed domains: release %d (%s), want sequence %d with another digest", next.Sequence, next.Digest, first.Sequence+1)
+	}
+	if _, err := runtime.Current(topo.Slots[1]); err == nil {
+		t.Error("an unassigned slot got a release")
+	}
+}
+
+// A damaged active release is rolled back to the older intact one, and
+// then, since it differs from the domains directory, replaced by a new one
+// doing what the domains say; one with no intact older release is built
+// anew rather than served damaged.
+func TestStandaloneRebuildsADamagedRelease(t *testing.T) {
+	cfg, topo, assign := standalone(t)
+	s := topo.Slots[0]
+	start(t, cfg, topo, assign, zap.NewNop())
+	setDomain(t, cfg, "new")
+	cur := start(t, cfg, topo, assign, zap.NewNop())
+	damage := func() {
+		t.Helper()
+		if err := os.WriteFile(s.ConfPath(), []byte("damaged"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	damage()
+	core, logs := observer.New(zap.DebugLevel)
+	m := start(t, cfg, topo, assign, zap.New(core))
+	// Rolled back to sequence 1, then rebuilt as sequence 2 again: the
+	// damaged directory replaced whole (start verified it).
+	if m.Digest != cur.Digest || m.Sequence != cur.Sequence {
+		t.Errorf("after damage: release %d (%s), want the domains' (%s) at sequence %d", m.Sequence, m.Digest, cur.Digest, cur.Sequence)
+	}
+	if logs.FilterMessage("active release was damaged; rolled back").Len() != 1 {
+		t.Errorf("no rollback logged: %v", logs.All())
+	}
+
+	// Now every release but the active one is gone or damaged too.
+	for _, dir := range mustGlob(t, filepath.Join(s.RuntimeDir(), "releases", "*")) {
+		if filepath.Base(dir) != m.ID {
+			os.RemoveAll(dir)
+		}
+	}
+	damage()
+	core, logs = observer.New(zap.DebugLevel)
+	r := start(t, cfg, topo, assign, zap.New(core))
+	if r.Digest != m.Digest || r.Sequence != m.Sequence+1 {
+		t.Errorf("damaged, nothing to roll back to: release %d (%s), want %d (%s)", r.Sequence, r.Digest, m.Sequence+1, m.Digest)
+	}
+	if logs.FilterMessage("no intact release; building it anew from domains_dir").Len() != 1 {
+		t.Errorf("the rebuild is not logged: %v", logs.All())
+	}
+}
+
+func mustGlob(t *testing.T, pattern string) []string {
+	t.Helper()
+	m, err := filepath.Glob(pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
