@@ -95,3 +95,24 @@ func TestMoveSelfHelper(t *testing.T) {
 	}
 	report("again")
 }
+
+// Agents before this one probed the subtree's writability with a probe
+// group: one killed mid-check left it behind, and Remove takes it away
+// rather than failing on a subtree that is not empty.
+func TestRemoveClearsAnOlderAgentsStrayProbe(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	dir := path.Join("/sys/fs/cgroup", m.Path())
+	if m.Mode() == cgroup.ModeV1Hybrid {
+		dir = path.Join("/sys/fs/cgroup/memory", m.Path())
+	}
+	probe := path.Join(dir, ".probe-1234")
+	if err := os.Mkdir(probe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Remove(); err != nil {
+		t.Fatalf("remove with a stray probe: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("subtree %s still there (%v)", dir, err)
+	}
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/containerd/cgroups/v3/cgroup1"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // v1Controllers are the v1 hierarchies the agent needs. name=systemd
@@ -96,23 +97,29 @@ func acctHierarchy(root string, self selfPaths) string {
 	return "cpuacct"
 }
 
-// checkWritable tells whether this process may create groups in dir. It
-// first removes the probes of an agent killed in the middle of this check:
-// a stray probe would keep the subtree from ever being removed.
+// checkWritable tells whether this process may create groups in dir: the
+// kernel's own permission check for a mkdir there (faccessat with the
+// effective ids), which sees a subtree not delegated to this user, a
+// read-only mount and a container's unprivileged root alike, without the
+// mkdir and rmdir of a probe group, each of which waits on the kernel's
+// global cgroup_mutex at every start. (Agents before this one probed so;
+// removeProbes clears the probe such an agent killed mid-check left.)
 func checkWritable(dir string) error {
+	if err := unix.Faccessat(unix.AT_FDCWD, dir, unix.W_OK|unix.X_OK, unix.AT_EACCESS); err != nil {
+		return &os.PathError{Op: "access", Path: dir, Err: err}
+	}
+	return nil
+}
+
+// removeProbes removes the probe groups of older agents killed in the
+// middle of their writability check: a stray probe would keep dir from
+// ever being removed.
+func removeProbes(dir string) {
 	if stale, err := filepath.Glob(filepath.Join(dir, ".probe-*")); err == nil {
 		for _, p := range stale {
 			_ = os.Remove(p) // an empty cgroup: nothing of anyone's in it
 		}
 	}
-	probe, err := os.MkdirTemp(dir, ".probe-")
-	if err != nil {
-		return err
-	}
-	if err := os.Remove(probe); err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	return nil
 }
 
 func (m *v1) Mode() Mode    { return ModeV1Hybrid }
@@ -221,6 +228,7 @@ func (m *v1) Remove() error {
 			}
 		}
 		for _, d := range dirs {
+			removeProbes(d)
 			if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
 				errs = append(errs, err)
 			}

@@ -160,6 +160,7 @@ func (m *v2) Remove() error {
 	if m.agentBase != m.base && m.subtree != "" {
 		_ = os.Remove(join(m.root, m.agentBase))
 	}
+	removeProbes(m.dir(""))
 	if err := os.Remove(m.dir("")); err != nil && !os.IsNotExist(err) {
 		return err
 	}
