@@ -71,14 +71,13 @@ func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Ass
 		}
 		var seq int64 = 1
 		cur, intact := active[s.Name]
-		// Else no release, or one that failed verification and is still
-		// active: its sequence is the one to go past.
-		last, damaged := runtime.CurrentSequence(s)
-		damaged = damaged && !intact
+		damaged := false
 		if intact {
 			seq = cur.Sequence + 1
-		} else if damaged {
-			seq = last + 1
+		} else if last, ok := runtime.CurrentSequence(s); ok {
+			// A release that failed verification is still active: its
+			// sequence is the one to go past.
+			damaged, seq = true, last+1
 		}
 		p := RenderParams(cfg, s, pool, seq)
 		if intact && cur.Pool == pool {
