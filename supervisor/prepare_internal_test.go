@@ -181,7 +181,8 @@ func TestPrepareMakesNothingUnderARefusal(t *testing.T) {
 // cell-04's, which has no release.
 func earlySupervisor(t *testing.T, m cgroup.Manager, refusal error) *Supervisor {
 	t.Helper()
-	topo := runtime.Plan(runtime.Layout{Slots: 4, HTTPBase: testutil.PortBase(t, 4), HTTPSBase: testutil.PortBase(t, 4),
+	base := testutil.PortBase(t, 8)
+	topo := runtime.Plan(runtime.Layout{Slots: 4, HTTPBase: base, HTTPSBase: base + 4,
 		Address: "127.0.0.1", StateDir: t.TempDir(), RunDir: t.TempDir()})
 	for _, sl := range topo.Slots[:3] {
 		writeConf(t, sl, "127.0.0.1")
@@ -193,6 +194,9 @@ func earlySupervisor(t *testing.T, m cgroup.Manager, refusal error) *Supervisor 
 	}
 	t.Cleanup(func() {
 		for _, c := range s.slots {
+			if c.prepared != nil {
+				<-c.prepared // Prepare's goroutine is done
+			}
 			c.dropEarly()
 			if c.ln != nil {
 				c.ln.close()
