@@ -265,13 +265,16 @@ func (s *Supervisor) Prepare() {
 	if s.o.Refusal != nil {
 		return
 	}
+	var assigned []*slot
 	for _, c := range s.slots {
 		c.mu.Lock()
-		assigned := c.pool != ""
-		c.mu.Unlock()
-		if assigned {
-			c.bindEarly()
+		if c.pool != "" {
+			assigned = append(assigned, c)
 		}
+		c.mu.Unlock()
+	}
+	for _, c := range assigned {
+		c.bindEarly()
 	}
 	if s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
 		return
@@ -281,11 +284,8 @@ func (s *Supervisor) Prepare() {
 		return // Run's recovery lists them again, and says why it cannot
 	}
 	var todo []*slot
-	for _, c := range s.slots {
-		c.mu.Lock()
-		assigned := c.pool != ""
-		c.mu.Unlock()
-		if assigned && !slices.Contains(names, c.spec.Name) {
+	for _, c := range assigned {
+		if !slices.Contains(names, c.spec.Name) {
 			c.prepared = make(chan struct{})
 			todo = append(todo, c)
 		}
