@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -17,6 +18,7 @@ import (
 
 	"cellvisor/domain"
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/safefile"
 )
 
 // ErrNoRelease is returned when a slot has no active release.
@@ -310,7 +312,7 @@ func releaseDirs(s Slot) ([]string, error) {
 
 // Current reads the active release's metadata.
 func Current(s Slot) (ReleaseMeta, error) {
-	data, err := os.ReadFile(filepath.Join(s.RuntimeDir(), currentLink, metaFile))
+	data, err := readMeta(filepath.Join(s.RuntimeDir(), currentLink, metaFile))
 	if os.IsNotExist(err) {
 		return ReleaseMeta{}, ErrNoRelease
 	}
@@ -436,7 +438,7 @@ var ErrCorrupt = errors.New("release corrupt")
 // the hashes in its release.json: an offline start serves only a release
 // that is whole.
 func VerifyRelease(dir string) (ReleaseMeta, error) {
-	data, err := os.ReadFile(filepath.Join(dir, metaFile))
+	data, err := readMeta(filepath.Join(dir, metaFile))
 	if err != nil {
 		return ReleaseMeta{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
@@ -448,15 +450,44 @@ func VerifyRelease(dir string) (ReleaseMeta, error) {
 		if strings.Contains(name, "..") || filepath.IsAbs(name) {
 			return ReleaseMeta{}, fmt.Errorf("%w: %s: bad file name %q", ErrCorrupt, dir, name)
 		}
-		data, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(name)))
+		got, err := hashFile(filepath.Join(dir, filepath.FromSlash(name)))
 		if err != nil {
 			return ReleaseMeta{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 		}
-		if h := sha256.Sum256(data); hex.EncodeToString(h[:]) != want {
+		if got != want {
 			return ReleaseMeta{}, fmt.Errorf("%w: %s: %s does not match its hash", ErrCorrupt, dir, name)
 		}
 	}
 	return m, nil
+}
+
+// Bounds of what is read of a release on disk. Its files are the agent's
+// own, but a start must not hang on one that a damaged or tampered host
+// turned into a FIFO, a link or something huge: they are read with
+// safefile's rules, and a release.json (a name and a hash per file) is
+// small.
+const (
+	maxMeta        = 1 << 20
+	maxReleaseFile = 1 << 30
+)
+
+// readMeta reads a release.json.
+func readMeta(path string) ([]byte, error) {
+	return safefile.ReadFile(context.Background(), path, maxMeta)
+}
+
+// hashFile is the hex SHA-256 of a release's file, read as it streams.
+func hashFile(path string) (string, error) {
+	f, _, err := safefile.Open(path, maxReleaseFile)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // VerifyCurrent verifies the slot's active release; if it is damaged (a

@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"cellvisor/domain"
 )
@@ -262,5 +264,73 @@ func TestReplaceInstallsTheSameContentAnew(t *testing.T) {
 	}
 	if v, _, err := VerifyCurrent(s); err != nil || v.ID != m.ID {
 		t.Errorf("active after replace: %s (%v), want %s intact", v.ID, err, m.ID)
+	}
+}
+
+// A start verifies its releases before anything else reads them: one whose
+// file became a FIFO, a link or its release.json a FIFO is damaged, found
+// so at once (never waiting for a writer) and rolled back from.
+func TestVerifyCurrentRefusesFIFOsAndLinksWithoutWaiting(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, dir string)
+	}{
+		{"nginx.conf a FIFO", func(t *testing.T, dir string) { fifo(t, filepath.Join(dir, "nginx.conf")) }},
+		{"release.json a FIFO", func(t *testing.T, dir string) { fifo(t, filepath.Join(dir, metaFile)) }},
+		{"nginx.conf a link", func(t *testing.T, dir string) {
+			p := filepath.Join(dir, "nginx.conf")
+			data, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			other := filepath.Join(t.TempDir(), "nginx.conf")
+			if err := os.WriteFile(other, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			os.Remove(p)
+			if err := os.Symlink(other, p); err != nil { // the same content, through a link
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := slotFor(t)
+			old := mustBuild(t, testParams(s, 1), nil)
+			if _, _, err := Activate(s, old); err != nil {
+				t.Fatal(err)
+			}
+			p := testParams(s, 2)
+			p.WorkerConnections++
+			if _, _, err := Activate(s, mustBuild(t, p, nil)); err != nil {
+				t.Fatal(err)
+			}
+			tc.damage(t, filepath.Join(s.RuntimeDir(), currentLink))
+			type result struct {
+				m          ReleaseMeta
+				rolledBack bool
+				err        error
+			}
+			done := make(chan result, 1)
+			go func() {
+				m, rb, err := VerifyCurrent(s)
+				done <- result{m, rb, err}
+			}()
+			select {
+			case r := <-done:
+				if r.err != nil || !r.rolledBack || r.m.ID != old.Meta.ID {
+					t.Errorf("verify: %s rolled back %v (%v), want a roll back to %s", r.m.ID, r.rolledBack, r.err, old.Meta.ID)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("verification waits on the damaged release") // the FIFO's goroutine is stuck: the test binary ends
+			}
+		})
+	}
+}
+
+func fifo(t *testing.T, path string) {
+	t.Helper()
+	os.Remove(path)
+	if err := syscall.Mkfifo(path, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
