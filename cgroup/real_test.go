@@ -101,6 +101,31 @@ func TestCellCgroupHoldsExactLimits(t *testing.T) {
 	}
 }
 
+// Ensure on an existing group updates its limits in place, a period
+// lowered below the quota already there included (a quota above the
+// period is 2 CPUs here, which the kernel takes under an unlimited parent).
+func TestEnsureUpdatesLimitsInPlace(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	if _, err := m.Ensure("cell-01", cellLimits); err != nil {
+		t.Fatal(err)
+	}
+	want := cgroup.Limits{MemoryBytes: 256 << 20, CPUQuotaUS: 80000, CPUPeriodUS: 40000, PIDs: 64, CPUBurstUS: 50000}
+	g, err := m.Ensure("cell-01", want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := g.Limits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.CPUBurstUS == 0 {
+		want.CPUBurstUS = 0 // a kernel without CPU burst
+	}
+	if l != want {
+		t.Errorf("Limits() = %+v, want %+v", l, want)
+	}
+}
+
 // The cell is inside its cgroup from its first instruction: the exec'd
 // program itself reads its own membership.
 func TestProcessStartsInsideCgroup(t *testing.T) {

@@ -13,13 +13,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/containerd/cgroups/v3/cgroup1"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
-// v1Controllers are the v1 hierarchies the agent needs. name=systemd
-// belongs to systemd and is never written.
+// v1Controllers are the v1 hierarchies the agent needs, in the order
+// ensureAt creates a group in them and writes its limits (v1Settings).
+// name=systemd belongs to systemd and is never written.
 var v1Controllers = []string{"memory", "cpu", "pids"}
 
 // v1 manages the subtree on the v1 memory, cpu and pids hierarchies of a
@@ -132,10 +131,6 @@ func (m *v1) Lock() (io.Closer, error) { return lockDir(m.dir("memory", "")) }
 
 func (m *v1) dir(c, name string) string { return join(m.root, c, m.base[c], name) }
 
-func (m *v1) hierarchy() ([]cgroup1.Subsystem, error) {
-	return []cgroup1.Subsystem{cgroup1.NewMemory(m.root), cgroup1.NewCpu(m.root), cgroup1.NewPids(m.root)}, nil
-}
-
 func (m *v1) Ensure(name string, l Limits) (Group, error) {
 	if err := m.ensureAt(m.base, name, l); err != nil {
 		return nil, err
@@ -145,14 +140,20 @@ func (m *v1) Ensure(name string, l Limits) (Group, error) {
 
 // ensureAt creates or updates group name under base (by controller) with l.
 func (m *v1) ensureAt(base map[string]string, name string, l Limits) error {
-	res := &specs.LinuxResources{
-		Memory: &specs.LinuxMemory{Limit: &l.MemoryBytes},
-		CPU:    &specs.LinuxCPU{Quota: &l.CPUQuotaUS, Period: &l.CPUPeriodUS},
-		Pids:   &specs.LinuxPids{Limit: &l.PIDs},
-	}
-	p := func(c cgroup1.Name) (string, error) { return path.Join(base[string(c)], name), nil }
-	if _, err := cgroup1.New(p, res, cgroup1.WithHierarchy(m.hierarchy)); err != nil {
-		return fmt.Errorf("create v1 cgroup %s: %w", name, err)
+	settings := v1Settings(l)
+	for _, c := range v1Controllers {
+		dir := join(m.root, c, base[c], name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("create v1 cgroup %s: %w", name, err)
+		}
+		for _, s := range settings {
+			if s.ctrl != c {
+				continue
+			}
+			if err := writeFile(join(dir, s.file), s.value); err != nil {
+				return fmt.Errorf("create v1 cgroup %s: %w", name, err)
+			}
+		}
 	}
 	if err := writeBurst(join(m.root, "cpu", base["cpu"], name, "cpu.cfs_burst_us"), l.CPUBurstUS); err != nil {
 		return fmt.Errorf("create v1 cgroup %s: %w", name, err)

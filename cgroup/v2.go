@@ -13,7 +13,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/containerd/cgroups/v3/cgroup2"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,20 +80,6 @@ func (m *v2) Lock() (io.Closer, error) { return lockDir(m.dir("")) }
 func (m *v2) dir(name string) string   { return join(m.root, m.base, name) }
 func (m *v2) List() ([]string, error)  { return listCells(m.dir("")) }
 
-func resources(l Limits) *cgroup2.Resources {
-	mem := l.MemoryBytes
-	quota, period := l.CPUQuotaUS, l.CPUPeriodUS
-	q := &quota
-	if quota < 0 {
-		q = nil // "max": no quota
-	}
-	return &cgroup2.Resources{
-		Memory: &cgroup2.Memory{Max: &mem},
-		CPU:    &cgroup2.CPU{Max: cgroup2.NewCPUMax(q, &period)},
-		Pids:   &cgroup2.Pids{Max: l.PIDs},
-	}
-}
-
 func (m *v2) Ensure(name string, l Limits) (Group, error) {
 	if err := m.ensureAt(m.base, name, l); err != nil {
 		return nil, err
@@ -104,7 +89,7 @@ func (m *v2) Ensure(name string, l Limits) (Group, error) {
 
 // ensureAt creates or updates group name under base with l.
 func (m *v2) ensureAt(base, name string, l Limits) error {
-	_, err := cgroup2.NewManager(m.root, path.Join(base, name), resources(l))
+	err := m.create(path.Join(base, name), l)
 	if err == nil {
 		err = writeBurst(join(m.root, base, name, "cpu.max.burst"), l.CPUBurstUS)
 	}
@@ -115,6 +100,32 @@ func (m *v2) ensureAt(base, name string, l Limits) error {
 			return fmt.Errorf("create v2 cgroup %s: %w: %s holds processes of its own; let the agent move into its leaf (cgroup.place_agent: true) or set cgroup.subtree", name, err, base)
 		}
 		return fmt.Errorf("create v2 cgroup %s: %w", name, err)
+	}
+	return nil
+}
+
+// create creates (or updates) the group at path group below the mount:
+// it enables memory, cpu and pids in its ancestors (enableControllers)
+// and writes l's files (v2Settings). Where either fails it removes the
+// group again, which the kernel refuses while it holds processes or
+// groups (an update's).
+func (m *v2) create(group string, l Limits) error {
+	if err := checkGroupPath(group); err != nil {
+		return err
+	}
+	dir := join(m.root, group)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := enableControllers(m.root, dir); err != nil {
+		_ = os.Remove(dir)
+		return err
+	}
+	for _, s := range v2Settings(l) {
+		if err := writeFile(join(dir, s.file), s.value); err != nil {
+			_ = os.Remove(dir)
+			return err
+		}
 	}
 	return nil
 }
@@ -209,11 +220,10 @@ func (g *v2Group) Kill(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kill %s: %w", g.name, err)
 	}
-	mgr, err := cgroup2.Load(g.Path(), cgroup2.WithMountpoint(g.m.root))
-	if err != nil {
+	if err := checkGroupPath(g.Path()); err != nil {
 		return fmt.Errorf("kill %s: %w", g.name, err)
 	}
-	if err := mgr.Kill(); err != nil && !os.IsNotExist(err) {
+	if err := killTree(ctx, g.m.dir(g.name)); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("kill %s: %w", g.name, err)
 	}
 	err = waitEmpty(ctx, g.Procs)
