@@ -101,6 +101,35 @@ func TestCellCgroupHoldsExactLimits(t *testing.T) {
 	}
 }
 
+// A cell's CPU limit lowered live (Supervisor.Update) is applied: the agent
+// gives a cell a burst equal to its quota, and the kernel refuses a quota
+// below the burst already there, so the old burst must not stand in the
+// way. Raised again, it is applied too.
+func TestEnsureLowersAndRaisesTheCPULimit(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	g, err := m.Ensure("cell-03", cellLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := g.Limits(); err != nil || l.CPUBurstUS == 0 {
+		t.Skipf("no CPU burst on this kernel (%+v, %v): nothing can stand in the way", l, err)
+	}
+	for _, quota := range []int64{25000, 75000, -1} {
+		want := cellLimits
+		want.CPUQuotaUS, want.CPUBurstUS = quota, uint64(max(quota, 0))
+		if _, err := m.Ensure("cell-03", want); err != nil {
+			t.Fatalf("quota %d: %v", quota, err)
+		}
+		got, err := g.Limits()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.CPUQuotaUS != want.CPUQuotaUS || got.CPUBurstUS != want.CPUBurstUS {
+			t.Errorf("quota %d: limits read back %+v", quota, got)
+		}
+	}
+}
+
 // Ensure on an existing group updates its limits in place, a period
 // lowered below the quota already there included (a quota above the
 // period is 2 CPUs here, which the kernel takes under an unlimited parent).

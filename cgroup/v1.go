@@ -143,7 +143,11 @@ func (m *v1) ensureAt(base map[string]string, name string, l Limits) error {
 	settings := v1Settings(l)
 	for _, c := range v1Controllers {
 		dir := join(m.root, c, base[c], name)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		existed, err := makeGroupDir(dir)
+		if err == nil && existed && c == "cpu" {
+			err = writeBurst(join(dir, "cpu.cfs_burst_us"), 0) // see makeGroupDir
+		}
+		if err != nil {
 			return fmt.Errorf("create v1 cgroup %s: %w", name, err)
 		}
 		for _, s := range settings {

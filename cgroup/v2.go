@@ -114,7 +114,11 @@ func (m *v2) create(group string, l Limits) error {
 		return err
 	}
 	dir := join(m.root, group)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	existed, err := makeGroupDir(dir)
+	if err == nil && existed {
+		err = writeBurst(join(dir, "cpu.max.burst"), 0) // see makeGroupDir
+	}
+	if err != nil {
 		return err
 	}
 	if err := enableControllers(m.root, dir); err != nil {

@@ -75,6 +75,24 @@ func cpuMax(quotaUS int64, periodUS uint64) string {
 	return q + " " + strconv.FormatUint(periodUS, 10)
 }
 
+// makeGroupDir creates the group directory dir (its parents too, where
+// missing) and tells whether it was there already. An existing group's
+// limits are updated in place, and there the caller first clears its CPU
+// burst: the agent gives a cell a burst equal to its quota, and the kernel
+// refuses a quota below the burst already there, so a cell's CPU limit
+// lowered live would fail with EINVAL. The burst is written again after
+// the quota.
+func makeGroupDir(dir string) (existed bool, err error) {
+	err = os.Mkdir(dir, 0o755)
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, fs.ErrExist):
+		return true, nil
+	}
+	return false, os.MkdirAll(dir, 0o755)
+}
+
 // v2Controllers is what ensureAt enables in cgroup.subtree_control above
 // a group, in containerd's order.
 const v2Controllers = "+cpu +memory +pids"
