@@ -87,16 +87,17 @@ type Manager interface {
 	Reason() error
 	// Path is the subtree, relative to the cgroup mount (v1: the memory hierarchy).
 	Path() string
-	// PrepareSelf creates the agent leaf with l. On v2 it also moves the
-	// calling process into it, at once: controllers can be handed to
-	// children only by a cgroup without processes of its own. On v1 the
-	// move waits for MoveSelf.
+	// PrepareSelf readies the agent leaf with l. On v2 it creates the leaf
+	// and moves the calling process into it, at once: controllers can be
+	// handed to children only by a cgroup without processes of its own.
+	// On v1 both wait for MoveSelf.
 	PrepareSelf(l Limits) error
-	// MoveSelf moves the calling process into the agent leaf PrepareSelf
-	// made, if it is not there yet (v1). Moving a whole process waits out
-	// an RCU grace period while holding the kernel's cgroup lock, which
-	// every cell's join and every group's creation needs: the agent does
-	// it once its cells have started.
+	// MoveSelf moves the calling process into the agent leaf, if it is not
+	// there yet (v1), creating the leaf first where PrepareSelf left that
+	// to it. Moving a whole process waits out an RCU grace period while
+	// holding the kernel's cgroup lock, which every cell's join and every
+	// group's creation needs: the agent does it once its cells have
+	// started.
 	MoveSelf() error
 	// LimitSelf sets l on the agent leaf, after PrepareSelf (a CPU quota
 	// below 0 is none).

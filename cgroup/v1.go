@@ -38,6 +38,9 @@ type v1 struct {
 	// mounted with it, "cpuacct" where apart, "" where there is none (CPU
 	// usage then reads 0).
 	acct string
+	// leafLimits are the agent leaf's limits until MoveSelf makes it
+	// (PrepareSelf); nil once made.
+	leafLimits *Limits
 }
 
 // v1Ctrls are the v1 hierarchies the agent uses on this host (cpuacct's
@@ -179,8 +182,15 @@ func (m *v1) Open(name string) (Group, error) {
 
 func (m *v1) List() ([]string, error) { return listCells(join(m.root, "memory", m.base["memory"])) }
 
-// PrepareSelf creates the agent leaf; the agent moves in with MoveSelf.
-func (m *v1) PrepareSelf(l Limits) error { return m.ensureAt(m.agentBase, AgentLeaf, l) }
+// PrepareSelf records l for the agent leaf, which MoveSelf makes: on v1 the
+// agent stays where it is while its cells start, and a leaf made now would
+// only put three more group creations (each under the kernel's global
+// cgroup_mutex, the memory cgroup's the costliest) ahead of the cells'
+// own, on the start's critical path.
+func (m *v1) PrepareSelf(l Limits) error {
+	m.leafLimits = &l
+	return nil
+}
 
 // MoveSelf writes the agent's pid into the leaf's cgroup.procs in every
 // hierarchy it is not in yet. A thread can move itself without the global
@@ -188,6 +198,12 @@ func (m *v1) PrepareSelf(l Limits) error { return m.ensureAt(m.agentBase, AgentL
 // threads, so the agent moves as a whole process, once, when nothing waits
 // on the lock it holds meanwhile.
 func (m *v1) MoveSelf() error {
+	if l := m.leafLimits; l != nil {
+		if err := m.ensureAt(m.agentBase, AgentLeaf, *l); err != nil {
+			return fmt.Errorf("create the agent leaf: %w", err)
+		}
+		m.leafLimits = nil
+	}
 	own, err := readOwn()
 	if err != nil {
 		return fmt.Errorf("move agent into its leaf: %w", err)

@@ -407,9 +407,10 @@ func TestCLIControls(t *testing.T) {
 	}
 }
 
-// The agent's own leaf gets its memory limit at once and its CPU quota once
-// every cell has had its first outcome (a throttled agent held back the
-// cells' start): both are set on a running agent. Its CPU weight goes
+// The agent's own leaf gets its memory limit at once on v2 (on v1 the leaf
+// is made when the agent moves in) and its CPU quota once every cell has
+// had its first outcome (a throttled agent held back the cells' start):
+// both are set on a running agent. Its CPU weight goes
 // ahead of the cells' until it has exec'd them, behind until they are up,
 // then level with theirs.
 func TestAgentOwnLimitsOnceCellsStarted(t *testing.T) {
@@ -423,12 +424,14 @@ func TestAgentOwnLimitsOnceCellsStarted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaf, err := m.Open(cgroup.AgentLeaf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var leaf cgroup.Group
 	q, p := cgroup.CPULimits(cfg.AgentLimits.CPU)
 	testutil.Eventually(t, 10*time.Second, func() error {
+		if leaf == nil {
+			if leaf, err = m.Open(cgroup.AgentLeaf); err != nil {
+				return err
+			}
+		}
 		l, err := leaf.Limits()
 		if err != nil {
 			return err

@@ -569,12 +569,17 @@ func (c counts) max(k string) float64 {
 }
 
 // leafUsage reads the agent leaf's counters (cpu.stat's nr_throttled and
-// throttled_time, cpuacct.usage): deterministic where times are not.
+// throttled_time, cpuacct.usage): deterministic where times are not. On
+// v1 the leaf is made when the agent moves in, once its cells are ready.
 func leafUsage(b *testing.B, m cgroup.Manager) cgroup.Usage {
 	b.Helper()
-	leaf, err := m.Open(cgroup.AgentLeaf)
-	if err != nil {
-		b.Fatal(err)
+	var leaf cgroup.Group
+	if err := await(context.Background(), func() bool {
+		var err error
+		leaf, err = m.Open(cgroup.AgentLeaf)
+		return err == nil
+	}); err != nil {
+		b.Fatalf("no agent leaf: %v", err)
 	}
 	u, err := leaf.Usage()
 	if err != nil {
