@@ -30,39 +30,38 @@ type setting struct {
 // the burst; on v1 a quota/period ratio no higher than the parent's nor
 // lower than a child's), so no fixed order suits every change; period
 // first is containerd's. A quota below 0 is
-// written as is: -1 is v1's "no quota". A PIDs limit of 0 or less writes
-// nothing, leaving whatever pids.max holds ("max" in a new group). The
-// memory limit is written as is, memsw untouched: a limit below what the
-// group uses makes the kernel reclaim, and fail the write with EBUSY
+// written as is: -1 is v1's "no quota". A PIDs limit of 0 or less is
+// "max", none (containerd left pids.max alone there, which a new group
+// reads as "max" too, but an update to no limit did not lift the old one).
+// The memory limit is written as is, memsw untouched: a limit below what
+// the group uses makes the kernel reclaim, and fail the write with EBUSY
 // where it cannot.
 func v1Settings(l Limits) []setting {
-	s := []setting{
+	return []setting{
 		{"memory", "memory.limit_in_bytes", strconv.FormatInt(l.MemoryBytes, 10)},
 		{"cpu", "cpu.cfs_period_us", strconv.FormatUint(l.CPUPeriodUS, 10)},
 		{"cpu", "cpu.cfs_quota_us", strconv.FormatInt(l.CPUQuotaUS, 10)},
+		{"pids", "pids.max", pidsMax(l.PIDs)},
 	}
-	if l.PIDs > 0 {
-		s = append(s, setting{"pids", "pids.max", strconv.FormatInt(l.PIDs, 10)})
+}
+
+// pidsMax formats pids.max: the limit, or "max" (none) for 0 or less.
+func pidsMax(pids int64) string {
+	if pids <= 0 {
+		return "max"
 	}
-	return s
+	return strconv.FormatInt(pids, 10)
 }
 
 // v2Settings are the files a v2 group's limits go to, in the order they
-// are written: cpu.max, memory.max, pids.max. A PIDs limit below 0 is
-// "max", and 0 writes nothing (as on v1). The memory limit is written as
-// is.
+// are written: cpu.max, memory.max, pids.max (0 or less: "max", as on
+// v1). The memory limit is written as is.
 func v2Settings(l Limits) []setting {
-	s := []setting{
+	return []setting{
 		{"", "cpu.max", cpuMax(l.CPUQuotaUS, l.CPUPeriodUS)},
 		{"", "memory.max", strconv.FormatInt(l.MemoryBytes, 10)},
+		{"", "pids.max", pidsMax(l.PIDs)},
 	}
-	switch {
-	case l.PIDs > 0:
-		s = append(s, setting{"", "pids.max", strconv.FormatInt(l.PIDs, 10)})
-	case l.PIDs < 0:
-		s = append(s, setting{"", "pids.max", "max"})
-	}
-	return s
 }
 
 // cpuMax formats cpu.max: "$QUOTA $PERIOD", the quota "max" (none) when

@@ -28,16 +28,18 @@ func TestV1SettingsOrderAndValues(t *testing.T) {
 			{"pids", "pids.max", "128"},
 		}},
 		// The agent's leaf before its quota: no quota (-1 as is), no
-		// PIDs limit (pids.max left alone).
+		// PIDs limit ("max").
 		{"no quota, no pids", Limits{MemoryBytes: 1 << 30, CPUQuotaUS: -1, CPUPeriodUS: 100000}, []setting{
 			{"memory", "memory.limit_in_bytes", "1073741824"},
 			{"cpu", "cpu.cfs_period_us", "100000"},
 			{"cpu", "cpu.cfs_quota_us", "-1"},
+			{"pids", "pids.max", "max"},
 		}},
 		{"negative pids", Limits{MemoryBytes: -1, CPUQuotaUS: 1000, CPUPeriodUS: 1000, PIDs: -1}, []setting{
 			{"memory", "memory.limit_in_bytes", "-1"},
 			{"cpu", "cpu.cfs_period_us", "1000"},
 			{"cpu", "cpu.cfs_quota_us", "1000"},
+			{"pids", "pids.max", "max"},
 		}},
 	} {
 		if got := v1Settings(tc.l); !slices.Equal(got, tc.want) {
@@ -61,7 +63,7 @@ func TestV2SettingsAndCPUMax(t *testing.T) {
 		want []setting
 	}{
 		{128, []setting{{"", "cpu.max", "50000 100000"}, {"", "memory.max", "536870912"}, {"", "pids.max", "128"}}},
-		{0, []setting{{"", "cpu.max", "50000 100000"}, {"", "memory.max", "536870912"}}},
+		{0, []setting{{"", "cpu.max", "50000 100000"}, {"", "memory.max", "536870912"}, {"", "pids.max", "max"}}},
 		{-1, []setting{{"", "cpu.max", "50000 100000"}, {"", "memory.max", "536870912"}, {"", "pids.max", "max"}}},
 	} {
 		l := testLimits
@@ -103,7 +105,7 @@ func TestCheckGroupPath(t *testing.T) {
 
 // On a plain directory standing in for the v1 mounts, ensureAt creates the
 // group in each hierarchy, at each one's base, and writes its files; an
-// update with no PIDs limit leaves pids.max as it was.
+// update to no PIDs limit lifts the old one.
 func TestV1EnsureAtWritesEachHierarchy(t *testing.T) {
 	root := t.TempDir()
 	m := &v1{root: root, base: map[string]string{"memory": "/m", "cpu": "/c", "pids": "/p"}, ctrls: v1Controllers}
@@ -128,8 +130,8 @@ func TestV1EnsureAtWritesEachHierarchy(t *testing.T) {
 	if err := m.ensureAt(m.base, "cell-01", l); err != nil {
 		t.Fatal(err)
 	}
-	if got := readTrim(t, filepath.Join(root, "pids/p/cell-01/pids.max")); got != "128" {
-		t.Errorf("pids.max = %q after an update without a PIDs limit, want it left at 128", got)
+	if got := readTrim(t, filepath.Join(root, "pids/p/cell-01/pids.max")); got != "max" {
+		t.Errorf("pids.max = %q after an update to no PIDs limit, want max", got)
 	}
 	if got := readTrim(t, filepath.Join(root, "cpu/c/cell-01/cpu.cfs_quota_us")); got != "-1" {
 		t.Errorf("cpu.cfs_quota_us = %q, want -1", got)
