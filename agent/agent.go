@@ -167,7 +167,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		if err := a.setupActivation(topo, assign); err != nil {
 			return nil, err
 		}
-		if rewind > 0 {
+		if rewind >= 0 {
 			if err := a.act.Rewind(rewind); err != nil {
 				return nil, err
 			}

@@ -20,10 +20,19 @@ import (
 // it anew from its domains directory). This is what lets an agent restarted
 // with its control plane unreachable serve from disk, and only what is
 // whole. It returns each slot's intact active release, and the lowest
-// sequence a slot was rolled back to (0 if none), which the active sequence
-// must go back to so that the newer one is fetched again.
+// sequence the active sequence must go back to (-1: none) so that what a
+// slot lost is fetched again: the one a slot was rolled back to, or the one
+// before a damaged release that had nothing to roll back to. An enrolled
+// agent has no domains directory to rebuild that one from: the slot's
+// release is withdrawn, so that no cell starts on it, and the slot waits
+// for it to be fetched and activated again.
 func verifyReleases(topo runtime.Topology, assign runtime.Assignments, rebuilt bool, log *zap.Logger) (active map[string]runtime.ReleaseMeta, rewind int64) {
-	active = map[string]runtime.ReleaseMeta{}
+	active, rewind = map[string]runtime.ReleaseMeta{}, -1
+	back := func(seq int64) {
+		if rewind < 0 || seq < rewind {
+			rewind = seq
+		}
+	}
 	for _, s := range topo.Slots {
 		if assign[s.Name] == "" {
 			continue
@@ -36,13 +45,17 @@ func verifyReleases(topo runtime.Topology, assign runtime.Assignments, rebuilt b
 			log.Error("no intact release; building it anew from domains_dir", zap.String("cell", s.Name), zap.Error(err))
 			continue
 		case err != nil:
-			log.Error("no intact release; the cell stays degraded", zap.String("cell", s.Name), zap.Error(err))
+			seq, _ := runtime.CurrentSequence(s)
+			if werr := runtime.Withdraw(s); werr != nil {
+				log.Error("no intact release, and it cannot be withdrawn: the cell starts on it", zap.String("cell", s.Name), zap.Error(err), zap.NamedError("withdraw", werr))
+				continue
+			}
+			log.Error("no intact release; withdrawn, the cell waits for it to be fetched again", zap.String("cell", s.Name), zap.Int64("sequence", seq), zap.Error(err))
+			back(max(seq-1, 0)) // 0 (fetch the newest) where the sequence is unknown
 			continue
 		case rolledBack:
 			log.Warn("active release was damaged; rolled back", zap.String("cell", s.Name), zap.Int64("sequence", m.Sequence))
-			if rewind == 0 || m.Sequence < rewind {
-				rewind = m.Sequence
-			}
+			back(m.Sequence)
 		}
 		active[s.Name] = m
 	}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -113,6 +114,52 @@ func TestStandaloneRebuildsADamagedRelease(t *testing.T) {
 	}
 	if logs.FilterMessage("no intact release; building it anew from domains_dir").Len() != 1 {
 		t.Errorf("the rebuild is not logged: %v", logs.All())
+	}
+}
+
+// An enrolled agent (no domains directory) whose active release is damaged
+// with no intact older one withdraws it, so that no cell starts on it, and
+// rewinds the active sequence to the one before, so that the control
+// plane's release is fetched and activated again; the damaged directory
+// stays for whoever looks into it.
+func TestEnrolledWithdrawsADamagedReleaseAndFetchesItAgain(t *testing.T) {
+	cfg, topo, assign := standalone(t)
+	s := topo.Slots[0]
+	start(t, cfg, topo, assign, zap.NewNop())
+	setDomain(t, cfg, "new")
+	m := start(t, cfg, topo, assign, zap.NewNop()) // sequence 2; 1 kept
+	verifyAll := func() (map[string]runtime.ReleaseMeta, int64, *observer.ObservedLogs) {
+		t.Helper()
+		core, logs := observer.New(zap.DebugLevel)
+		active, rewind := verifyReleases(topo, assign, false, zap.New(core))
+		return active, rewind, logs
+	}
+	if active, rewind, _ := verifyAll(); rewind != -1 || active[s.Name].ID != m.ID {
+		t.Fatalf("intact releases: active %v, rewind %d; want %s and none (-1)", active, rewind, m.ID)
+	}
+	for _, dir := range mustGlob(t, filepath.Join(s.RuntimeDir(), "releases", "*")) {
+		if filepath.Base(dir) != m.ID {
+			os.RemoveAll(dir)
+		}
+	}
+	if err := os.WriteFile(s.ConfPath(), []byte("damaged"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	active, rewind, logs := verifyAll()
+	if _, ok := active[s.Name]; ok {
+		t.Errorf("the damaged release is reported intact: %v", active)
+	}
+	if rewind != m.Sequence-1 {
+		t.Errorf("rewind %d, want %d: the damaged release's sequence fetched again", rewind, m.Sequence-1)
+	}
+	if _, err := runtime.Current(s); !errors.Is(err, runtime.ErrNoRelease) {
+		t.Errorf("the damaged release is still active (%v): a cell would start on it", err)
+	}
+	if _, err := os.Stat(filepath.Join(s.RuntimeDir(), "releases", m.ID)); err != nil {
+		t.Errorf("the damaged release's directory is gone: %v", err)
+	}
+	if logs.FilterMessage("no intact release; withdrawn, the cell waits for it to be fetched again").Len() != 1 {
+		t.Errorf("the withdrawal is not logged: %v", logs.All())
 	}
 }
 

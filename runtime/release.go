@@ -412,10 +412,7 @@ func installSwitch(s Slot, r Release) (ReleaseMeta, bool, error) {
 // its current link goes first (so no half-removed release is ever active),
 // then every release.
 func Clear(s Slot) error {
-	if err := os.Remove(filepath.Join(s.RuntimeDir(), currentLink)); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("clear runtime of %s: %w", s.Name, err)
-	}
-	if err := atomicfile.SyncDir(s.RuntimeDir()); err != nil {
+	if err := Withdraw(s); err != nil {
 		return fmt.Errorf("clear runtime of %s: %w", s.Name, err)
 	}
 	root := filepath.Join(s.RuntimeDir(), releasesDir)
@@ -427,6 +424,20 @@ func Clear(s Slot) error {
 		if err := os.RemoveAll(filepath.Join(root, e.Name())); err != nil {
 			return fmt.Errorf("clear runtime of %s: %w", s.Name, err)
 		}
+	}
+	return nil
+}
+
+// Withdraw leaves the slot without an active release: its current link is
+// removed (durably), its release directories stay. A slot whose active
+// release is damaged beyond rollback is withdrawn so that no cell starts on
+// it; installing the same release again replaces its directory whole.
+func Withdraw(s Slot) error {
+	if err := os.Remove(filepath.Join(s.RuntimeDir(), currentLink)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("withdraw the release of %s: %w", s.Name, err)
+	}
+	if err := atomicfile.SyncDir(s.RuntimeDir()); err != nil {
+		return fmt.Errorf("withdraw the release of %s: %w", s.Name, err)
 	}
 	return nil
 }

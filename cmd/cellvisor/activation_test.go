@@ -190,3 +190,59 @@ func mustStatus(t testing.TB, cfg config.Agent) supervisor.Status {
 	}
 	return st
 }
+
+// An enrolled agent whose only release of a cell is damaged never starts
+// the cell on it: it withdraws the release, fetches it again from its
+// source, and the cell answers once it is whole. Every answer the cell
+// gives meanwhile is the published one.
+func TestDamagedReleaseWithNothingToRollBackToIsFetchedAgain(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := buildAgent(t)
+	spoolDir := filepath.Join(t.TempDir(), "spool")
+	cfgPath, cfg := agentConfig(t, 2, fmt.Sprintf("source:\n  dir: %s\n  poll_interval: 100ms\n  max_backoff: 500ms\n", spoolDir))
+	sp := newSpool(t, cfg, spoolDir)
+	sp.publish(t, 1, "v1", 3, false)
+	a, st := startAgent(t, bin, cfgPath, cfg)
+	port := st.Slots[0].HTTPPort
+	awaitBody(t, port, "v1")
+	awaitAck(t, sp, 1, manifest.AckApplied)
+	a.stop(t)
+
+	slot, _ := runtime.Plan(runtime.Layout{Slots: 2, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase, StateDir: cfg.StateDir, RunDir: cfg.RunDir}).Slot("cell-01")
+	if err := os.WriteFile(filepath.Join(slot.RuntimeDir(), "current", "pools", "shared-default.json"), []byte(`{"hosts":{}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	answers := make(chan string, 1)
+	go func() { answers <- watchAnswers(ctx, port, "v1") }()
+	t.Cleanup(cancel)
+	startAgent(t, bin, cfgPath, cfg)
+	awaitBody(t, port, "v1")
+	cancel()
+	if other := <-answers; other != "" {
+		t.Errorf("the cell answered %s before its release was fetched again: it started on the damaged one", other)
+	}
+}
+
+// watchAnswers asks the cell on port for app.test every few milliseconds
+// until ctx ends, and returns the first answer other than a 200 with want
+// ("" if none). No answer (refused, reset) is not one.
+func watchAnswers(ctx context.Context, port int, want string) string {
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
+	for ctx.Err() == nil {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+"/", nil)
+		req.Host = "app.test"
+		if resp, err := client.Do(req); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || string(b) != want {
+				return fmt.Sprintf("%s %q", resp.Status, b)
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return ""
+}
