@@ -121,21 +121,41 @@ func awaitAck(t testing.TB, s *spool, seq int64, status string) manifest.Ack {
 	return a
 }
 
+// spoolAgent is an agent of two slots fed from a spool, started once it
+// serves sequence 1 (app.test answering "v1", with fillers filler domains)
+// and has acknowledged it.
+type spoolAgent struct {
+	bin, cfgPath, spoolDir string
+	cfg                    config.Agent
+	sp                     *spool
+	a                      *runningAgent
+	port                   int // cell-01's
+}
+
+// startSpoolAgent starts a spoolAgent; source holds settings of its
+// source beyond its directory, poll interval and backoff.
+func startSpoolAgent(t *testing.T, source string, fillers int) *spoolAgent {
+	t.Helper()
+	testutil.RequireRoot(t)
+	r := &spoolAgent{bin: buildAgent(t), spoolDir: filepath.Join(t.TempDir(), "spool")}
+	r.cfgPath, r.cfg = agentConfig(t, 2, fmt.Sprintf("source:\n  dir: %s\n  poll_interval: 100ms\n  max_backoff: 500ms\n%s", r.spoolDir, source))
+	r.sp = newSpool(t, r.cfg, r.spoolDir)
+	r.sp.publish(t, 1, "v1", fillers, false)
+	var st supervisor.Status
+	r.a, st = startAgent(t, r.bin, r.cfgPath, r.cfg)
+	r.port = st.Slots[0].HTTPPort
+	awaitBody(t, r.port, "v1")
+	awaitAck(t, r.sp, 1, manifest.AckApplied)
+	return r
+}
+
 // Signed manifests reach the cell and are acknowledged; a tampered one is
 // refused while the previous release keeps serving; with its source gone, a
 // restarted agent serves from disk, and from the previous release when the
 // active one is damaged.
 func TestManifestsReachCellsThroughTheAgent(t *testing.T) {
-	testutil.RequireRoot(t)
-	bin := buildAgent(t)
-	spoolDir := filepath.Join(t.TempDir(), "spool")
-	cfgPath, cfg := agentConfig(t, 2, fmt.Sprintf("source:\n  dir: %s\n  poll_interval: 100ms\n  max_backoff: 500ms\n", spoolDir))
-	sp := newSpool(t, cfg, spoolDir)
-	sp.publish(t, 1, "v1", 3, false)
-	a, st := startAgent(t, bin, cfgPath, cfg)
-	port := st.Slots[0].HTTPPort
-	awaitBody(t, port, "v1")
-	awaitAck(t, sp, 1, manifest.AckApplied)
+	r := startSpoolAgent(t, "", 3)
+	bin, cfgPath, cfg, spoolDir, sp, a, port := r.bin, r.cfgPath, r.cfg, r.spoolDir, r.sp, r.a, r.port
 	pid := mustStatus(t, cfg).Slots[0].PID
 
 	sp.publish(t, 2, "v2", 3, false)
@@ -196,17 +216,9 @@ func mustStatus(t testing.TB, cfg config.Agent) supervisor.Status {
 // source, and the cell answers once it is whole. Every answer the cell
 // gives meanwhile is the published one.
 func TestDamagedReleaseWithNothingToRollBackToIsFetchedAgain(t *testing.T) {
-	testutil.RequireRoot(t)
-	bin := buildAgent(t)
-	spoolDir := filepath.Join(t.TempDir(), "spool")
-	cfgPath, cfg := agentConfig(t, 2, fmt.Sprintf("source:\n  dir: %s\n  poll_interval: 100ms\n  max_backoff: 500ms\n", spoolDir))
-	sp := newSpool(t, cfg, spoolDir)
-	sp.publish(t, 1, "v1", 3, false)
-	a, st := startAgent(t, bin, cfgPath, cfg)
-	port := st.Slots[0].HTTPPort
-	awaitBody(t, port, "v1")
-	awaitAck(t, sp, 1, manifest.AckApplied)
-	a.stop(t)
+	r := startSpoolAgent(t, "", 3)
+	cfg, port := r.cfg, r.port
+	r.a.stop(t)
 
 	slot, _ := runtime.Plan(runtime.Layout{Slots: 2, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase, StateDir: cfg.StateDir, RunDir: cfg.RunDir}).Slot("cell-01")
 	if err := os.WriteFile(filepath.Join(slot.RuntimeDir(), "current", "pools", "shared-default.json"), []byte(`{"hosts":{}}`), 0o644); err != nil {
@@ -216,7 +228,7 @@ func TestDamagedReleaseWithNothingToRollBackToIsFetchedAgain(t *testing.T) {
 	answers := make(chan string, 1)
 	go func() { answers <- watchAnswers(ctx, port, "v1") }()
 	t.Cleanup(cancel)
-	startAgent(t, bin, cfgPath, cfg)
+	startAgent(t, r.bin, r.cfgPath, cfg)
 	awaitBody(t, port, "v1")
 	cancel()
 	if other := <-answers; other != "" {

@@ -54,16 +54,8 @@ func replaceWith(t testing.TB, path string, make func(string) error) {
 // the agent until the kernel killed it, the FIFO hung the poll forever, and
 // the crafted page left a journal the agent refused to start with.
 func TestHostileSpoolIsRefusedAndTheAgentKeepsServing(t *testing.T) {
-	testutil.RequireRoot(t)
-	bin := buildAgent(t)
-	spoolDir := filepath.Join(t.TempDir(), "spool")
-	cfgPath, cfg := agentConfig(t, 2, fmt.Sprintf("source:\n  dir: %s\n  poll_interval: 100ms\n  max_backoff: 500ms\n  poll_timeout: 20s\n", spoolDir))
-	sp := newSpool(t, cfg, spoolDir)
-	sp.publish(t, 1, "v1", 2, false)
-	a, st := startAgent(t, bin, cfgPath, cfg)
-	port := st.Slots[0].HTTPPort
-	awaitBody(t, port, "v1")
-	awaitAck(t, sp, 1, manifest.AckApplied)
+	r := startSpoolAgent(t, "  poll_timeout: 20s\n", 2)
+	bin, cfgPath, cfg, spoolDir, sp, a, port := r.bin, r.cfgPath, r.cfg, r.spoolDir, r.sp, r.a, r.port
 
 	still := func(what string) {
 		t.Helper()
