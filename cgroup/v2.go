@@ -107,8 +107,7 @@ func (m *v2) ensureAt(base, name string, l Limits) error {
 // create creates (or updates) the group at path group below the mount:
 // it enables memory, cpu and pids in its ancestors (enableControllers)
 // and writes l's files (v2Settings). Where either fails it removes the
-// group again, which the kernel refuses while it holds processes or
-// groups (an update's).
+// group again if it made it; an update leaves the group as it was found.
 func (m *v2) create(group string, l Limits) error {
 	if err := checkGroupPath(group); err != nil {
 		return err
@@ -121,13 +120,18 @@ func (m *v2) create(group string, l Limits) error {
 	if err != nil {
 		return err
 	}
+	undo := func() {
+		if !existed {
+			_ = os.Remove(dir)
+		}
+	}
 	if err := enableControllers(m.root, dir); err != nil {
-		_ = os.Remove(dir)
+		undo()
 		return err
 	}
 	for _, s := range v2Settings(l) {
 		if err := writeFile(join(dir, s.file), s.value); err != nil {
-			_ = os.Remove(dir)
+			undo()
 			return err
 		}
 	}

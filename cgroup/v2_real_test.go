@@ -113,3 +113,26 @@ func live(pid int) bool {
 	i := bytes.LastIndexByte(st, ')')
 	return i >= 0 && i+2 < len(st) && st[i+2] != 'Z' && st[i+2] != 'X'
 }
+
+// A group ensureAt could not give its limits (here: a mount without the
+// controllers) is removed when ensureAt made it, and left as it was when it
+// was there already: an update that fails never takes a cell's group away.
+func TestV2FailedEnsureRemovesOnlyAGroupItMade(t *testing.T) {
+	m := unifiedForTest(t)
+	if err := m.ensureAt(m.base, "cell-01", Limits{MemoryBytes: 1 << 29, CPUQuotaUS: 50000, CPUPeriodUS: 100000, PIDs: 128}); err == nil {
+		t.Skip("this cgroup2 mount has the controllers: nothing fails here")
+	}
+	if _, err := os.Stat(m.dir("cell-01")); !os.IsNotExist(err) {
+		t.Errorf("a group it made and could not limit is still there (%v)", err)
+	}
+	if err := os.Mkdir(m.dir("cell-02"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(m.dir("cell-02")) })
+	if err := m.ensureAt(m.base, "cell-02", Limits{MemoryBytes: 1 << 29, CPUQuotaUS: 50000, CPUPeriodUS: 100000, PIDs: 128}); err == nil {
+		t.Fatal("the update succeeded where the new group's limits failed")
+	}
+	if _, err := os.Stat(m.dir("cell-02")); err != nil {
+		t.Errorf("a failed update removed the existing group: %v", err)
+	}
+}
