@@ -66,9 +66,15 @@ func writeFamilies(w io.Writer, samples []sample) error {
 		names, vals []string
 	}
 	lines := make([]line, 0, len(samples))
+	orders := map[*Desc][]int{} // a family's label order, once per write
 	for _, s := range samples {
 		l := line{s: s}
-		for _, i := range s.d.order() {
+		order, ok := orders[s.d]
+		if !ok {
+			order = s.d.order()
+			orders[s.d] = order
+		}
+		for _, i := range order {
 			if i < len(s.values) {
 				l.names = append(l.names, s.d.labels[i])
 				l.vals = append(l.vals, s.values[i])

@@ -71,13 +71,13 @@ func idSequence(name string) (int64, bool) {
 	return seq, err == nil
 }
 
-// hashOf returns the hex SHA-256 of data.
 // luaHashes are the embedded Lua modules' hashes, the same in every
 // release: computed once, not for each slot's release.
 var luaHashes = sync.OnceValue(func() struct{ cell, frontDoor string } {
 	return struct{ cell, frontDoor string }{hashOf(cellLua), hashOf(frontDoorLua)}
 })
 
+// hashOf returns the hex SHA-256 of data.
 func hashOf(data []byte) string {
 	h := sha256.Sum256(data)
 	return hex.EncodeToString(h[:])

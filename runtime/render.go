@@ -20,8 +20,8 @@ var frontDoorLua []byte
 var nginxTmpl string
 
 // confTemplate is parsed when first rendered, not in the package's
-// initialiser: an agent whose releases are in place renders nothing when it
-// starts, and every initialiser runs before its first cell.
+// initialiser: an enrolled agent whose releases are in place renders
+// nothing when it starts, and every initialiser runs before its first cell.
 var confTemplate = sync.OnceValue(func() *template.Template {
 	return template.Must(template.New("nginx.conf").Parse(nginxTmpl))
 })
