@@ -116,3 +116,20 @@ func TestRemoveClearsAnOlderAgentsStrayProbe(t *testing.T) {
 		t.Errorf("subtree %s still there (%v)", dir, err)
 	}
 }
+
+// On v1 PrepareSelf makes nothing (the agent's leaf would only queue its
+// group creations ahead of the cells' own during the start); MoveSelf
+// makes the leaf, with PrepareSelf's limits, before moving in (the child
+// of TestPrepareSelfThenMoveSelf moves in). On v2 the leaf is made at once.
+func TestV1LeafIsMadeByMoveSelfNotPrepareSelf(t *testing.T) {
+	m := testutil.RequireCgroups(t)
+	if m.Mode() != cgroup.ModeV1Hybrid {
+		t.Skipf("cgroup mode %s: the leaf is made by PrepareSelf there", m.Mode())
+	}
+	if err := m.PrepareSelf(cgroup.Limits{MemoryBytes: 1 << 30, CPUQuotaUS: -1, CPUPeriodUS: 100000}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Open(cgroup.AgentLeaf); err == nil {
+		t.Error("PrepareSelf made the agent leaf on v1, before the cells' groups")
+	}
+}
