@@ -21,6 +21,12 @@ VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
 # host, and this halves it.
 LDFLAGS := -s -w -X cellvisor/agent.Version=$(VERSION)
 BUILDFLAGS := -trimpath
+# The agent starts its cells on cgroup v1 through a join helper built into its
+# own binary (cgexec): on linux/amd64 it is linked with its entry point
+# (cgexec.LDFlags; the cgexec tests check this line). Without it the agent
+# uses the same helper as a /bin/sh script, about half a millisecond more CPU
+# per cell start.
+CGEXEC_LDFLAGS := $(if $(filter linux/amd64,$(shell $(GO) env GOOS)/$(shell $(GO) env GOARCH)),-E cellvisor/cgexec.entry)
 # The shipped binaries are static (CGO_ENABLED=0): nothing of the build
 # host's glibc for an edge host to match, user and DNS lookups in pure Go,
 # and the agent starts without the dynamic loader and libc's own start
@@ -132,7 +138,7 @@ tools: ## install staticcheck and benchstat into $(go env GOPATH)/bin if missing
 
 build: ## build bin/cellvisor, bin/cellvisor-control and bin/cellvisor-demo (version from git describe, else "dev")
 	@echo "build: compiling the agent, the control API and the demo into bin/ (the first build compiles every dependency: a minute or two)"
-	$(STATIC) $(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
+	$(STATIC) $(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS) $(CGEXEC_LDFLAGS)" -o bin/cellvisor ./cmd/cellvisor
 	$(STATIC) $(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-control ./cmd/cellvisor-control
 	$(STATIC) $(GO) build $(BUILDFLAGS) -ldflags "$(LDFLAGS)" -o bin/cellvisor-demo ./cmd/cellvisor-demo
 

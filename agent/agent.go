@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"cellvisor/cgexec"
+
 	"go.uber.org/zap"
 
 	"cellvisor/activation"
@@ -282,7 +284,17 @@ func (a *Agent) setupCgroups() (refusal error, err error) {
 			debug.SetMemoryLimit(int64(cfg.AgentLimits.Memory) * 3 / 4)
 		}
 	}
-	log.Info("cgroups", zap.String("mode", string(a.cg.Mode())), zap.String("subtree", a.cg.Path()))
+	fields := []zap.Field{zap.String("mode", string(a.cg.Mode())), zap.String("subtree", a.cg.Path())}
+	if a.cg.Mode() == cgroup.ModeV1Hybrid {
+		// How cells join their v1 groups: the helper built into this
+		// binary, or the slower shell (a build without cgexec.LDFlags).
+		helper := "built-in"
+		if !cgexec.Builtin() {
+			helper = "shell"
+		}
+		fields = append(fields, zap.String("join_helper", helper))
+	}
+	log.Info("cgroups", fields...)
 	return refusal, nil
 }
 

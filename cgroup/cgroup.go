@@ -2,8 +2,8 @@
 // cgroups under the agent's own delegated subtree, and places the agent in its
 // own limited leaf beside them. It speaks cgroup v2 (cells are cloned straight
 // into their cgroup) and, on hybrid hosts, the v1 memory, cpu and pids
-// controllers (cells are exec'd from inside their cgroups by a tiny shell
-// helper, see exec.go). It never creates a cgroup outside the subtree and
+// controllers (cells are exec'd from inside their cgroups by a tiny join
+// helper, see cgexec). It never creates a cgroup outside the subtree and
 // never moves a process in the name=systemd hierarchy. Only supervisor and
 // cmd/cellvisor import it.
 package cgroup

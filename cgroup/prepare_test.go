@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"cellvisor/cgexec"
 )
 
 // helperEnv switches the test binary into a helper process (TestMain).
@@ -137,9 +139,9 @@ func TestPrepareV1HandsSubtreeToUnprivilegedAgent(t *testing.T) {
 		for _, c := range unit.ctrls {
 			procs = append(procs, join(unit.dir(c, ""), "cgroup.procs"))
 		}
-		args := append([]string{"-c", joinScript, "join"}, procs...)
-		args = append(append(args, "--"), argv...)
-		cmd := exec.CommandContext(ctx, "/bin/sh", args...)
+		path, args := cgexec.Join(procs, argv)
+		cmd := exec.CommandContext(ctx, path)
+		cmd.Args = args
 		cmd.Env = append(os.Environ(), helperEnv+"="+mode)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		cmd.WaitDelay = 5 * time.Second

@@ -288,7 +288,7 @@ func (g *v1Group) Prepare(cmd *exec.Cmd) (func(bool), error) {
 
 // joinFiles are the files the join helper moves itself in by: each
 // hierarchy's tasks file, where a thread moving itself takes no
-// threadgroup lock (see joinScript).
+// threadgroup lock (see cgexec).
 func (g *v1Group) joinFiles() []string {
 	files := make([]string, 0, len(g.m.ctrls))
 	for _, c := range g.m.ctrls {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"cellvisor/cgexec"
 )
 
 // scratch holds binaries and packages built once per version for every test
@@ -63,7 +65,11 @@ func packagesFor(t *testing.T, version string) map[string]string {
 		}
 	}
 	for _, name := range Packages {
-		gobuild(filepath.Join(binDir, name), "./cmd/"+name, "-s -w -X cellvisor/agent.Version="+v.String())
+		ldflags := "-s -w -X cellvisor/agent.Version=" + v.String()
+		if name == "cellvisor" {
+			ldflags += " " + cgexec.LDFlags() // as make build links the agent
+		}
+		gobuild(filepath.Join(binDir, name), "./cmd/"+name, ldflags)
 	}
 	// The packages are built by mkpkg, as make packages does: that tests its
 	// flags too, and keeps nfpm's compression out of the race detector.

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"cellvisor/cgexec"
 )
 
 // logMark is where a cell's logs ended when its master was started: what
@@ -54,8 +56,8 @@ func exitDetail(dir string, m logMark, pid int) string {
 }
 
 // lastAlert returns the last line of data that reports an emerg, alert or
-// crit condition (or the cgroup join helper's failure) and that own accepts,
-// cut to maxDetailLine bytes.
+// crit condition (or the cgroup join helper's failure, its errno as text)
+// and that own accepts, cut to maxDetailLine bytes.
 func lastAlert(data []byte, own func(string) bool) string {
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
@@ -65,6 +67,7 @@ func lastAlert(data []byte, own func(string) bool) string {
 			continue
 		}
 		if own(l) {
+			l = cgexec.Explain(l)
 			if len(l) > maxDetailLine {
 				l = l[:maxDetailLine] + "…"
 			}

@@ -31,6 +31,7 @@ func TestExitDetailQuotesOnlyThisMaster(t *testing.T) {
 		{"the last own one wins", line(started, "4242", "alert", "first") + "\n" + line(started, "4242", "crit", "second") + "\n" + line(started, "4243", "alert", "worker"), "", false, "second"},
 		{"stderr past the mark", "", "nginx: [emerg] unknown directive \"x\"", false, "unknown directive"},
 		{"cgroup join failure", "", "cellvisor-cgexec: 1: cannot create /sys/fs/cgroup/x: Permission denied", false, "cannot create"},
+		{"built-in join helper's failure", "", "cellvisor-cgexec: cannot join /sys/fs/cgroup/x/tasks: errno 13", false, "cannot join /sys/fs/cgroup/x/tasks: permission denied"},
 		{"garbage", "\x00\x00 [alert]\n[alert] 4242#", "", false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/cgexec"
+
 	"cellvisor/internal/testutil"
 )
 
@@ -40,8 +42,8 @@ func buildDemo(t *testing.T) string {
 		if binDir, buildErr = os.MkdirTemp("", "cellvisor-demo-test-"); buildErr != nil {
 			return
 		}
-		for _, b := range []struct{ out, pkg string }{{"cellvisor", "../cellvisor"}, {"cellvisor-demo", "."}} {
-			if buildErr = testutil.GoBuild(b.pkg, filepath.Join(binDir, b.out)); buildErr != nil {
+		for _, b := range []struct{ out, pkg, ldflags string }{{"cellvisor", "../cellvisor", cgexec.LDFlags()}, {"cellvisor-demo", ".", ""}} {
+			if buildErr = testutil.GoBuild(b.pkg, filepath.Join(binDir, b.out), b.ldflags); buildErr != nil {
 				return
 			}
 		}

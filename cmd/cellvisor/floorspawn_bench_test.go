@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/cgexec"
+
 	"cellvisor/agent"
 	"cellvisor/cgroup"
 	"cellvisor/internal/testutil"
@@ -48,6 +50,7 @@ type floorSpec struct {
 
 type floorCell struct {
 	Groups []floorGroup   `json:"groups,omitempty"`
+	Join   []string       `json:"join,omitempty"`
 	Argv   []string       `json:"argv"`
 	Listen []floorAddress `json:"listen,omitempty"`
 }
@@ -72,7 +75,7 @@ func floorCgName(i int) string { return "floorcg-" + strconv.Itoa(i+1) }
 func (e *wholeEnv) floorSpawns(b *testing.B, m cgroup.Manager) {
 	b.Helper()
 	e.spawn = filepath.Join(b.TempDir(), "floorspawn")
-	if err := testutil.GoBuild("cellvisor/internal/floorspawn", e.spawn); err != nil {
+	if err := testutil.GoBuild("cellvisor/internal/floorspawn", e.spawn, cgexec.LDFlags()); err != nil {
 		b.Fatal(err)
 	}
 	e.spawnSpecs = map[string]string{}
@@ -130,7 +133,7 @@ func (e *wholeEnv) floorSpawns(b *testing.B, m cgroup.Manager) {
 				tasks = append(tasks, filepath.Join(dir, "tasks"))
 			}
 		}
-		c.Argv = cgroup.JoinArgv(tasks, c.Argv)
+		c.Join = tasks
 		cg.Cells = append(cg.Cells, c)
 	}
 	write("floor-cg", cg)

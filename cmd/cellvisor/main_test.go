@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/cgexec"
+
 	"cellvisor/agent"
 	"cellvisor/cgroup"
 	"cellvisor/config"
@@ -29,7 +31,7 @@ import (
 func buildAgent(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "cellvisor")
-	if err := testutil.GoBuild(".", bin); err != nil {
+	if err := testutil.GoBuild(".", bin, cgexec.LDFlags()); err != nil {
 		t.Fatal(err)
 	}
 	return bin
@@ -225,6 +227,13 @@ func TestAgentSIGTERMLeavesNothingBehind(t *testing.T) {
 		pids = append(pids, procs...)
 	}
 	notify.await(t, "READY=1", "STATUS=4 slots: 2 ready, 0 drained, 0 degraded, 2 stopped", "WATCHDOG=1")
+	if st.CgroupMode == cgroup.ModeV1Hybrid && cgexec.LDFlags() != "" {
+		// Built as make build builds it, the agent joins through the
+		// helper in its own binary, not the shell.
+		if log, _ := os.ReadFile(a.log); !bytes.Contains(log, []byte(`"join_helper":"built-in"`)) {
+			t.Errorf("the agent's log does not say its join helper is built in:\n%s", log)
+		}
+	}
 	if fi, err := os.Stat(agent.AdminSocket(cfg)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("admin socket: %v mode %v, want 0600", err, fi.Mode().Perm())
 	}

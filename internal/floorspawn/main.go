@@ -9,9 +9,9 @@
 // It reads a spec (JSON, the file named by its one argument) and starts
 // its cells as the agent does: one goroutine creates each cell's cgroups
 // and writes their limits, in turn, while the main one starts each cell's
-// command as soon as its groups are there. The spec gives the command
-// whole: for a cell in v1 groups, the agent's own join helper
-// (cgroup.JoinArgv). A cell's listen addresses are bound here and handed to
+// command as soon as its groups are there, through the agent's own join
+// helper (cgexec.Join) for a cell in v1 groups: built into floorspawn when it
+// is linked with cgexec.LDFlags, as the agent is. A cell's listen addresses are bound here and handed to
 // its master as the agent hands them (fds 3 on, named by the NGINX
 // variable). It verifies
 // nothing, logs nothing and keeps no state. On SIGTERM or SIGINT it kills
@@ -30,6 +30,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+
+	"cellvisor/cgexec"
 )
 
 // spec is what floorspawn starts.
@@ -40,7 +42,9 @@ type spec struct {
 type cell struct {
 	// Groups are created in turn (their parents must exist), each with
 	// its limit files written in order, before Argv starts.
-	Groups []group   `json:"groups"`
+	Groups []group `json:"groups"`
+	// Join are v1 tasks files Argv joins before its exec (cgexec.Join).
+	Join   []string  `json:"join"`
 	Argv   []string  `json:"argv"`
 	Listen []address `json:"listen"` // none: the master binds its own ports
 }
@@ -128,6 +132,9 @@ func start(c cell) (*exec.Cmd, error) {
 		return nil, errors.New("a cell without a command")
 	}
 	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
+	if len(c.Join) > 0 {
+		cmd.Path, cmd.Args = cgexec.Join(c.Join, c.Argv)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if len(c.Listen) > 0 {
 		env := "NGINX="
@@ -150,8 +157,8 @@ func start(c cell) (*exec.Cmd, error) {
 
 // bind binds a as nginx binds a listener (SO_REUSEADDR, backlog 511,
 // non-blocking), as the agent's supervisor does. It is not imported from
-// there: floorspawn links nothing but the standard library, so that its own
-// start is an empty Go program's.
+// there: floorspawn links nothing but the standard library and cgexec (which
+// links nothing else), so that its own start is an empty Go program's.
 func bind(a address) (*os.File, error) {
 	ip, err := netip.ParseAddr(a.IP)
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -178,12 +179,12 @@ func StartIn(t testing.TB, g cgroup.Group, argv ...string) (*exec.Cmd, <-chan st
 
 // GoBuild builds the Go package pkg (an import path, or a directory
 // relative to the test's) into out as make build builds the shipped
-// binaries: static (CGO_ENABLED=0), -trimpath. Integration tests run what
-// an edge host runs.
-func GoBuild(pkg, out string) error {
+// binaries: static (CGO_ENABLED=0), -trimpath, with ldflags (the agent's
+// cgexec.LDFlags()). Integration tests run what an edge host runs.
+func GoBuild(pkg, out string, ldflags ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", strings.Join(ldflags, " "), "-o", out, pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
