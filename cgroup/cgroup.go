@@ -15,7 +15,7 @@ import (
 	"io"
 	"os/exec"
 	"path"
-	"regexp"
+	"strings"
 )
 
 // Mode is how cell limits are enforced on this host.
@@ -34,12 +34,14 @@ const AgentLeaf = "agent"
 // ErrNotEmpty is returned when a group still holds processes after a kill.
 var ErrNotEmpty = errors.New("cgroup still has processes")
 
-// cellName matches the groups this package creates for cells; anything else
-// under the subtree is not ours and is left alone.
-var cellName = regexp.MustCompile(`^cell-[0-9]{2}$`)
+// IsCellName reports whether name is a cell group name (cell-NN): the groups
+// this package creates for cells; anything else under the subtree is not
+// ours and is left alone.
+func IsCellName(name string) bool {
+	return len(name) == len("cell-00") && strings.HasPrefix(name, "cell-") && isDigit(name[5]) && isDigit(name[6])
+}
 
-// IsCellName reports whether name is a cell group name (cell-NN).
-func IsCellName(name string) bool { return cellName.MatchString(name) }
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
 
 // Limits are hard resource limits for one group.
 type Limits struct {

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -170,10 +172,19 @@ func listCells(dir string) ([]string, error) {
 
 func join(parts ...string) string { return filepath.Join(parts...) }
 
-// writeBurst sets a CPU burst file, where the kernel has one.
+// writeBurst sets a CPU burst file, where the kernel has one (opened
+// without O_CREAT: a missing file is ENOENT, with no stat before).
 func writeBurst(path string, us uint64) error {
-	if _, err := os.Stat(path); os.IsNotExist(err) {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	return writeFile(path, strconv.FormatUint(us, 10))
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(strconv.FormatUint(us, 10))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -83,3 +83,15 @@ func TestStripSubtree(t *testing.T) {
 		t.Errorf("no subtree: got %v", same)
 	}
 }
+
+func TestIsCellName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"cell-01": true, "cell-00": true, "cell-99": true,
+		"cell-1": false, "cell-001": false, "cell-0a": false, "Cell-01": false, "cell_01": false,
+		"agent": false, "": false, "cell-01 ": false, "xcell-01": false, "cell-٠١": false,
+	} {
+		if got := IsCellName(name); got != want {
+			t.Errorf("IsCellName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

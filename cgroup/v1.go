@@ -138,7 +138,7 @@ func (m *v1) Ensure(name string, l Limits) (Group, error) {
 	if err := m.ensureAt(m.base, name, l); err != nil {
 		return nil, err
 	}
-	return m.Open(name)
+	return &v1Group{m: m, name: name}, nil // made just now: Open's stat would only find it
 }
 
 // ensureAt creates or updates group name under base (by controller) with l.
@@ -166,7 +166,7 @@ func (m *v1) ensureAt(base map[string]string, name string, l Limits) error {
 		return fmt.Errorf("create v1 cgroup %s: %w", name, err)
 	}
 	if m.acct == "cpuacct" { // accounting only: no limits there
-		if err := os.MkdirAll(join(m.root, "cpuacct", base["cpuacct"], name), 0o755); err != nil {
+		if _, err := makeGroupDir(join(m.root, "cpuacct", base["cpuacct"], name)); err != nil {
 			return fmt.Errorf("create v1 cgroup %s: %w", name, err)
 		}
 	}

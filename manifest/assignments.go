@@ -5,9 +5,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 
 	"cellvisor/domain"
 )
@@ -22,7 +22,10 @@ const (
 	MaxPoolRate  = 1_000_000
 )
 
-var cellRe = regexp.MustCompile(`^cell-[0-9]{2}$`)
+// isCellName reports whether s names a cell slot: cell-NN.
+func isCellName(s string) bool {
+	return len(s) == len("cell-00") && strings.HasPrefix(s, "cell-") && s[5] >= '0' && s[5] <= '9' && s[6] >= '0' && s[6] <= '9'
+}
 
 // Assignments are an edge's cell assignments and the policies of the pools
 // they serve, as the control plane signs them into a manifest: the header's
@@ -61,7 +64,7 @@ func (a Assignments) Validate() error {
 	}
 	used := map[string]bool{}
 	for cell, pool := range a.Cells {
-		if !cellRe.MatchString(cell) {
+		if !isCellName(cell) {
 			return bad("cell %q is not cell-NN", cell)
 		}
 		if !validPool(pool) {

@@ -291,3 +291,14 @@ func TestAssignmentsSigned(t *testing.T) {
 		}
 	}
 }
+
+func TestIsCellName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"cell-01": true, "cell-99": true,
+		"cell-1": false, "cell-001": false, "cell-0a": false, "cell-/1": false, "cell-:1": false, "CELL-01": false, "": false,
+	} {
+		if got := isCellName(name); got != want {
+			t.Errorf("isCellName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

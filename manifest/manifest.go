@@ -167,7 +167,7 @@ func (e Entry) Validate() error {
 		return bad("%d cells, at most 32", len(e.Cells))
 	}
 	for i, c := range e.Cells {
-		if !cellRe.MatchString(c) || i > 0 && e.Cells[i-1] >= c {
+		if !isCellName(c) || i > 0 && e.Cells[i-1] >= c {
 			return bad("cells must be distinct cell-NN names in order, got %q", e.Cells)
 		}
 	}

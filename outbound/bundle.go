@@ -38,7 +38,7 @@ func NewBundle(org, origin string, class egress.Class, at time.Time, items any) 
 // Validate checks a bundle's form: its id, class, org and origin.
 func Validate(b edgeapi.Bundle) error {
 	switch {
-	case !idPattern.MatchString(b.ID):
+	case !isBundleID(b.ID):
 		return fmt.Errorf("%w: id %q: want 32 lowercase hex digits", ErrInvalidBundle, b.ID)
 	case !egress.Class(b.Class).Valid():
 		return fmt.Errorf("%w: class %q", ErrInvalidBundle, b.Class)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -22,8 +21,18 @@ import (
 // ErrJournalFull is a bundle refused at the journal's bound.
 var ErrJournalFull = errors.New("bundle journal full")
 
-// idPattern is a bundle id: 128 bits in lowercase hex.
-var idPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+// isBundleID reports whether s is a bundle id: 128 bits in lowercase hex.
+func isBundleID(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for i := range len(s) {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // Journal keeps bundles on disk, one file per bundle (<id>.json, written
 // atomically and fsynced), from before their first send until they are

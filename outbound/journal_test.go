@@ -148,3 +148,20 @@ func TestRouteFrom(t *testing.T) {
 		})
 	}
 }
+
+func TestIsBundleID(t *testing.T) {
+	for id, want := range map[string]bool{
+		"0123456789abcdef0123456789abcdef":  true,
+		"0123456789ABCDEF0123456789abcdef":  false, // uppercase
+		"0123456789abcdef0123456789abcde":   false, // 31
+		"0123456789abcdef0123456789abcdef0": false, // 33
+		"0123456789abcdeg0123456789abcdef":  false,
+		"0123456789abcdef/123456789abcdef":  false,
+		"0123456789abcdef`123456789abcdef":  false,
+		"":                                  false,
+	} {
+		if got := isBundleID(id); got != want {
+			t.Errorf("isBundleID(%q) = %v, want %v", id, got, want)
+		}
+	}
+}

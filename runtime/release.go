@@ -457,7 +457,9 @@ func VerifyRelease(dir string) (ReleaseMeta, error) {
 	if err := json.Unmarshal(data, &m); err != nil || len(m.Files) == 0 {
 		return ReleaseMeta{}, fmt.Errorf("%w: %s: unreadable release.json", ErrCorrupt, dir)
 	}
-	buf := make([]byte, 32<<10)
+	bp := hashBufs.Get().(*[]byte)
+	defer hashBufs.Put(bp)
+	buf := *bp
 	for name, want := range m.Files {
 		if strings.Contains(name, "..") || filepath.IsAbs(name) {
 			return ReleaseMeta{}, fmt.Errorf("%w: %s: bad file name %q", ErrCorrupt, dir, name)
@@ -488,9 +490,14 @@ func readMeta(path string) ([]byte, error) {
 	return safefile.ReadFile(context.Background(), path, maxMeta)
 }
 
+// hashBufs are the buffers releases' files stream through to be hashed:
+// one for a release's files, where io.Copy would take a new one for each,
+// and the same one for the next release verified (a start verifies every
+// slot's, before any garbage is collected).
+var hashBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 // hashFile is the hex SHA-256 of a release's file, read as it streams
-// through buf (one buffer for a release's files, where io.Copy would take
-// a new one for each).
+// through buf.
 func hashFile(path string, buf []byte) (string, error) {
 	f, _, err := safefile.Open(path, maxReleaseFile)
 	if err != nil {

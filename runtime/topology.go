@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"cellvisor/internal/atomicfile"
@@ -239,9 +240,10 @@ func (t Topology) MakeDirs() error {
 // port taken by the local end of some outgoing connection.
 func EphemeralLow() int {
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		var lo, hi int
-		if _, err := fmt.Sscan(string(b), &lo, &hi); err == nil && lo > 1024 {
-			return lo
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if lo, err := strconv.Atoi(f[0]); err == nil && lo > 1024 {
+				return lo
+			}
 		}
 	}
 	return 32768

@@ -82,7 +82,14 @@ func confListen(path string, ports ...int) (addr string, ok bool) {
 		return "", false
 	}
 	found := map[int][]string{}
-	for _, line := range strings.Split(string(data), "\n") {
+	for rest := string(data); rest != ""; {
+		var line string
+		line, rest, _ = strings.Cut(rest, "\n")
+		// Only a listen directive is split into fields (a start reads the
+		// whole file, twice per slot: once to bind early, once to start).
+		if t := strings.TrimLeft(line, " \t"); !strings.HasPrefix(t, "listen") {
+			continue
+		}
 		fields := strings.Fields(line)
 		if len(fields) < 2 || fields[0] != "listen" {
 			continue

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // WriteFile writes data to path through a temporary file in the same
@@ -41,25 +42,27 @@ func write(path string, data []byte, perm os.FileMode, sync bool) error {
 		return err
 	}
 	tmp := f.Name()
-	defer os.Remove(tmp) // no-op once renamed
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(perm)
 	}
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
+	if err == nil && sync {
+		err = f.Sync()
 	}
-	if sync {
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return err
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		// rename(2) itself: os.Rename first stats path to refuse a
+		// directory there, which rename refuses anyway (EISDIR).
+		if err = syscall.Rename(tmp, path); err != nil {
+			err = &os.LinkError{Op: "rename", Old: tmp, New: path, Err: err}
 		}
 	}
-	if err := f.Close(); err != nil {
-		return err
+	if err != nil {
+		os.Remove(tmp)
 	}
-	return os.Rename(tmp, path)
+	return err
 }
 
 // SyncDir fsyncs a directory so renames and creations in it are durable.

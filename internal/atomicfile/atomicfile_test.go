@@ -54,3 +54,26 @@ func TestWritersFailInAMissingDirectory(t *testing.T) {
 		})
 	}
 }
+
+// A directory in the file's place is an error; it is left as it was, and
+// no temporary file is left beside it.
+func TestWritersRefuseADirectoryInPlace(t *testing.T) {
+	for name, write := range map[string]func(string, []byte, os.FileMode) error{"WriteFile": WriteFile, "Replace": Replace} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "master.json")
+			if err := os.Mkdir(path, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := write(path, []byte("x"), 0o600); err == nil {
+				t.Error("a directory in place was replaced, or no error")
+			}
+			if fi, err := os.Stat(path); err != nil || !fi.IsDir() {
+				t.Errorf("the directory is gone: %v", err)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+				t.Errorf("directory holds %d entries, want the directory alone", len(entries))
+			}
+		})
+	}
+}
