@@ -107,6 +107,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		return nil, err
 	}
 	a.locks = append(a.locks, lock)
+	go warmProcessStart()
 	ok := false
 	defer func() {
 		if !ok {
@@ -363,4 +364,16 @@ func livenessPolicy(l config.Liveness) supervisor.LivenessPolicy {
 		p.Interval = -1
 	}
 	return p
+}
+
+// warmProcessStart has the os package check, on a goroutine of its own,
+// whether pidfds work here. It checks once per process, the first time a
+// process is started or found, by cloning a child and waiting for it to
+// exit: otherwise the first cell's start pays that (1-5 ms on a busy host,
+// the start pass waiting), while here the agent's serial set-up leaves a
+// CPU free for it.
+func warmProcessStart() {
+	if p, err := os.FindProcess(os.Getpid()); err == nil {
+		_ = p.Release()
+	}
 }

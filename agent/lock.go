@@ -42,8 +42,27 @@ func lockState(stateDir string) (io.Closer, error) {
 		}
 		return nil, fmt.Errorf("lock state directory %s: %w", path, err)
 	}
-	if err := f.Truncate(0); err == nil {
-		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
+	writePID(f)
 	return f, nil
+}
+
+// pidRecordLen is the length the pid is written at in the lock file: padded
+// with spaces (a reader trims them), so that it always overwrites a pid an
+// earlier agent wrote there.
+const pidRecordLen = 20
+
+// writePID writes this process's pid over the lock file's content, best
+// effort. It truncates the file only when it holds more than a pid record
+// (a file some older writer or someone else filled): freeing a file's data
+// blocks is synchronous I/O on a filesystem mounted with online discard
+// (ext4's discard option, common on cloud VMs), and truncating at every
+// start held the agent's start ~8 ms on such a host.
+func writePID(f *os.File) {
+	rec := []byte(fmt.Sprintf("%-*d\n", pidRecordLen-1, os.Getpid()))
+	if st, err := f.Stat(); err != nil || st.Size() > int64(len(rec)) {
+		if err := f.Truncate(0); err != nil {
+			return
+		}
+	}
+	_, _ = f.WriteAt(rec, 0)
 }
