@@ -15,12 +15,11 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"cellvisor/cgexec"
-
 	"go.uber.org/zap"
 
 	"cellvisor/activation"
 	"cellvisor/agentmetrics"
+	"cellvisor/cgexec"
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/controlclient"

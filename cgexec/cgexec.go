@@ -12,8 +12,8 @@
 // entry point. Exec'd through /proc/self/exe it costs about what exec of a
 // static C program costs. A binary without it (another architecture, a
 // build without LDFlags, a test binary) uses the same helper written as a
-// /bin/sh script, which costs about half a millisecond more CPU per cell
-// (the shell's dynamic loading and start).
+// /bin/sh script, which costs half a millisecond to a millisecond more CPU
+// per cell (the shell's dynamic loading and start).
 //
 // The package links nothing but the standard library: the benchmark's floor
 // (internal/floorspawn) starts its cells through it as the agent does.
@@ -133,7 +133,7 @@ func joinCommand(builtin bool, exe string, tasks, argv []string) (string, []stri
 
 // Standby returns the program and argv of a standby: it joins like Join,
 // then blocks reading fd (a pipe from the caller, inherited as that fd). The
-// line "exec" (see Release) makes it exec argv in place with fd closed;
+// line "exec" (ReleaseLine) makes it exec argv in place with fd closed;
 // anything else, or end of file, makes it exit 0 having started nothing.
 func Standby(fd int, tasks, argv []string) (path string, args []string) {
 	return standbyCommand(Builtin(), selfExe, fd, tasks, argv)

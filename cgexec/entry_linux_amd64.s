@@ -164,8 +164,13 @@ join:
 	MOVQ	$SYS_close, AX
 	SYSCALL
 	MOVQ	R8, AX
+	CMPQ	AX, $1
+	JEQ	joinnext
 	CMPQ	AX, $-4096
 	JHI	joinfail
+	MOVQ	$-5, AX // wrote nothing, with no error: EIO
+	JMP	joinfail
+joinnext:
 	INCQ	R14
 	JMP	joinloop
 

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"cellvisor/cgexec"
-
 	"cellvisor/internal/testutil"
 )
 

@@ -12,9 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/cgexec"
-
 	"cellvisor/agent"
+	"cellvisor/cgexec"
 	"cellvisor/cgroup"
 	"cellvisor/internal/testutil"
 )

@@ -17,9 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/cgexec"
-
 	"cellvisor/agent"
+	"cellvisor/cgexec"
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/domain"

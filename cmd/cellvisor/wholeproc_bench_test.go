@@ -681,16 +681,13 @@ func inAll(g cgroup.Group, pid int) bool {
 	return true
 }
 
-// hostCPU is the CPU time every process of the host has run, from the
-// root cgroup's accounting (v1 cpuacct.usage, v2 cpu.stat usage_usec), or
-// 0 where neither can be read.
 // settle waits, at most a second, until the host has been all but idle
 // (under half a millisecond of CPU on all its CPUs) for 5 ms: what a
 // contender left the kernel to finish once stopped (its processes torn
 // down, its cgroups freed, which the kernel does after rmdir returns) must
 // not fall on the next one's start. Without it, the floor measured right
 // after the agent's stop started 8 % slower than the floor measured before
-// the agent's start (77.5 against 83.8 ms, 10 runs each).
+// the agent's start (83.8 against 77.5 ms, 10 runs each).
 func settle() {
 	deadline := time.Now().Add(time.Second)
 	prev := hostCPU()
@@ -704,6 +701,9 @@ func settle() {
 	}
 }
 
+// hostCPU is the CPU time every process of the host has run, from the
+// root cgroup's accounting (v1 cpuacct.usage, v2 cpu.stat usage_usec), or
+// 0 where neither can be read.
 func hostCPU() time.Duration {
 	if data, err := os.ReadFile("/sys/fs/cgroup/cpuacct/cpuacct.usage"); err == nil {
 		ns, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)

@@ -11,10 +11,10 @@
 // and writes their limits, in turn, while the main one starts each cell's
 // command as soon as its groups are there, through the agent's own join
 // helper (cgexec.Join) for a cell in v1 groups: built into floorspawn when it
-// is linked with cgexec.LDFlags, as the agent is. A cell's listen addresses are bound here and handed to
-// its master as the agent hands them (fds 3 on, named by the NGINX
-// variable). It verifies
-// nothing, logs nothing and keeps no state. On SIGTERM or SIGINT it kills
+// is linked with cgexec.LDFlags, as the agent is. A cell's listen addresses
+// are bound here and handed to its master as the agent hands them (fds 3
+// on, named by the NGINX variable). It verifies nothing, logs nothing and
+// keeps no state. On SIGTERM or SIGINT it kills
 // every cell's process group, reaps its children and exits 0; the groups
 // are left for its caller to remove.
 package main
