@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/edgeapi"
 	"cellvisor/egress"
 	"cellvisor/internal/atomicfile"
 	"cellvisor/internal/safefile"
@@ -46,9 +47,22 @@ type SecurityEvent struct {
 // counters is what the producer last turned into bundles, persisted so
 // that a restarted agent (whose cells kept running and counting) reports
 // what they counted meanwhile.
+//
+// The counters and the bundles made from them are not one write: the
+// counters are persisted with the bundles they make (Pending) before the
+// bundles are journaled, and without them after. A producer that finds
+// pending bundles (its agent ended between the two writes) submits them
+// again under their own ids: the journal ignores an id it holds, and the
+// destination ingests by id, so a bundle delivered just before the agent
+// ended is not counted twice, and one never journaled is not lost.
 type counters struct {
-	At    time.Time               `json:"at"`
-	Cells map[string]cellCounters `json:"cells"`
+	At      time.Time               `json:"at"`
+	Cells   map[string]cellCounters `json:"cells"`
+	Pending []edgeapi.Bundle        `json:"pending,omitempty"`
+	// Prev are the counters before Pending's bundles: a class whose
+	// pending bundle the journal refuses gets its own back, so that the
+	// next bundle counts what it would have.
+	Prev *counters `json:"prev,omitempty"`
 }
 
 type cellCounters struct {
@@ -65,17 +79,70 @@ type Producer struct {
 	file   string
 	log    *zap.Logger
 	last   counters
+	// beforeSubmit, when set (tests), runs once Produce has persisted its
+	// pending bundles, before it journals them.
+	beforeSubmit func()
 }
 
 // NewProducer reads the counters a previous agent persisted in dir.
 func NewProducer(s *Sender, dir string, sample func(context.Context) []CellSample) *Producer {
 	p := &Producer{s: s, sample: sample, file: filepath.Join(dir, "counters.json"), log: s.log.Named("producer")}
 	data, err := safefile.ReadFile(context.Background(), p.file, 1<<20)
-	if err == nil && json.Unmarshal(data, &p.last) == nil && p.last.Cells != nil {
+	if err != nil || json.Unmarshal(data, &p.last) != nil || p.last.Cells == nil {
+		p.last = counters{}
 		return p
 	}
-	p.last = counters{}
+	if len(p.last.Pending) > 0 {
+		p.resubmit()
+	}
 	return p
+}
+
+// resubmit submits the bundles a previous producer persisted as pending,
+// gives a refused one's class its previous counters back, and persists
+// the outcome.
+func (p *Producer) resubmit() {
+	prev := p.last.Prev
+	for _, b := range p.last.Pending {
+		if err := p.s.Submit(b); err != nil {
+			p.log.Error("pending bundle refused", zap.String("class", b.Class), zap.String("bundle", b.ID), zap.Error(err))
+			if prev != nil {
+				p.last = restore(p.last, *prev, egress.Class(b.Class))
+			}
+			continue
+		}
+		p.log.Info("pending bundle submitted again", zap.String("class", b.Class), zap.String("bundle", b.ID))
+	}
+	p.last.Pending, p.last.Prev = nil, nil
+	p.persist(p.last)
+}
+
+// restore gives next class's counters from prev back.
+func restore(next, prev counters, class egress.Class) counters {
+	cells := make(map[string]cellCounters, len(next.Cells))
+	for cell, c := range next.Cells {
+		was := prev.Cells[cell]
+		switch class {
+		case egress.Metering:
+			c.Requests = was.Requests
+		case egress.SIEMForwarding:
+			c.AuthFailures = was.AuthFailures
+		}
+		cells[cell] = c
+	}
+	next.Cells = cells
+	if class == egress.Metering {
+		next.At = prev.At // the metering interval goes on
+	}
+	return next
+}
+
+// persist writes c to the producer's file.
+func (p *Producer) persist(c counters) {
+	data, _ := json.Marshal(c)
+	if err := atomicfile.WriteFile(p.file, data, 0o600); err != nil {
+		p.log.Error("persist egress counters", zap.Error(err))
+	}
 }
 
 // Run produces every interval until ctx ends.
@@ -116,28 +183,57 @@ func (p *Producer) Produce(ctx context.Context) {
 			events = append(events, SecurityEvent{Cell: c.Cell, Kind: "auth_failure", Count: d, LastReason: c.LastReason, ObservedAt: now})
 		}
 	}
+	bundles := map[egress.Class]edgeapi.Bundle{}
+	built := func(class egress.Class, n int, items any) bool {
+		if n == 0 {
+			return true
+		}
+		b, err := NewBundle(p.s.o.Org, p.s.o.EdgeID, class, now, items)
+		if err != nil {
+			p.log.Error("bundle refused", zap.String("class", string(class)), zap.Error(fmt.Errorf("build %s bundle: %w", class, err)))
+			return false
+		}
+		bundles[class] = b
+		return true
+	}
+	mOK, sOK := built(egress.Metering, len(meter), meter), built(egress.SIEMForwarding, len(events), events)
+	if len(bundles) > 0 {
+		// The counters with the bundles they make, before the bundles are
+		// journaled (see counters).
+		pending := next
+		last := p.last
+		for _, class := range []egress.Class{egress.Metering, egress.SIEMForwarding} {
+			if b, ok := bundles[class]; ok {
+				pending.Pending = append(pending.Pending, b)
+			}
+		}
+		pending.Prev = &last
+		p.persist(pending)
+		if p.beforeSubmit != nil {
+			p.beforeSubmit()
+		}
+	}
+	for class, b := range bundles {
+		if err := p.s.Submit(b); err != nil {
+			p.log.Error("bundle refused", zap.String("class", string(class)), zap.Error(fmt.Errorf("submit %s bundle: %w", class, err)))
+			if class == egress.Metering {
+				mOK = false
+			} else {
+				sOK = false
+			}
+		}
+	}
 	// A class whose bundle was refused keeps its previous counters, so that
 	// the next bundle counts what this one would have.
-	mOK, sOK := p.submit(egress.Metering, now, meter), p.submit(egress.SIEMForwarding, now, events)
-	if p.last.Cells != nil && (!mOK || !sOK) {
-		for cell, c := range next.Cells {
-			prev := p.last.Cells[cell]
-			if !mOK {
-				c.Requests = prev.Requests
-			}
-			if !sOK {
-				c.AuthFailures = prev.AuthFailures
-			}
-			next.Cells[cell] = c
-		}
+	if p.last.Cells != nil {
 		if !mOK {
-			next.At = p.last.At // the metering interval goes on
+			next = restore(next, p.last, egress.Metering)
+		}
+		if !sOK {
+			next = restore(next, p.last, egress.SIEMForwarding)
 		}
 	}
-	data, _ := json.Marshal(next)
-	if err := atomicfile.WriteFile(p.file, data, 0o600); err != nil {
-		p.log.Error("persist egress counters", zap.Error(err))
-	}
+	p.persist(next)
 	p.last = next
 }
 
@@ -148,26 +244,4 @@ func delta(now, prev int64) int64 {
 		return now
 	}
 	return now - prev
-}
-
-func (p *Producer) submit(class egress.Class, now time.Time, items any) bool {
-	switch v := items.(type) {
-	case []Metering:
-		if len(v) == 0 {
-			return true
-		}
-	case []SecurityEvent:
-		if len(v) == 0 {
-			return true
-		}
-	}
-	b, err := NewBundle(p.s.o.Org, p.s.o.EdgeID, class, now, items)
-	if err == nil {
-		err = p.s.Submit(b)
-	}
-	if err != nil {
-		p.log.Error("bundle refused", zap.String("class", string(class)), zap.Error(fmt.Errorf("submit %s bundle: %w", class, err)))
-		return false
-	}
-	return true
 }
