@@ -59,14 +59,18 @@ const joinShell = "/bin/sh"
 // 126 if a group cannot be joined (the shell prints "cellvisor-cgexec: 1:
 // cannot create …"). Paths and arguments arrive as positional parameters,
 // never in the script text.
-const joinScript = `while [ "$1" != -- ]; do echo 0 > "$1" || exit 126; shift; done; shift; [ $# -gt 0 ] || { echo "$0: no program" >&2; exit 126; }; exec "$@"`
+const joinScript = joinLoop + `exec "$@"`
+
+// joinLoop is both scripts' join: every tasks file up to "--", then a
+// program to exec.
+const joinLoop = `while [ "$1" != -- ]; do echo 0 > "$1" || exit 126; shift; done; shift; [ $# -gt 0 ] || { echo "$0: no program" >&2; exit 126; }; `
 
 // standbyScript joins like joinScript, then blocks reading fd @FD@. The line
 // "exec" makes it exec the cell, already inside its groups, with that fd
 // closed; anything else or end of file (the agent closed the pipe, or
 // exited) makes it exit 0 without starting anything, so a standby never
 // outlives its agent.
-const standbyScript = `while [ "$1" != -- ]; do echo 0 > "$1" || exit 126; shift; done; shift; [ $# -gt 0 ] || { echo "$0: no program" >&2; exit 126; }; read -r go <&@FD@ || exit 0; [ "$go" = exec ] || exit 0; exec "$@" @FD@<&-`
+const standbyScript = joinLoop + `read -r go <&@FD@ || exit 0; [ "$go" = exec ] || exit 0; exec "$@" @FD@<&-`
 
 // LDFlags returns the linker flags that make a binary for this platform
 // carry the helper, or "" where it has none. Only binaries that link this

@@ -84,7 +84,7 @@ func (m *v2) Ensure(name string, l Limits) (Group, error) {
 	if err := m.ensureAt(m.base, name, l); err != nil {
 		return nil, err
 	}
-	return m.Open(name)
+	return &v2Group{m: m, name: name}, nil // made just now: Open's stat would only find it
 }
 
 // ensureAt creates or updates group name under base with l.

@@ -183,54 +183,46 @@ func (p *Producer) Produce(ctx context.Context) {
 			events = append(events, SecurityEvent{Cell: c.Cell, Kind: "auth_failure", Count: d, LastReason: c.LastReason, ObservedAt: now})
 		}
 	}
-	bundles := map[egress.Class]edgeapi.Bundle{}
-	built := func(class egress.Class, n int, items any) bool {
-		if n == 0 {
-			return true
+	// A class whose bundle cannot be built or is refused keeps its
+	// previous counters, so that the next bundle counts what this one
+	// would have.
+	refused := map[egress.Class]bool{}
+	var bundles []edgeapi.Bundle
+	for _, c := range []struct {
+		class egress.Class
+		n     int
+		items any
+	}{{egress.Metering, len(meter), meter}, {egress.SIEMForwarding, len(events), events}} {
+		if c.n == 0 {
+			continue
 		}
-		b, err := NewBundle(p.s.o.Org, p.s.o.EdgeID, class, now, items)
+		b, err := NewBundle(p.s.o.Org, p.s.o.EdgeID, c.class, now, c.items)
 		if err != nil {
-			p.log.Error("bundle refused", zap.String("class", string(class)), zap.Error(fmt.Errorf("build %s bundle: %w", class, err)))
-			return false
+			p.log.Error("bundle refused", zap.String("class", string(c.class)), zap.Error(fmt.Errorf("build %s bundle: %w", c.class, err)))
+			refused[c.class] = true
+			continue
 		}
-		bundles[class] = b
-		return true
+		bundles = append(bundles, b)
 	}
-	mOK, sOK := built(egress.Metering, len(meter), meter), built(egress.SIEMForwarding, len(events), events)
 	if len(bundles) > 0 {
 		// The counters with the bundles they make, before the bundles are
 		// journaled (see counters).
-		pending := next
-		last := p.last
-		for _, class := range []egress.Class{egress.Metering, egress.SIEMForwarding} {
-			if b, ok := bundles[class]; ok {
-				pending.Pending = append(pending.Pending, b)
-			}
-		}
-		pending.Prev = &last
+		pending, last := next, p.last
+		pending.Pending, pending.Prev = bundles, &last
 		p.persist(pending)
 		if p.beforeSubmit != nil {
 			p.beforeSubmit()
 		}
 	}
-	for class, b := range bundles {
+	for _, b := range bundles {
 		if err := p.s.Submit(b); err != nil {
-			p.log.Error("bundle refused", zap.String("class", string(class)), zap.Error(fmt.Errorf("submit %s bundle: %w", class, err)))
-			if class == egress.Metering {
-				mOK = false
-			} else {
-				sOK = false
-			}
+			p.log.Error("bundle refused", zap.String("class", b.Class), zap.Error(fmt.Errorf("submit %s bundle: %w", b.Class, err)))
+			refused[egress.Class(b.Class)] = true
 		}
 	}
-	// A class whose bundle was refused keeps its previous counters, so that
-	// the next bundle counts what this one would have.
 	if p.last.Cells != nil {
-		if !mOK {
-			next = restore(next, p.last, egress.Metering)
-		}
-		if !sOK {
-			next = restore(next, p.last, egress.SIEMForwarding)
+		for class := range refused {
+			next = restore(next, p.last, class)
 		}
 	}
 	p.persist(next)

@@ -505,9 +505,10 @@ func hashFile(path string, buf []byte) (string, error) {
 	}
 	defer f.Close()
 	h := sha256.New()
-	// Only the Reader: an *os.File's WriteTo would copy through a buffer
-	// of its own.
-	if _, err := io.CopyBuffer(h, struct{ io.Reader }{f}, buf); err != nil {
+	// Through a LimitReader (a file that keeps growing is read no further
+	// than its bound, and then fails its hash), which also hides an
+	// *os.File's WriteTo, which would copy through a buffer of its own.
+	if _, err := io.CopyBuffer(h, io.LimitReader(f, maxReleaseFile+1), buf); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil

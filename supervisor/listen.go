@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/internal/safefile"
+	"cellvisor/runtime"
 )
 
 // The agent binds each cell's public TCP ports itself and hands the
@@ -85,8 +86,8 @@ func confListen(path string, ports ...int) (addr string, ok bool) {
 	for rest := string(data); rest != ""; {
 		var line string
 		line, rest, _ = strings.Cut(rest, "\n")
-		// Only a listen directive is split into fields (a start reads the
-		// whole file, twice per slot: once to bind early, once to start).
+		// Only a listen directive is split into fields: the file is read
+		// whole at every start (and at the agent's, to bind early).
 		if t := strings.TrimLeft(line, " \t"); !strings.HasPrefix(t, "listen") {
 			continue
 		}
@@ -190,12 +191,19 @@ func (c *slot) holdListeners() error {
 	if c.ln != nil {
 		return nil
 	}
-	addr, ok := confListen(c.spec.ConfPath(), c.spec.HTTPPort, c.spec.HTTPSPort)
-	if early := c.early; early != nil {
+	early := c.early
+	c.early = nil
+	if early != nil && c.earlySeq >= 0 {
 		// Bound for the release active when the agent began: the one about
-		// to start, unless the start-up built another that listens
-		// elsewhere.
-		c.early = nil
+		// to start, unless the start-up built or rolled back to another
+		// (another sequence), which is read for where it listens.
+		if seq, ok := runtime.CurrentSequence(c.spec); ok && seq == c.earlySeq {
+			c.ln = early
+			return nil
+		}
+	}
+	addr, ok := confListen(c.spec.ConfPath(), c.spec.HTTPPort, c.spec.HTTPSPort)
+	if early != nil {
 		if ok && c.earlyAddr == addr {
 			c.ln = early
 			return nil
@@ -220,6 +228,9 @@ func (c *slot) holdListeners() error {
 // running by a previous agent holds them; recovery adopts it) or the
 // release cannot be read; the start then binds as it always does.
 func (c *slot) bindEarly() {
+	// The sequence first: a release switched to meanwhile reads as another
+	// one at the start, never the other way round.
+	seq, known := runtime.CurrentSequence(c.spec)
 	addr, ok := confListen(c.spec.ConfPath(), c.spec.HTTPPort, c.spec.HTTPSPort)
 	if !ok {
 		return
@@ -229,7 +240,10 @@ func (c *slot) bindEarly() {
 		c.log.Debug("ports not bound ahead of the start", zap.Error(err))
 		return
 	}
-	c.early, c.earlyAddr = ln, addr
+	c.early, c.earlyAddr, c.earlySeq = ln, addr, -1
+	if known {
+		c.earlySeq = seq
+	}
 }
 
 // dropEarly closes the listeners bindEarly bound, if the slot's start did

@@ -315,3 +315,66 @@ func TestEarlyListenersTakenRefusedUnprepared(t *testing.T) {
 		}
 	}
 }
+
+// linkRelease makes sl's active release a release directory of sequence
+// seq (its current link switched to it), listening on addr.
+func linkRelease(t *testing.T, sl runtime.Slot, seq int64, addr string) string {
+	t.Helper()
+	id := fmt.Sprintf("%012d-%016x", seq, seq)
+	dir := filepath.Join(sl.RuntimeDir(), "releases", id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := fmt.Sprintf("http {\n  server {\n    listen %[1]s:%[2]d;\n    listen %[1]s:%[3]d ssl;\n  }\n}\n", addr, sl.HTTPPort, sl.HTTPSPort)
+	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(sl.RuntimeDir(), "current")
+	os.RemoveAll(link)
+	if err := os.Symlink(filepath.Join("releases", id), link); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(dir, "nginx.conf")
+}
+
+// The first start on the release the ports were bound for takes them as
+// they are: its nginx.conf is not read again (here it no longer parses,
+// which a second read would take for a release that binds its own ports).
+// A release switched to meanwhile (another sequence) is read for where it
+// listens.
+func TestEarlyListenersKeptForTheSameRelease(t *testing.T) {
+	s := earlySupervisor(t, &stubManager{}, nil)
+	c, d := s.slots[0], s.slots[1]
+	for _, sl := range []*slot{c, d} {
+		os.RemoveAll(filepath.Join(sl.spec.RuntimeDir(), "current"))
+	}
+	conf := linkRelease(t, c.spec, 1, "127.0.0.1")
+	linkRelease(t, d.spec, 1, "127.0.0.1")
+	s.Prepare()
+	early := c.early
+	if early == nil {
+		t.Fatal("nothing bound ahead")
+	}
+	if err := os.WriteFile(conf, []byte("garbage\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.holdListeners(); err != nil {
+		t.Fatal(err)
+	}
+	if c.ln != early {
+		t.Error("the start on the same release did not take the listeners bound ahead")
+	}
+	dEarly := d.early
+	linkRelease(t, d.spec, 2, "127.0.0.2")
+	if err := d.holdListeners(); err != nil {
+		t.Fatal(err)
+	}
+	if d.ln == nil || d.ln == dEarly {
+		t.Fatal("the start on another release kept the listeners bound for the first")
+	}
+	conn, err := net.DialTimeout("tcp", "127.0.0.2:"+strconv.Itoa(d.spec.HTTPPort), time.Second)
+	if err != nil {
+		t.Fatalf("the new release's address does not accept: %v", err)
+	}
+	conn.Close()
+}

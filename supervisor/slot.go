@@ -78,11 +78,13 @@ type slot struct {
 	// (listen.go), nil otherwise. Only the slot's routine uses it.
 	ln *listeners
 	// early are the listeners Prepare bound ahead of the slot's first
-	// start, where its active release listens (earlyAddr); the start takes
-	// them, and Run's start pass closes any it did not take. Set before
-	// Run; only that pass and the slot's routine use them.
+	// start, where its active release (earlySeq, -1 if unknown) listens
+	// (earlyAddr); the start takes them, and Run's start pass closes any
+	// it did not take. Set before Run; only that pass and the slot's
+	// routine use them.
 	early     *listeners
 	earlyAddr string
+	earlySeq  int64
 	// condemned says the group's leftovers were killed (not waited for)
 	// after the last exit, with the listeners held: the next start need
 	// not kill them again. Only the slot's routine uses it.

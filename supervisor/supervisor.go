@@ -273,9 +273,15 @@ func (s *Supervisor) Prepare() {
 		}
 		c.mu.Unlock()
 	}
+	s.prepareGroups(assigned) // first: the groups are the longer work
 	for _, c := range assigned {
 		c.bindEarly()
 	}
+}
+
+// prepareGroups starts Prepare's goroutine making the groups assigned
+// slots have none of.
+func (s *Supervisor) prepareGroups(assigned []*slot) {
 	if s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
 		return
 	}
