@@ -21,11 +21,12 @@ package cgexec
 
 import (
 	"encoding/binary"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
+
+	"cellvisor/internal/sysfile"
 )
 
 // Names of the helper, as argv[0]: they select the helper's mode in a
@@ -94,7 +95,7 @@ var Builtin = sync.OnceValue(func() bool {
 
 // auxEntry reads AT_ENTRY from the process's auxiliary vector.
 func auxEntry() (uintptr, error) {
-	data, err := os.ReadFile("/proc/self/auxv")
+	data, err := sysfile.ReadFile("/proc/self/auxv", 4096)
 	if err != nil {
 		return 0, err
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"os"
 	"path"
 	"path/filepath"
 	"strings"
@@ -48,7 +47,7 @@ type selfPaths map[string]string
 func readSelf(data []byte) (selfPaths, error) {
 	if data == nil {
 		var err error
-		if data, err = os.ReadFile("/proc/self/cgroup"); err != nil {
+		if data, err = readFile("/proc/self/cgroup"); err != nil {
 			return nil, fmt.Errorf("read own cgroup: %w", err)
 		}
 	}
@@ -57,7 +56,7 @@ func readSelf(data []byte) (selfPaths, error) {
 
 // readOwn is parseOwn of this process's /proc/self/cgroup.
 func readOwn() (selfPaths, error) {
-	data, err := os.ReadFile("/proc/self/cgroup")
+	data, err := readFile("/proc/self/cgroup")
 	if err != nil {
 		return nil, fmt.Errorf("read own cgroup: %w", err)
 	}

@@ -16,11 +16,12 @@ import (
 	"time"
 
 	"cellvisor/internal/backoff"
+	"cellvisor/internal/sysfile"
 )
 
 // readUint reads a single-number cgroup file; "max" reads as 0.
 func readUint(path string) (uint64, error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -33,7 +34,7 @@ func readUint(path string) (uint64, error) {
 
 // readKV reads a "key value" per line cgroup file (memory.events, cpu.stat).
 func readKV(path string) (map[string]uint64, error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +54,7 @@ func readKV(path string) (map[string]uint64, error) {
 
 // readProcs reads a cgroup.procs file.
 func readProcs(path string) ([]int, error) {
-	b, err := os.ReadFile(path)
+	b, err := readFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -68,9 +69,17 @@ func readProcs(path string) ([]int, error) {
 	return pids, nil
 }
 
-func writeFile(path, value string) error {
-	return os.WriteFile(path, []byte(value), 0)
-}
+// maxControlFile bounds what is read of a cgroup or proc file: a
+// cgroup.procs of a hundred thousand pids.
+const maxControlFile = 1 << 20
+
+// readFile reads a cgroup or proc file (sysfile: a few hundred of them are
+// read and written on a cold start, on the start's path).
+func readFile(path string) ([]byte, error) { return sysfile.ReadFile(path, maxControlFile) }
+
+// writeFile writes a cgroup control file (as os.WriteFile did, so that the
+// unit tests' stand-in hierarchies take it too).
+func writeFile(path, value string) error { return sysfile.WriteFile(path, []byte(value), 0o644) }
 
 // waitEmpty polls list until it reports no processes, with a short backoff,
 // bounded by ctx. A kill takes effect within microseconds to milliseconds, so
@@ -175,16 +184,9 @@ func join(parts ...string) string { return filepath.Join(parts...) }
 // writeBurst sets a CPU burst file, where the kernel has one (opened
 // without O_CREAT: a missing file is ENOENT, with no stat before).
 func writeBurst(path string, us uint64) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	err := sysfile.WriteExisting(path, []byte(strconv.FormatUint(us, 10)))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
-	}
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(strconv.FormatUint(us, 10))
-	if cerr := f.Close(); err == nil {
-		err = cerr
 	}
 	return err
 }

@@ -36,7 +36,7 @@ func lockDir(dir string) (io.Closer, error) {
 
 // holders names the processes in dir's agent leaf, to say who holds it.
 func holders(dir string) string {
-	b, err := os.ReadFile(join(dir, AgentLeaf, "cgroup.procs"))
+	b, err := readFile(join(dir, AgentLeaf, "cgroup.procs"))
 	if err != nil || len(strings.TrimSpace(string(b))) == 0 {
 		return ""
 	}

@@ -345,7 +345,7 @@ func (g *v1Group) Condemn(ctx context.Context, keep int) error { return g.kill(c
 // pending, and none can fork any more). The pids limit is restored after.
 func (g *v1Group) kill(ctx context.Context, keep int, wait bool) error {
 	pidsMax := g.file("pids", "pids.max")
-	prev, err := os.ReadFile(pidsMax)
+	prev, err := readFile(pidsMax)
 	if err != nil {
 		if os.IsNotExist(err) {
 			return nil
@@ -427,7 +427,7 @@ func (g *v1Group) Limits() (Limits, error) {
 	if err != nil {
 		return l, err
 	}
-	quota, err := os.ReadFile(g.file("cpu", "cpu.cfs_quota_us"))
+	quota, err := readFile(g.file("cpu", "cpu.cfs_quota_us"))
 	if err != nil {
 		return l, err
 	}

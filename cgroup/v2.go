@@ -60,7 +60,7 @@ func newV2(root string, self selfPaths, subtree, cells string) (*v2, error) {
 
 // checkControllers tells whether memory, cpu and pids are delegated to p.
 func checkControllers(root, p string) error {
-	have, err := os.ReadFile(join(root, p, "cgroup.controllers"))
+	have, err := readFile(join(root, p, "cgroup.controllers"))
 	if err != nil {
 		return fmt.Errorf("cgroup v2: %w", err)
 	}
@@ -287,7 +287,7 @@ func (g *v2Group) Limits() (Limits, error) {
 	if err != nil {
 		return l, err
 	}
-	b, err := os.ReadFile(g.file("cpu.max"))
+	b, err := readFile(g.file("cpu.max"))
 	if err != nil {
 		return l, err
 	}

@@ -177,7 +177,7 @@ func setFrozen(ctx context.Context, dir string, frozen bool) error {
 		if err := writeFile(f, want); err != nil {
 			return err
 		}
-		got, err := os.ReadFile(f)
+		got, err := readFile(f)
 		if err != nil {
 			return err
 		}

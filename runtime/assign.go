@@ -8,6 +8,7 @@ import (
 
 	"cellvisor/domain"
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/sysfile"
 )
 
 const assignmentsFile = "assignments.json"
@@ -33,7 +34,7 @@ func InitialAssignments(t Topology) Assignments {
 // initial ones on first start.
 func LoadOrCreateAssignments(stateDir string, t Topology) (Assignments, error) {
 	path := filepath.Join(stateDir, assignmentsFile)
-	data, err := os.ReadFile(path)
+	data, err := sysfile.ReadFile(path, maxStateFile)
 	if os.IsNotExist(err) {
 		a := InitialAssignments(t)
 		return a, SaveAssignments(stateDir, t, a)
@@ -79,7 +80,7 @@ const limitsFile = "pool-limits.json"
 // signed assignments, by pool; none persisted (standalone, or a spool
 // without assignments) means none.
 func LoadPoolLimits(stateDir string) (map[string]PoolLimits, error) {
-	data, err := os.ReadFile(filepath.Join(stateDir, limitsFile))
+	data, err := sysfile.ReadFile(filepath.Join(stateDir, limitsFile), maxStateFile)
 	if os.IsNotExist(err) {
 		return map[string]PoolLimits{}, nil
 	}

@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -17,6 +16,7 @@ import (
 	"sync"
 
 	"cellvisor/domain"
+	"cellvisor/internal/sysfile"
 )
 
 // LoadDomainsDir reads every *.json domain file in dir, refusing the whole
@@ -29,7 +29,7 @@ func LoadDomainsDir(dir string) ([]domain.Domain, error) {
 	sort.Strings(files)
 	var out []domain.Domain
 	for _, f := range files {
-		data, err := os.ReadFile(f)
+		data, err := sysfile.ReadFile(f, maxDomainFile)
 		if err != nil {
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/sysfile"
 )
 
 // ensureSecret creates a 256-bit random secret, hex-encoded, mode 0600, once.
@@ -27,7 +28,7 @@ func ensureSecret(path string) error {
 
 // Secret reads the slot's private-endpoint secret.
 func (s Slot) Secret() ([]byte, error) {
-	b, err := os.ReadFile(s.SecretFile())
+	b, err := sysfile.ReadFile(s.SecretFile(), maxStateFile)
 	if err != nil {
 		return nil, fmt.Errorf("read secret of %s: %w", s.Name, err)
 	}
@@ -68,7 +69,7 @@ func WriteDrainConf(s Slot, drained bool) error {
 // disk), before any cell could start.
 func syncDrainConf(s Slot) error {
 	drained := s.Drained()
-	if cur, err := os.ReadFile(s.DrainConf()); err == nil && bytes.Equal(cur, drainConf(drained)) {
+	if cur, err := sysfile.ReadFile(s.DrainConf(), maxStateFile); err == nil && bytes.Equal(cur, drainConf(drained)) {
 		return nil
 	}
 	return WriteDrainConf(s, drained)

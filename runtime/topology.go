@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/sysfile"
 )
 
 // ErrTopologyChanged is returned when the configuration asks for a topology
@@ -131,6 +132,15 @@ func (t Topology) Slot(name string) (Slot, bool) {
 	return Slot{}, false
 }
 
+// Bounds of what a start reads: the agent's own state files (topology,
+// assignments, pool limits, a slot's secret and drain configuration), and
+// a file of domains_dir, one domain as the control API sends it in one
+// artifact (at most 1 MiB, manifest.MaxArtifactBytes).
+const (
+	maxStateFile  = 4 << 20
+	maxDomainFile = 1 << 20
+)
+
 // LoadOrCreate returns the persisted topology, refusing a layout that differs
 // from it; on first start it checks the planned topology for collisions
 // (including ports already taken by another listener), creates every slot's
@@ -138,7 +148,7 @@ func (t Topology) Slot(name string) (Slot, bool) {
 func LoadOrCreate(l Layout) (t Topology, created bool, err error) {
 	want := Plan(l)
 	path := filepath.Join(l.StateDir, topologyFile)
-	data, err := os.ReadFile(path)
+	data, err := sysfile.ReadFile(path, maxStateFile)
 	switch {
 	case err == nil:
 		if err := json.Unmarshal(data, &t); err != nil {
@@ -239,7 +249,7 @@ func (t Topology) MakeDirs() error {
 // 32768 where it cannot be read. A listener inside that range can find its
 // port taken by the local end of some outgoing connection.
 func EphemeralLow() int {
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+	if b, err := sysfile.ReadFile("/proc/sys/net/ipv4/ip_local_port_range", 64); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
 			if lo, err := strconv.Atoi(f[0]); err == nil && lo > 1024 {
 				return lo

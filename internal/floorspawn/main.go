@@ -32,6 +32,7 @@ import (
 	"syscall"
 
 	"cellvisor/cgexec"
+	"cellvisor/internal/sysfile"
 )
 
 // spec is what floorspawn starts.
@@ -111,14 +112,15 @@ func run() error {
 	return nil
 }
 
-// create makes c's groups and writes their limits.
+// create makes c's groups and writes their limits, as the agent writes
+// them (sysfile).
 func create(c cell) error {
 	for _, g := range c.Groups {
 		if err := os.Mkdir(g.Dir, 0o755); err != nil {
 			return err
 		}
 		for _, l := range g.Limits {
-			if err := os.WriteFile(filepath.Join(g.Dir, l[0]), []byte(l[1]), 0o644); err != nil {
+			if err := sysfile.WriteFile(filepath.Join(g.Dir, l[0]), []byte(l[1]), 0o644); err != nil {
 				return err
 			}
 		}

@@ -6,8 +6,9 @@ package procstat
 import (
 	"bytes"
 	"fmt"
-	"os"
 	"strconv"
+
+	"cellvisor/internal/sysfile"
 )
 
 // minFields is the fields Fields promises: through rss (field 24).
@@ -19,7 +20,7 @@ const minFields = 24 - 2
 // start time (22), f[20] and f[21] vsize and rss (23, 24).
 func Fields(pid int) ([]string, error) {
 	path := "/proc/" + strconv.Itoa(pid) + "/stat"
-	b, err := os.ReadFile(path)
+	b, err := sysfile.ReadFile(path, 4096)
 	if err != nil {
 		return nil, err
 	}

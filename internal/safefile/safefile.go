@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"syscall"
+	"slices"
+
+	"golang.org/x/sys/unix"
 )
 
 // Errors, by kind of refusal.
@@ -29,76 +31,151 @@ var (
 // FIFO) and checked again, as opened. A file over max bytes is refused
 // (ErrTooLarge) before it is read. It returns the file and its size.
 func Open(path string, max int64) (*os.File, int64, error) {
-	lst, err := os.Lstat(path)
+	fd, size, err := open(path, max)
 	if err != nil {
 		return nil, 0, err
 	}
-	if !lst.Mode().IsRegular() {
-		return nil, 0, fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, kind(lst.Mode()))
-	}
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
-	if errors.Is(err, syscall.ELOOP) {
-		return nil, 0, fmt.Errorf("%s: %w (a symbolic link)", path, ErrNotRegular)
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, 0, err
-	}
-	switch {
-	case !st.Mode().IsRegular() || !os.SameFile(lst, st):
-		f.Close()
-		return nil, 0, fmt.Errorf("%s: %w (%s, replaced while opened)", path, ErrNotRegular, kind(st.Mode()))
-	case st.Size() > max:
-		f.Close()
-		return nil, 0, fmt.Errorf("%s: %w: %d bytes, at most %d", path, ErrTooLarge, st.Size(), max)
-	}
-	return f, st.Size(), nil
+	return os.NewFile(uintptr(fd), path), size, nil
 }
 
-func kind(m os.FileMode) string {
+// open is Open on a bare descriptor: ReadFile and Copy read it with
+// read(2), without the five system calls an os.File adds to its open and
+// close (the runtime's poller, offered a file it refuses).
+func open(path string, max int64) (int, int64, error) {
+	var lst, st unix.Stat_t
+	if err := ignoringEINTR(func() error { return unix.Lstat(path, &lst) }); err != nil {
+		return -1, 0, &os.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	if !regular(lst.Mode) {
+		return -1, 0, fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, kind(lst.Mode))
+	}
+	var fd int
+	err := ignoringEINTR(func() (err error) {
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		return err
+	})
+	if err == unix.ELOOP {
+		return -1, 0, fmt.Errorf("%s: %w (a symbolic link)", path, ErrNotRegular)
+	}
+	if err != nil {
+		return -1, 0, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, 0, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
 	switch {
-	case m&os.ModeSymlink != 0:
+	case !regular(st.Mode) || st.Dev != lst.Dev || st.Ino != lst.Ino:
+		unix.Close(fd)
+		return -1, 0, fmt.Errorf("%s: %w (%s, replaced while opened)", path, ErrNotRegular, kind(st.Mode))
+	case st.Size > max:
+		unix.Close(fd)
+		return -1, 0, fmt.Errorf("%s: %w: %d bytes, at most %d", path, ErrTooLarge, st.Size, max)
+	}
+	return fd, st.Size, nil
+}
+
+func ignoringEINTR(f func() error) error {
+	for {
+		if err := f(); err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+func regular(mode uint32) bool { return mode&unix.S_IFMT == unix.S_IFREG }
+
+func kind(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFLNK:
 		return "a symbolic link"
-	case m&os.ModeNamedPipe != 0:
+	case unix.S_IFIFO:
 		return "a FIFO"
-	case m&os.ModeSocket != 0:
+	case unix.S_IFSOCK:
 		return "a socket"
-	case m&os.ModeDevice != 0:
+	case unix.S_IFBLK, unix.S_IFCHR:
 		return "a device"
-	case m.IsDir():
+	case unix.S_IFDIR:
 		return "a directory"
 	}
 	return "a regular file"
 }
 
-// ReadFile reads path whole with Open's rules, through a LimitReader of
-// max+1 bytes (a file that grows while it is read is refused too), in
-// chunks that stop once ctx ends.
+// chunk is the most one read(2) takes: a read of a large file notices an
+// ended context after at most this much.
+const chunk = 64 << 10
+
+// ReadFile reads path whole with Open's rules, at most max bytes (a file
+// that grows while it is read is refused too), in chunks that stop once
+// ctx ends.
 func ReadFile(ctx context.Context, path string, max int64) ([]byte, error) {
-	f, size, err := Open(path, max)
+	fd, size, err := open(path, max)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer unix.Close(fd)
 	buf := make([]byte, 0, size+1)
-	for r := Reader(ctx, io.LimitReader(f, max+1)); ; {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)] // grows only if the file did
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
+		if len(buf) == cap(buf) {
+			// Grows only if the file did, and never past max+1 in all.
+			buf = slices.Grow(buf, int(min(int64(cap(buf)), max+1-int64(len(buf)))))
+		}
+		n, err := readChunk(fd, buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if int64(len(buf)) > max {
 			return nil, fmt.Errorf("%s: %w: grew past %d bytes while read", path, ErrTooLarge, max)
 		}
-		if err == io.EOF {
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
 			return buf, nil
 		}
+	}
+}
+
+// Copy writes the content of path, opened with Open's rules, to w through
+// buf, and returns how many bytes it copied: a file that grows past max
+// while it is copied is refused (ErrTooLarge).
+func Copy(w io.Writer, path string, max int64, buf []byte) (int64, error) {
+	fd, _, err := open(path, max)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	if len(buf) == 0 {
+		buf = make([]byte, chunk)
+	}
+	var done int64
+	for {
+		n, err := readChunk(fd, buf[:min(int64(len(buf)), max+1-done)])
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", path, err)
+			return done, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if n == 0 {
+			return done, nil
+		}
+		if done += int64(n); done > max {
+			return done, fmt.Errorf("%s: %w: grew past %d bytes while read", path, ErrTooLarge, max)
+		}
+		if _, err := w.Write(buf[:n]); err != nil {
+			return done, err
+		}
+	}
+}
+
+// readChunk is one read(2) of at most chunk bytes into p, retried on EINTR.
+func readChunk(fd int, p []byte) (int, error) {
+	if len(p) > chunk {
+		p = p[:chunk]
+	}
+	for {
+		n, err := unix.Read(fd, p)
+		if err != unix.EINTR {
+			return max(n, 0), err
 		}
 	}
 }

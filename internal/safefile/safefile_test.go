@@ -1,8 +1,10 @@
 package safefile
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -67,5 +69,32 @@ func TestOpenRefusesAnythingButRegularFilesWithinTheBound(t *testing.T) {
 	stop()
 	if _, err := ReadFile(done, good, 5); !errors.Is(err, context.Canceled) {
 		t.Errorf("ended context: %v", err)
+	}
+}
+
+func TestCopyStreamsARegularFileWithinItsBound(t *testing.T) {
+	dir := t.TempDir()
+	data := make([]byte, 200_000) // more than one chunk and one buffer
+	for i := range data {
+		data[i] = byte(i % 251)
+	}
+	p := filepath.Join(dir, "f")
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	n, err := Copy(&got, p, int64(len(data)), make([]byte, 32<<10))
+	if err != nil || n != int64(len(data)) || !bytes.Equal(got.Bytes(), data) {
+		t.Fatalf("copied %d bytes (%d in the writer), %v; want the file's %d", n, got.Len(), err, len(data))
+	}
+	if _, err := Copy(io.Discard, p, int64(len(data))-1, make([]byte, 32<<10)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("over the bound: %v", err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Copy(io.Discard, fifo, 10, nil); !errors.Is(err, ErrNotRegular) {
+		t.Fatalf("fifo: %v", err)
 	}
 }
