@@ -312,6 +312,9 @@ func releaseDirs(s Slot) ([]string, error) {
 
 // Current reads the active release's metadata.
 func Current(s Slot) (ReleaseMeta, error) {
+	if m, ok := currentMetas.get(s); ok {
+		return m, nil
+	}
 	data, err := readMeta(filepath.Join(s.RuntimeDir(), currentLink, metaFile))
 	if os.IsNotExist(err) {
 		return ReleaseMeta{}, ErrNoRelease
@@ -323,7 +326,48 @@ func Current(s Slot) (ReleaseMeta, error) {
 	if err := json.Unmarshal(data, &m); err != nil {
 		return ReleaseMeta{}, fmt.Errorf("read release of %s: %w", s.Name, err)
 	}
+	currentMetas.put(s, m)
 	return m, nil
+}
+
+// currentMetas holds, for each slot, the release.json of the release it
+// had active when it was last read or verified. A release directory does
+// not change once installed (its ID is its sequence and content), so while
+// the slot's current link names that ID, Current answers from here after a
+// readlink instead of reading and decoding release.json again: a start
+// read it three times for every slot, at 20–40 µs each
+// (docs/performance.md, round 12). One entry per slot: a new release
+// replaces its slot's entry.
+var currentMetas = metaCache{m: map[string]ReleaseMeta{}}
+
+type metaCache struct {
+	mu sync.Mutex
+	m  map[string]ReleaseMeta // by the slot's runtime directory
+}
+
+// get is the slot's cached metadata if its current release is still the
+// one cached; the caller gets its own copy of the file hashes.
+func (c *metaCache) get(s Slot) (ReleaseMeta, bool) {
+	c.mu.Lock()
+	m, ok := c.m[s.RuntimeDir()]
+	c.mu.Unlock()
+	if !ok || currentID(s) != m.ID {
+		return ReleaseMeta{}, false
+	}
+	m.Files = maps.Clone(m.Files)
+	return m, true
+}
+
+// put caches m, read from or verified in the slot's release directory
+// named m.ID.
+func (c *metaCache) put(s Slot, m ReleaseMeta) {
+	if m.ID == "" {
+		return
+	}
+	m.Files = maps.Clone(m.Files)
+	c.mu.Lock()
+	c.m[s.RuntimeDir()] = m
+	c.mu.Unlock()
 }
 
 // Prune removes every release but the current one and the newest other one
@@ -497,18 +541,10 @@ func readMeta(path string) ([]byte, error) {
 var hashBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // hashFile is the hex SHA-256 of a release's file, read as it streams
-// through buf.
+// through buf; a file that grows past its bound while it is read fails.
 func hashFile(path string, buf []byte) (string, error) {
-	f, _, err := safefile.Open(path, maxReleaseFile)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
 	h := sha256.New()
-	// Through a LimitReader (a file that keeps growing is read no further
-	// than its bound, and then fails its hash), which also hides an
-	// *os.File's WriteTo, which would copy through a buffer of its own.
-	if _, err := io.CopyBuffer(h, io.LimitReader(f, maxReleaseFile+1), buf); err != nil {
+	if _, err := safefile.Copy(h, path, maxReleaseFile, buf); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
@@ -524,6 +560,9 @@ func VerifyCurrent(s Slot) (meta ReleaseMeta, rolledBack bool, err error) {
 		return ReleaseMeta{}, false, ErrNoRelease
 	}
 	m, cerr := VerifyRelease(filepath.Join(s.RuntimeDir(), releasesDir, cur))
+	if cerr == nil && m.ID == cur {
+		currentMetas.put(s, m)
+	}
 	if cerr == nil {
 		return m, false, nil
 	}
@@ -541,6 +580,9 @@ func VerifyCurrent(s Slot) (meta ReleaseMeta, rolledBack bool, err error) {
 		}
 		if err := Switch(s, id); err != nil {
 			return ReleaseMeta{}, false, err
+		}
+		if m.ID == id {
+			currentMetas.put(s, m)
 		}
 		return m, true, nil
 	}

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -332,5 +333,46 @@ func fifo(t *testing.T, path string) {
 	os.Remove(path)
 	if err := syscall.Mkfifo(path, 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Current answers from what was last read or verified while the slot's
+// current link still names that release, and reads again once it names
+// another: a start reads each release.json once.
+func TestCurrentReadsEachActiveReleaseOnce(t *testing.T) {
+	s := slotFor(t)
+	first := mustBuild(t, testParams(s, 1), nil)
+	if _, _, err := Activate(s, first); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := VerifyCurrent(s); err != nil {
+		t.Fatal(err)
+	}
+	meta := filepath.Join(s.RuntimeDir(), currentLink, metaFile)
+	if err := os.WriteFile(meta, []byte("not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Current(s)
+	if err != nil || m.ID != first.Meta.ID {
+		t.Fatalf("Current after verification: %s, %v; want %s without reading release.json again", m.ID, err, first.Meta.ID)
+	}
+	for name := range m.Files {
+		m.Files[name] = "changed by a caller"
+	}
+	if again, _ := Current(s); again.Files["nginx.conf"] != first.Meta.Files["nginx.conf"] {
+		t.Fatal("a caller's change to Files reached the next caller")
+	}
+	second := mustBuild(t, testParams(s, 2), &PoolRuntime{Pool: domain.PoolSharedDefault, Hosts: map[string]*domain.Domain{"b.test": {Domain: "b.test", Revision: 1}}})
+	if _, _, err := Activate(s, second); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := Current(s); err != nil || m.ID != second.Meta.ID {
+		t.Fatalf("Current after a switch: %s, %v; want %s", m.ID, err, second.Meta.ID)
+	}
+	if err := Withdraw(s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Current(s); !errors.Is(err, ErrNoRelease) {
+		t.Fatalf("Current after a withdrawal: %v, want ErrNoRelease", err)
 	}
 }

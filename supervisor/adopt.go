@@ -21,6 +21,7 @@ import (
 	"cellvisor/internal/atomicfile"
 	"cellvisor/internal/procstat"
 	"cellvisor/internal/safefile"
+	"cellvisor/internal/sysfile"
 	"cellvisor/runtime"
 )
 
@@ -74,9 +75,12 @@ func (c *slot) writeRecord(pid int, g cgroup.Group) {
 	}
 }
 
+// removeRecord removes the slot's master record, if there is one (with
+// unlink(2) alone: os.Remove tries rmdir(2) too when unlink fails, and a
+// cold start has no record to remove).
 func (c *slot) removeRecord() {
-	if err := os.Remove(c.recordPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
-		c.log.Warn("remove cell master record", zap.Error(err))
+	if err := unix.Unlink(c.recordPath()); err != nil && err != unix.ENOENT {
+		c.log.Warn("remove cell master record", zap.String("path", c.recordPath()), zap.Error(err))
 	}
 }
 
@@ -130,7 +134,7 @@ func identify(pid int) (procIdentity, error) {
 	if id.exe, err = os.Readlink(dir + "/exe"); err != nil {
 		return id, err
 	}
-	cmdline, err := os.ReadFile(dir + "/cmdline")
+	cmdline, err := sysfile.ReadFile(dir+"/cmdline", 1<<20)
 	if err != nil {
 		return id, err
 	}
@@ -471,18 +475,19 @@ func (s *Supervisor) recoverAll(ctx context.Context) {
 		}
 	}
 	for _, c := range s.slots {
+		if s.o.Cgroups.Mode() != cgroup.ModeUnenforced && (c.prepared != nil || !slices.Contains(names, c.spec.Name)) {
+			// No group before this agent's (Prepare may be making it now):
+			// nothing of a previous agent's runs there. Told here, without
+			// a goroutine: every slot of a cold start is so.
+			c.removeRecord()
+			c.vacant = true
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
 				c.recoverUngrouped(ctx)
-				return
-			}
-			if c.prepared != nil || !slices.Contains(names, c.spec.Name) {
-				// No group before this agent's (Prepare may be making it
-				// now): nothing of a previous agent's runs there.
-				c.removeRecord()
-				c.vacant = true
 				return
 			}
 			g, err := s.o.Cgroups.Open(c.spec.Name)

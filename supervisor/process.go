@@ -8,10 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"cellvisor/cgroup"
 )
@@ -71,8 +73,9 @@ func (c *slot) start() (*proc, error) {
 	}
 	// A killed master leaves its private socket behind, and nginx would fail
 	// to bind it; nothing of the cell runs now, so it is stale.
-	if err := os.Remove(c.spec.PrivateSocket()); err != nil && !os.IsNotExist(err) {
-		return nil, fmt.Errorf("remove stale private socket: %w", err)
+	// (unlink(2) alone: os.Remove tries rmdir(2) too when unlink fails.)
+	if err := unix.Unlink(c.spec.PrivateSocket()); err != nil && err != unix.ENOENT {
+		return nil, fmt.Errorf("remove stale private socket %s: %w", c.spec.PrivateSocket(), err)
 	}
 	logs := markLogs(c.spec.LogsDir())
 	cmd, err := c.releaseSpare(g)
@@ -116,7 +119,7 @@ func (c *slot) leftovers(g cgroup.Group, noneCanRun bool) []int {
 // cellCmd is the command of the slot's master, its output appended to the
 // cell's stderr log (closeOutput closes the agent's copy once started).
 func (c *slot) cellCmd() (*exec.Cmd, error) {
-	stderr, err := os.OpenFile(filepath.Join(c.spec.LogsDir(), "stderr.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	stderr, err := openAppend(filepath.Join(c.spec.LogsDir(), "stderr.log"))
 	if err != nil {
 		return nil, err
 	}
@@ -125,6 +128,9 @@ func (c *slot) cellCmd() (*exec.Cmd, error) {
 		"-c", c.spec.ConfPath(),
 		"-e", filepath.Join(c.spec.LogsDir(), "error.log"))
 	cmd.Dir = c.spec.Dir
+	if null := devNull(); null != nil {
+		cmd.Stdin = null // else os/exec opens /dev/null for every start
+	}
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if c.ln != nil {
@@ -133,6 +139,32 @@ func (c *slot) cellCmd() (*exec.Cmd, error) {
 	}
 	return cmd, nil
 }
+
+// openAppend opens a cell's log for appending, created if missing, with
+// open(2) and an os.File around the descriptor: os.OpenFile adds four
+// system calls (the runtime's poller, offered a file it refuses) to every
+// start.
+func openAppend(path string) (*os.File, error) {
+	for {
+		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_CLOEXEC, 0o640)
+		if err == nil {
+			return os.NewFile(uintptr(fd), path), nil
+		}
+		if err != unix.EINTR {
+			return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		}
+	}
+}
+
+// devNull is the agent's one descriptor of /dev/null, every cell's stdin
+// (nil, for os/exec's own, where it cannot be opened). It is never closed.
+var devNull = sync.OnceValue(func() *os.File {
+	fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	return os.NewFile(uintptr(fd), os.DevNull)
+})
 
 // closeOutput closes the agent's copy of a started command's log file.
 func closeOutput(cmd *exec.Cmd) {
