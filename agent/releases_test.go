@@ -72,6 +72,55 @@ func TestStandaloneBuildsOnlyWhatChanged(t *testing.T) {
 	}
 }
 
+// A restart whose inputs are those the active release was made of keeps it
+// without rendering anything; changed inputs, a changed configuration or
+// an inputs record that does not match render the digest again, and keep
+// or replace the release by it.
+func TestStandaloneRendersNothingForTheSameInputs(t *testing.T) {
+	cfg, topo, assign := standalone(t)
+	renders := 0
+	releaseDigest = func(p runtime.RenderParams, pool *runtime.PoolRuntime) (string, error) {
+		renders++
+		return runtime.ReleaseDigest(p, pool)
+	}
+	t.Cleanup(func() { releaseDigest = runtime.ReleaseDigest })
+	first := start(t, cfg, topo, assign, zap.NewNop())
+	record := filepath.Join(topo.Slots[0].RuntimeDir(), inputsFile)
+	if rec := readInputs(topo.Slots[0]); rec.Release != first.ID || rec.Inputs == "" {
+		t.Fatalf("inputs record after the first build: %+v, want release %s", rec, first.ID)
+	}
+	if again := start(t, cfg, topo, assign, zap.NewNop()); again.ID != first.ID || renders != 0 {
+		t.Fatalf("same inputs: release %s after %d renders, want %s kept after none", again.ID, renders, first.ID)
+	}
+
+	if err := os.WriteFile(record, []byte(`{"release":"`+first.ID+`","inputs":"forged"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if again := start(t, cfg, topo, assign, zap.NewNop()); again.ID != first.ID || renders != 1 {
+		t.Fatalf("a record of other inputs: release %s after %d renders, want %s kept after one", again.ID, renders, first.ID)
+	}
+	if rec := readInputs(topo.Slots[0]); rec.Inputs == "forged" {
+		t.Fatal("the record was not written again")
+	}
+	start(t, cfg, topo, assign, zap.NewNop())
+	if renders != 1 {
+		t.Fatalf("%d renders: the rewritten record was not trusted", renders)
+	}
+
+	cfg.OpenResty.WorkerConnections++ // another configuration: another nginx.conf
+	changed := start(t, cfg, topo, assign, zap.NewNop())
+	if changed.ID == first.ID || renders != 2 {
+		t.Fatalf("changed configuration: release %s after %d renders, want a new one after two", changed.ID, renders)
+	}
+	if rec := readInputs(topo.Slots[0]); rec.Release != changed.ID {
+		t.Fatalf("inputs record names %s, want the new release %s", rec.Release, changed.ID)
+	}
+	setDomain(t, cfg, "changed")
+	if next := start(t, cfg, topo, assign, zap.NewNop()); next.ID == changed.ID || next.Sequence != changed.Sequence+1 {
+		t.Fatalf("changed domains: release %s, want the next one", next.ID)
+	}
+}
+
 // A damaged active release is rolled back to the older intact one, and
 // then, since it differs from the domains directory, replaced by a new one
 // doing what the domains say; one with no intact older release is built

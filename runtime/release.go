@@ -18,6 +18,7 @@ import (
 
 	"cellvisor/domain"
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/buildid"
 	"cellvisor/internal/safefile"
 )
 
@@ -114,25 +115,42 @@ func ReleaseDigest(p RenderParams, pool *PoolRuntime) (string, error) {
 	return sum, err
 }
 
+// ReleaseInputs identifies everything a release of p and pool is made of,
+// without rendering it: the render parameters as the digest renders them
+// (without the sequence and directory, completed with the pool's cache
+// TTLs), the hashes of the files beside nginx.conf (the Lua modules, the
+// pool's runtime), and the agent's build, whose Go build ID covers the
+// template, the Lua modules and the renderer. Equal inputs make releases
+// of equal Digest; unequal ones may still (the digest tells). "" where the
+// running binary has no build ID: nothing can be told without rendering.
+func ReleaseInputs(p RenderParams, pool *PoolRuntime) (string, error) {
+	build := buildID()
+	if build == "" {
+		return "", nil
+	}
+	_, hashes, p, err := prepare(p, pool)
+	if err != nil {
+		return "", err
+	}
+	p.Sequence, p.ReleaseDir = 0, "/release"
+	params, err := json.Marshal(p)
+	if err != nil {
+		return "", fmt.Errorf("release inputs: %w", err)
+	}
+	ident := maps.Clone(hashes)
+	ident["build"], ident["params"] = build, hashOf(params)
+	return digest(ident), nil
+}
+
+// buildID is the running agent's build ID (a variable for tests).
+var buildID = buildid.Self
+
 // identify starts a release of p and pool: its files but nginx.conf, their
 // hashes, p completed with the pool's cache TTLs, and the release's digest.
 func identify(p RenderParams, pool *PoolRuntime) (Release, map[string]string, RenderParams, string, error) {
-	if p.Sequence < 0 || p.Sequence > MaxSequence {
-		return Release{}, nil, p, "", fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
-	}
-	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua}}
-	hashes := map[string]string{"lua/cellvisor.lua": luaHashes().cell, "lua/frontdoor.lua": luaHashes().frontDoor}
-	if p.Pool != "" {
-		if pool == nil {
-			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*domain.Domain{}}
-		}
-		sum, err := pool.contentHash()
-		if err != nil {
-			return Release{}, nil, p, "", err
-		}
-		r.pool, r.poolFile = pool, "pools/"+p.Pool+".json"
-		hashes[r.poolFile] = sum
-		p.CacheTTLs = pool.cacheTTLs()
+	r, hashes, p, err := prepare(p, pool)
+	if err != nil {
+		return Release{}, nil, p, "", err
 	}
 	// The digest covers what the release does, not where it lives: nginx.conf
 	// rendered without its sequence and directory, so equal content compares
@@ -146,6 +164,29 @@ func identify(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Re
 	ident := maps.Clone(hashes)
 	ident["nginx.conf"] = hashOf(nconf)
 	return r, hashes, p, digest(ident), nil
+}
+
+// prepare starts a release of p and pool: its files but nginx.conf, their
+// hashes, and p completed with the pool's cache TTLs.
+func prepare(p RenderParams, pool *PoolRuntime) (Release, map[string]string, RenderParams, error) {
+	if p.Sequence < 0 || p.Sequence > MaxSequence {
+		return Release{}, nil, p, fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
+	}
+	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua}}
+	hashes := map[string]string{"lua/cellvisor.lua": luaHashes().cell, "lua/frontdoor.lua": luaHashes().frontDoor}
+	if p.Pool != "" {
+		if pool == nil {
+			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*domain.Domain{}}
+		}
+		sum, err := pool.contentHash()
+		if err != nil {
+			return Release{}, nil, p, err
+		}
+		r.pool, r.poolFile = pool, "pools/"+p.Pool+".json"
+		hashes[r.poolFile] = sum
+		p.CacheTTLs = pool.cacheTTLs()
+	}
+	return r, hashes, p, nil
 }
 
 // digest hashes file names and their hashes in name order.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"cellvisor/domain"
+	"cellvisor/internal/buildid"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -374,5 +375,47 @@ func TestCurrentReadsEachActiveReleaseOnce(t *testing.T) {
 	}
 	if _, err := Current(s); !errors.Is(err, ErrNoRelease) {
 		t.Fatalf("Current after a withdrawal: %v, want ErrNoRelease", err)
+	}
+}
+
+// ReleaseInputs is the same for every sequence of the same parameters,
+// pool and build, and changes with any of them; a build without an ID
+// has none.
+func TestReleaseInputsCoverParametersPoolAndBuild(t *testing.T) {
+	s := slotFor(t)
+	pool := func(rev int64) *PoolRuntime {
+		return &PoolRuntime{Pool: domain.PoolSharedDefault, Hosts: map[string]*domain.Domain{"a.test": {Domain: "a.test", Revision: rev}}}
+	}
+	inputs := func(p RenderParams, pl *PoolRuntime) string {
+		t.Helper()
+		in, err := ReleaseInputs(p, pl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return in
+	}
+	base := inputs(testParams(s, 1), pool(1))
+	if base == "" || inputs(testParams(s, 7), pool(1)) != base {
+		t.Fatalf("inputs %q, and another for another sequence", base)
+	}
+	other := testParams(s, 1)
+	other.WorkerConnections++
+	for name, in := range map[string]string{
+		"a parameter": inputs(other, pool(1)),
+		"the pool":    inputs(testParams(s, 1), pool(2)),
+		"no pool":     inputs(testParams(s, 1), nil),
+	} {
+		if in == base {
+			t.Errorf("%s changed, the inputs did not", name)
+		}
+	}
+	t.Cleanup(func() { buildID = buildid.Self })
+	buildID = func() string { return "another build" }
+	if inputs(testParams(s, 1), pool(1)) == base {
+		t.Error("another build, the same inputs")
+	}
+	buildID = func() string { return "" }
+	if in := inputs(testParams(s, 1), pool(1)); in != "" {
+		t.Errorf("a build without an ID has inputs %q", in)
 	}
 }
