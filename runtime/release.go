@@ -534,7 +534,12 @@ var ErrCorrupt = errors.New("release corrupt")
 // the hashes in its release.json: an offline start serves only a release
 // that is whole.
 func VerifyRelease(dir string) (ReleaseMeta, error) {
-	data, err := readMeta(filepath.Join(dir, metaFile))
+	d, err := safefile.OpenDir(dir)
+	if err != nil {
+		return ReleaseMeta{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
+	}
+	defer d.Close()
+	data, err := d.ReadFile(context.Background(), metaFile, maxMeta)
 	if err != nil {
 		return ReleaseMeta{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 	}
@@ -549,7 +554,7 @@ func VerifyRelease(dir string) (ReleaseMeta, error) {
 		if strings.Contains(name, "..") || filepath.IsAbs(name) {
 			return ReleaseMeta{}, fmt.Errorf("%w: %s: bad file name %q", ErrCorrupt, dir, name)
 		}
-		got, err := hashFile(filepath.Join(dir, filepath.FromSlash(name)), buf)
+		got, err := hashFile(d, filepath.FromSlash(name), buf)
 		if err != nil {
 			return ReleaseMeta{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, dir, err)
 		}
@@ -581,11 +586,12 @@ func readMeta(path string) ([]byte, error) {
 // slot's, before any garbage is collected).
 var hashBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-// hashFile is the hex SHA-256 of a release's file, read as it streams
-// through buf; a file that grows past its bound while it is read fails.
-func hashFile(path string, buf []byte) (string, error) {
+// hashFile is the hex SHA-256 of the file name of a release's directory d,
+// read as it streams through buf; a file that grows past its bound while
+// it is read fails.
+func hashFile(d *safefile.Dir, name string, buf []byte) (string, error) {
 	h := sha256.New()
-	if _, err := safefile.Copy(h, path, maxReleaseFile, buf); err != nil {
+	if _, err := d.Copy(h, name, maxReleaseFile, buf); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil

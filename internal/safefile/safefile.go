@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"golang.org/x/sys/unix"
@@ -42,8 +43,14 @@ func Open(path string, max int64) (*os.File, int64, error) {
 // read(2), without the five system calls an os.File adds to its open and
 // close (the runtime's poller, offered a file it refuses).
 func open(path string, max int64) (int, int64, error) {
+	return openAt(unix.AT_FDCWD, path, path, max)
+}
+
+// openAt is open of name relative to the directory dirfd (path names it
+// in errors).
+func openAt(dirfd int, name, path string, max int64) (int, int64, error) {
 	var lst, st unix.Stat_t
-	if err := ignoringEINTR(func() error { return unix.Lstat(path, &lst) }); err != nil {
+	if err := ignoringEINTR(func() error { return unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW) }); err != nil {
 		return -1, 0, &os.PathError{Op: "lstat", Path: path, Err: err}
 	}
 	if !regular(lst.Mode) {
@@ -51,7 +58,7 @@ func open(path string, max int64) (int, int64, error) {
 	}
 	var fd int
 	err := ignoringEINTR(func() (err error) {
-		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		fd, err = unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		return err
 	})
 	if err == unix.ELOOP {
@@ -109,7 +116,11 @@ const chunk = 64 << 10
 // that grows while it is read is refused too), in chunks that stop once
 // ctx ends.
 func ReadFile(ctx context.Context, path string, max int64) ([]byte, error) {
-	fd, size, err := open(path, max)
+	return readFileAt(ctx, unix.AT_FDCWD, path, path, max)
+}
+
+func readFileAt(ctx context.Context, dirfd int, name, path string, max int64) ([]byte, error) {
+	fd, size, err := openAt(dirfd, name, path, max)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +152,11 @@ func ReadFile(ctx context.Context, path string, max int64) ([]byte, error) {
 // buf, and returns how many bytes it copied: a file that grows past max
 // while it is copied is refused (ErrTooLarge).
 func Copy(w io.Writer, path string, max int64, buf []byte) (int64, error) {
-	fd, _, err := open(path, max)
+	return copyAt(w, unix.AT_FDCWD, path, path, max, buf)
+}
+
+func copyAt(w io.Writer, dirfd int, name, path string, max int64, buf []byte) (int64, error) {
+	fd, _, err := openAt(dirfd, name, path, max)
 	if err != nil {
 		return 0, err
 	}
@@ -178,6 +193,43 @@ func readChunk(fd int, p []byte) (int, error) {
 			return max(n, 0), err
 		}
 	}
+}
+
+// Dir is a directory whose files are read with ReadFile's and Copy's rules
+// by names relative to it (openat(2), fstatat(2)): the checks of a
+// release's files start from its directory instead of walking the whole
+// path again for each of them, twice (the lstat, then the open). A name's
+// last component is never followed as a link; the directories above it
+// are as with a whole path.
+type Dir struct {
+	fd   int
+	path string
+}
+
+// OpenDir opens the directory path for Dir's reads.
+func OpenDir(path string) (*Dir, error) {
+	var fd int
+	err := ignoringEINTR(func() (err error) {
+		fd, err = unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return &Dir{fd: fd, path: path}, nil
+}
+
+// Close releases the directory.
+func (d *Dir) Close() error { return unix.Close(d.fd) }
+
+// ReadFile is ReadFile of name in d.
+func (d *Dir) ReadFile(ctx context.Context, name string, max int64) ([]byte, error) {
+	return readFileAt(ctx, d.fd, name, filepath.Join(d.path, name), max)
+}
+
+// Copy is Copy of name in d.
+func (d *Dir) Copy(w io.Writer, name string, max int64, buf []byte) (int64, error) {
+	return copyAt(w, d.fd, name, filepath.Join(d.path, name), max, buf)
 }
 
 // Reader returns r whose reads fail with ctx's error once ctx ends, at

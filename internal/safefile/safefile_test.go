@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -96,5 +97,49 @@ func TestCopyStreamsARegularFileWithinItsBound(t *testing.T) {
 	}
 	if _, err := Copy(io.Discard, fifo, 10, nil); !errors.Is(err, ErrNotRegular) {
 		t.Fatalf("fifo: %v", err)
+	}
+}
+
+// A Dir reads its files by relative names with the same rules: a final
+// link, a FIFO or a file over the bound is refused, and errors name the
+// whole path.
+func TestDirReadsRelativeNamesWithTheSameRules(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "lua"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "lua", "m.lua"), []byte("return 1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink(filepath.Join(root, "lua", "m.lua"), filepath.Join(root, "link"))
+	if err := syscall.Mkfifo(filepath.Join(root, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	if b, err := d.ReadFile(ctx, "lua/m.lua", 8); err != nil || string(b) != "return 1" {
+		t.Fatalf("lua/m.lua: %q, %v", b, err)
+	}
+	var got bytes.Buffer
+	if n, err := d.Copy(&got, "lua/m.lua", 8, make([]byte, 3)); err != nil || n != 8 || got.String() != "return 1" {
+		t.Fatalf("copy: %d %q %v", n, got.String(), err)
+	}
+	for name, want := range map[string]error{"link": ErrNotRegular, "fifo": ErrNotRegular, "lua": ErrNotRegular} {
+		if _, err := d.ReadFile(ctx, name, 100); !errors.Is(err, want) {
+			t.Errorf("%s: %v, want %v", name, err, want)
+		}
+	}
+	if _, err := d.ReadFile(ctx, "lua/m.lua", 7); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), filepath.Join(root, "lua", "m.lua")) {
+		t.Errorf("over the bound: %v, want ErrTooLarge naming the whole path", err)
+	}
+	if _, err := d.ReadFile(ctx, "missing", 10); !os.IsNotExist(err) {
+		t.Errorf("missing: %v", err)
+	}
+	if _, err := OpenDir(filepath.Join(root, "lua", "m.lua")); err == nil {
+		t.Error("a file opened as a directory")
 	}
 }
