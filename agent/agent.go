@@ -144,8 +144,9 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		return nil, err
 	}
 	// The cells' groups are made while the releases are built and checked,
-	// on the CPU this serial start-up leaves idle.
-	a.sup.Prepare()
+	// on the CPU this serial start-up leaves idle; their ports are bound
+	// once the releases are (BindEarly, below).
+	a.sup.PrepareGroups()
 	defer func() {
 		if !ok {
 			a.sup.Unprepare()
@@ -181,6 +182,9 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err := a.setupMetrics(topo); err != nil {
 		return nil, err
 	}
+	// Where each active release listens is known now, verified, without
+	// reading its nginx.conf (runtime.ReleaseMeta.Listen).
+	a.sup.BindEarly()
 	ok = true
 	return a, nil
 }

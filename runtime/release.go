@@ -44,7 +44,14 @@ type ReleaseMeta struct {
 	// Files maps every file of the release to its SHA-256, to verify the
 	// release on disk (VerifyRelease).
 	Files map[string]string `json:"files"`
+	// Listen is the address the release's public listeners bind, as its
+	// nginx.conf says: AllAddresses for every address, "" where a release
+	// (an older agent's) does not say, and its nginx.conf is read for it.
+	Listen string `json:"listen,omitempty"`
 }
+
+// AllAddresses is ReleaseMeta.Listen for listeners bound to every address.
+const AllAddresses = "*"
 
 // Release is one complete runtime for a slot.
 type Release struct {
@@ -103,7 +110,11 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 	}
 	r.Files["nginx.conf"] = conf
 	hashes["nginx.conf"] = hashOf(conf)
-	r.Meta = ReleaseMeta{ID: id, Sequence: p.Sequence, Pool: p.Pool, Digest: sum, Files: hashes}
+	listen := p.Address
+	if listen == "" {
+		listen = AllAddresses
+	}
+	r.Meta = ReleaseMeta{ID: id, Sequence: p.Sequence, Pool: p.Pool, Digest: sum, Files: hashes, Listen: listen}
 	return r, nil
 }
 

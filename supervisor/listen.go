@@ -202,7 +202,7 @@ func (c *slot) holdListeners() error {
 			return nil
 		}
 	}
-	addr, ok := confListen(c.spec.ConfPath(), c.spec.HTTPPort, c.spec.HTTPSPort)
+	_, addr, ok := c.activeListen()
 	if early != nil {
 		if ok && c.earlyAddr == addr {
 			c.ln = early
@@ -228,10 +228,7 @@ func (c *slot) holdListeners() error {
 // running by a previous agent holds them; recovery adopts it) or the
 // release cannot be read; the start then binds as it always does.
 func (c *slot) bindEarly() {
-	// The sequence first: a release switched to meanwhile reads as another
-	// one at the start, never the other way round.
-	seq, known := runtime.CurrentSequence(c.spec)
-	addr, ok := confListen(c.spec.ConfPath(), c.spec.HTTPPort, c.spec.HTTPSPort)
+	seq, addr, ok := c.activeListen()
 	if !ok {
 		return
 	}
@@ -240,10 +237,31 @@ func (c *slot) bindEarly() {
 		c.log.Debug("ports not bound ahead of the start", zap.Error(err))
 		return
 	}
-	c.early, c.earlyAddr, c.earlySeq = ln, addr, -1
-	if known {
-		c.earlySeq = seq
+	c.early, c.earlyAddr, c.earlySeq = ln, addr, seq
+}
+
+// activeListen is the sequence of the slot's active release (-1 where it
+// cannot be told) and the address its public listeners bind: from its
+// metadata where that says (runtime.Current, which a start has verified
+// and holds), else read from its nginx.conf. Not ok where neither tells.
+func (c *slot) activeListen() (seq int64, addr string, ok bool) {
+	if m, err := runtime.Current(c.spec); err == nil && m.Listen != "" {
+		if m.Listen == runtime.AllAddresses {
+			return m.Sequence, "", true
+		}
+		if _, err := netip.ParseAddr(m.Listen); err != nil {
+			return -1, "", false
+		}
+		return m.Sequence, m.Listen, true
 	}
+	// The sequence first: a release switched to meanwhile reads as another
+	// one at the start, never the other way round.
+	seq, known := runtime.CurrentSequence(c.spec)
+	if !known {
+		seq = -1
+	}
+	addr, ok = confListen(c.spec.ConfPath(), c.spec.HTTPPort, c.spec.HTTPSPort)
+	return seq, addr, ok
 }
 
 // dropEarly closes the listeners bindEarly bound, if the slot's start did

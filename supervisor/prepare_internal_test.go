@@ -378,3 +378,49 @@ func TestEarlyListenersKeptForTheSameRelease(t *testing.T) {
 	}
 	conn.Close()
 }
+
+// A release whose metadata says where it listens (every release the agent
+// builds) is bound there without its nginx.conf being read: here that no
+// longer parses once verified. One that listens on every address is bound
+// on every address.
+func TestEarlyListenersFromTheReleasesMetadata(t *testing.T) {
+	s := earlySupervisor(t, &stubManager{}, nil)
+	c, d := s.slots[0], s.slots[1]
+	for i, tc := range []struct {
+		sl      *slot
+		address string
+	}{{c, "127.0.0.1"}, {d, ""}} {
+		os.RemoveAll(filepath.Join(tc.sl.spec.RuntimeDir(), "current"))
+		if err := os.MkdirAll(filepath.Join(tc.sl.spec.RuntimeDir(), "releases"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		r, err := runtime.BuildRelease(runtime.RenderParams{Slot: tc.sl.spec, Sequence: int64(i + 1), Address: tc.address, WorkerConnections: 64}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := runtime.Activate(tc.sl.spec, r); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := runtime.VerifyCurrent(tc.sl.spec); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(tc.sl.spec.ConfPath(), []byte("garbage\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Prepare()
+	if c.early == nil || c.earlyAddr != "127.0.0.1" || c.earlySeq != 1 {
+		t.Fatalf("cell-01 bound ahead at %q for sequence %d (%v), want 127.0.0.1 and 1", c.earlyAddr, c.earlySeq, c.early != nil)
+	}
+	if d.early == nil || d.earlyAddr != "" || d.earlySeq != 2 {
+		t.Fatalf("cell-02 bound ahead at %q for sequence %d (%v), want every address and 2", d.earlyAddr, d.earlySeq, d.early != nil)
+	}
+	if !accepting(c.spec.HTTPPort) || !accepting(d.spec.HTTPSPort) {
+		t.Error("the ports bound ahead do not accept")
+	}
+	conn, err := net.DialTimeout("tcp", "127.0.0.2:"+strconv.Itoa(d.spec.HTTPPort), time.Second)
+	if err != nil {
+		t.Fatalf("cell-02 listens on every address, 127.0.0.2 does not accept: %v", err)
+	}
+	conn.Close()
+}

@@ -246,37 +246,53 @@ func (s *Supervisor) LeftRunning() bool { return s.leave.Load() }
 
 // Prepare readies the assigned slots' first starts while the caller
 // finishes its own start-up (the agent checks its releases meanwhile),
-// instead of after it:
-//
-//   - it binds each slot's public ports where its active release listens
-//     (bindEarly), at once: from then on a client's connection waits in the
-//     listen backlog until the cell answers it, rather than being refused
-//     until the start pass reaches the slot;
-//   - it begins making, on a goroutine of its own and one slot after the
-//     other, the cgroup of every assigned slot that has none yet (every one
-//     on a host's cold start), on a CPU that would otherwise idle: Run's
-//     start pass takes each group as it is made. A group that exists (a
-//     previous agent's) is left to Run's recovery.
+// instead of after it: PrepareGroups, then BindEarly. The agent calls the
+// two apart, BindEarly once its releases are verified and built.
 //
 // Nothing is bound or made under a refusal, and no group without enforced
-// limits. Call it at most once, before Run; a caller that will not Run
-// after all calls Unprepare.
+// limits. Call it (or the two) at most once, before Run; a caller that
+// will not Run after all calls Unprepare.
 func (s *Supervisor) Prepare() {
+	s.PrepareGroups()
+	s.BindEarly()
+}
+
+// PrepareGroups begins making, on a goroutine of its own and one slot
+// after the other, the cgroup of every assigned slot that has none yet
+// (every one on a host's cold start), on a CPU that would otherwise idle:
+// Run's start pass takes each group as it is made. A group that exists (a
+// previous agent's) is left to Run's recovery.
+func (s *Supervisor) PrepareGroups() {
 	if s.o.Refusal != nil {
 		return
 	}
-	var assigned []*slot
+	s.prepareGroups(s.assigned())
+}
+
+// BindEarly binds each assigned slot's public ports where its active
+// release listens (bindEarly): from then on a client's connection waits in
+// the listen backlog until the cell answers it, rather than being refused
+// until the start pass reaches the slot.
+func (s *Supervisor) BindEarly() {
+	if s.o.Refusal != nil {
+		return
+	}
+	for _, c := range s.assigned() {
+		c.bindEarly()
+	}
+}
+
+// assigned are the slots with a pool.
+func (s *Supervisor) assigned() []*slot {
+	var out []*slot
 	for _, c := range s.slots {
 		c.mu.Lock()
 		if c.pool != "" {
-			assigned = append(assigned, c)
+			out = append(out, c)
 		}
 		c.mu.Unlock()
 	}
-	s.prepareGroups(assigned) // first: the groups are the longer work
-	for _, c := range assigned {
-		c.bindEarly()
-	}
+	return out
 }
 
 // prepareGroups starts Prepare's goroutine making the groups assigned
