@@ -32,10 +32,11 @@ func ReadFile(path string, max int) ([]byte, error) {
 	return read(fd, path, max)
 }
 
-// read reads fd until end of file, at most max bytes: first into 512
-// bytes, enough for a control file, then into what fstat says is left.
+// read reads fd until end of file, at most max bytes: first into 1 KiB,
+// enough for a control file or a release.json, then into what fstat says
+// is left.
 func read(fd int, path string, max int) ([]byte, error) {
-	buf := make([]byte, 0, min(512, max+1))
+	buf := make([]byte, 0, min(1024, max+1))
 	for {
 		if len(buf) > max {
 			return nil, &os.PathError{Op: "read", Path: path, Err: fmt.Errorf("over %d bytes", max)}
