@@ -131,6 +131,17 @@ func identify(pid int) (procIdentity, error) {
 	if id.startTicks, err = strconv.ParseUint(f[19], 10, 64); err != nil {
 		return id, fmt.Errorf("%s/stat: starttime: %w", dir, err)
 	}
+	// Killed a moment ago (its agent was down, or it is being OOM-killed):
+	// adopted, it would show ready until it is gone.
+	if procstat.Exiting(f) {
+		return id, fmt.Errorf("process %d is exiting", pid)
+	}
+	switch dying, err := procstat.KillPending(pid); {
+	case err != nil:
+		return id, err
+	case dying:
+		return id, fmt.Errorf("process %d has a SIGKILL pending", pid)
+	}
 	if id.exe, err = os.Readlink(dir + "/exe"); err != nil {
 		return id, err
 	}

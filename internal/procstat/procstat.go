@@ -50,3 +50,49 @@ func Parse(b []byte) ([]string, error) {
 // Dead reports a state field (f[0]) of a process that is gone but for its
 // entry: a zombie, or dead.
 func Dead(state string) bool { return state == "Z" || state == "X" }
+
+// Exiting reports stat fields (Fields) of a process on its way out: the
+// kernel's PF_EXITING in its flags (field 9, f[6]), set once it has begun
+// to exit and before it is a zombie. A process killed a moment ago is one.
+func Exiting(f []string) bool {
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err == nil && flags&pfExiting != 0
+}
+
+// pfExiting is PF_EXITING (include/linux/sched.h).
+const pfExiting = 0x4
+
+// KillPending reports whether pid has a SIGKILL pending, sent to it or to
+// its thread group and not yet acted on (/proc/PID/status, SigPnd and
+// ShdPnd): it is about to exit.
+func KillPending(pid int) (bool, error) {
+	path := "/proc/" + strconv.Itoa(pid) + "/status"
+	b, err := sysfile.ReadFile(path, 64<<10)
+	if err != nil {
+		return false, err
+	}
+	dying, err := killPendingIn(b)
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", path, err)
+	}
+	return dying, nil
+}
+
+// killPendingIn is KillPending of a status file's content.
+func killPendingIn(status []byte) (bool, error) {
+	const sigkill = 1 << (9 - 1)
+	for _, line := range bytes.Split(status, []byte("\n")) {
+		name, mask, ok := bytes.Cut(line, []byte(":"))
+		if !ok || (string(name) != "SigPnd" && string(name) != "ShdPnd") {
+			continue
+		}
+		v, err := strconv.ParseUint(string(bytes.TrimSpace(mask)), 16, 64)
+		if err != nil {
+			return false, fmt.Errorf("%s: %w", name, err)
+		}
+		if v&sigkill != 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -2,6 +2,7 @@ package procstat
 
 import (
 	"os"
+	"os/exec"
 	"strconv"
 	"testing"
 )
@@ -42,5 +43,45 @@ func TestFieldsOfThisProcess(t *testing.T) {
 	}
 	if _, err := Fields(1 << 30); err == nil {
 		t.Error("no error for a pid that does not exist")
+	}
+}
+
+// A live process is neither exiting nor about to: no PF_EXITING, no
+// SIGKILL pending. A status with SIGKILL pending for the thread or its
+// group reads as about to exit.
+func TestKillPendingAndExiting(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Skip("no sleep to run:", err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	pid := cmd.Process.Pid
+	f, err := Fields(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Exiting(f) {
+		t.Fatalf("a sleeping process reads as exiting (flags %s)", f[6])
+	}
+	if dying, err := KillPending(pid); err != nil || dying {
+		t.Fatalf("a live process: kill pending %v, %v", dying, err)
+	}
+	if !Exiting([]string{"R", "1", "1", "1", "0", "-1", "4194308"}) {
+		t.Error("flags with PF_EXITING not read as exiting")
+	}
+	if Exiting([]string{"R", "1", "1", "1", "0", "-1", "4194304"}) {
+		t.Error("flags without PF_EXITING read as exiting")
+	}
+	for status, want := range map[string]bool{
+		"Name:\tnginx\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\n": true,
+		"SigPnd:\t0000000000000100\nShdPnd:\t0000000000000000\n":               true,
+		"SigPnd:\t0000000000004000\nShdPnd:\t0000000000000001\n":               false, // SIGTERM, SIGHUP
+	} {
+		if got, err := killPendingIn([]byte(status)); err != nil || got != want {
+			t.Errorf("%q: %v, %v; want %v", status, got, err, want)
+		}
+	}
+	if _, err := killPendingIn([]byte("ShdPnd:\tnot hex\n")); err == nil {
+		t.Error("a malformed mask was read")
 	}
 }
