@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -333,15 +334,39 @@ func TestRenewalLoopKeepsEveryPollWorking(t *testing.T) {
 // other, the renewed pair it is switching to (renew-key.pem and
 // renew-cert.pem), which must then be whole.
 func identityPair(dir string) (tls.Certificate, error) {
-	cur, err := tls.LoadX509KeyPair(filepath.Join(dir, controlclient.CertFile), filepath.Join(dir, controlclient.KeyFile))
-	if err == nil {
-		return cur, nil
+	// The files change under this reader while the client switches (the
+	// key, then the certificate, then the renewal pair removed), and a
+	// reader cannot open them all at one instant: the key is read around
+	// the certificate, and a snapshot the switch moved through is read
+	// again. A pair the files do not hold at any instant fails every time.
+	var err error
+	for range 3 {
+		var key, cert, again []byte
+		key, err = os.ReadFile(filepath.Join(dir, controlclient.KeyFile))
+		if err != nil {
+			continue
+		}
+		if cert, err = os.ReadFile(filepath.Join(dir, controlclient.CertFile)); err != nil {
+			continue
+		}
+		if again, err = os.ReadFile(filepath.Join(dir, controlclient.KeyFile)); err != nil {
+			continue
+		}
+		if !bytes.Equal(key, again) {
+			err = errors.New("the key changed while the certificate was read")
+			continue
+		}
+		cur, cerr := tls.X509KeyPair(cert, key)
+		if cerr == nil {
+			return cur, nil
+		}
+		next, rerr := tls.LoadX509KeyPair(filepath.Join(dir, "renew-cert.pem"), filepath.Join(dir, "renew-key.pem"))
+		if rerr == nil {
+			return next, nil
+		}
+		err = fmt.Errorf("%w, and no renewed pair: %w", cerr, rerr)
 	}
-	next, rerr := tls.LoadX509KeyPair(filepath.Join(dir, "renew-cert.pem"), filepath.Join(dir, "renew-key.pem"))
-	if rerr != nil {
-		return tls.Certificate{}, fmt.Errorf("%w, and no renewed pair: %w", err, rerr)
-	}
-	return next, nil
+	return tls.Certificate{}, err
 }
 
 // clock is a settable clock.
