@@ -103,8 +103,9 @@ func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Ass
 		if err != nil {
 			return err
 		}
+		var recorded inputsRecord // what the slot's record says, where it may tell
 		if intact && cur.Pool == pool {
-			if in != "" && readInputs(s) == (inputsRecord{Release: cur.ID, Inputs: in}) {
+			if recorded = readInputs(s); in != "" && recorded == (inputsRecord{Release: cur.ID, Inputs: in}) {
 				continue
 			}
 			d, err := releaseDigest(p, pools[pool])
@@ -112,7 +113,7 @@ func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Ass
 				return err
 			}
 			if d == cur.Digest {
-				writeInputs(s, inputsRecord{Release: cur.ID, Inputs: in}, log)
+				writeInputs(s, inputsRecord{Release: cur.ID, Inputs: in}, recorded, log)
 				continue
 			}
 		}
@@ -131,7 +132,7 @@ func buildStandalone(cfg config.Agent, topo runtime.Topology, assign runtime.Ass
 		if changed {
 			log.Info("release activated", zap.String("cell", s.Name), zap.String("pool", pool), zap.Int64("sequence", meta.Sequence))
 		}
-		writeInputs(s, inputsRecord{Release: meta.ID, Inputs: in}, log)
+		writeInputs(s, inputsRecord{Release: meta.ID, Inputs: in}, recorded, log)
 	}
 	return nil
 }
@@ -154,6 +155,8 @@ type inputsRecord struct {
 	Inputs  string `json:"inputs"`
 }
 
+// readInputs reads the slot's inputs record; a missing or damaged one
+// reads as none.
 func readInputs(s runtime.Slot) inputsRecord {
 	var rec inputsRecord
 	if b, err := sysfile.ReadFile(filepath.Join(s.RuntimeDir(), inputsFile), 4096); err == nil {
@@ -162,8 +165,10 @@ func readInputs(s runtime.Slot) inputsRecord {
 	return rec
 }
 
-func writeInputs(s runtime.Slot, rec inputsRecord, log *zap.Logger) {
-	if rec.Inputs == "" || readInputs(s) == rec {
+// writeInputs records rec for the slot unless it is what the record held
+// already (recorded, as read).
+func writeInputs(s runtime.Slot, rec, recorded inputsRecord, log *zap.Logger) {
+	if rec.Inputs == "" || rec == recorded {
 		return
 	}
 	b, err := json.Marshal(rec)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cellvisor/cgroup"
+	"cellvisor/internal/sysfile"
 )
 
 // ensureGroup creates (or updates) the slot's cgroup with its limits.
@@ -141,25 +142,21 @@ func (c *slot) cellCmd() (*exec.Cmd, error) {
 }
 
 // openAppend opens a cell's log for appending, created if missing, with
-// open(2) and an os.File around the descriptor: os.OpenFile adds four
-// system calls (the runtime's poller, offered a file it refuses) to every
-// start.
+// open(2) and an os.File around the descriptor (sysfile): os.OpenFile adds
+// four system calls (the runtime's poller, offered a file it refuses) to
+// every start.
 func openAppend(path string) (*os.File, error) {
-	for {
-		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND|unix.O_CLOEXEC, 0o640)
-		if err == nil {
-			return os.NewFile(uintptr(fd), path), nil
-		}
-		if err != unix.EINTR {
-			return nil, &os.PathError{Op: "open", Path: path, Err: err}
-		}
+	fd, err := sysfile.Open(path, unix.O_WRONLY|unix.O_CREAT|unix.O_APPEND, 0o640)
+	if err != nil {
+		return nil, err
 	}
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 // devNull is the agent's one descriptor of /dev/null, every cell's stdin
 // (nil, for os/exec's own, where it cannot be opened). It is never closed.
 var devNull = sync.OnceValue(func() *os.File {
-	fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := sysfile.Open(os.DevNull, unix.O_RDONLY, 0)
 	if err != nil {
 		return nil
 	}

@@ -7,14 +7,16 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"cellvisor/internal/sysfile"
 )
 
 // WriteFile writes data to path through a temporary file in the same
@@ -38,9 +40,9 @@ func Replace(path string, data []byte, perm os.FileMode) error {
 }
 
 // write writes data through a temporary file renamed over path, fsyncing
-// the file first when sync is set. With plain system calls: an os.File
-// adds five to every open and close (the runtime's poller, offered a file
-// it refuses), and a start writes a record for every cell it starts.
+// the file first when sync is set. With plain system calls (sysfile): an
+// os.File adds five to every open and close, and a start writes a record
+// for every cell it starts.
 func write(path string, data []byte, perm os.FileMode, sync bool) error {
 	dir, base := filepath.Split(path)
 	var fd int
@@ -48,20 +50,19 @@ func write(path string, data []byte, perm os.FileMode, sync bool) error {
 	for tries := 0; ; tries++ {
 		tmp = dir + "." + base + ".tmp-" + strconv.FormatUint(rand.Uint64(), 36)
 		var err error
-		fd, err = unix.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
-		if err == nil {
+		if fd, err = sysfile.Open(tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL, 0o600); err == nil {
 			break
 		}
-		if (err != unix.EEXIST || tries == 10) && err != unix.EINTR {
-			return &os.PathError{Op: "create", Path: tmp, Err: err}
+		if !errors.Is(err, unix.EEXIST) || tries == 10 {
+			return err
 		}
 	}
-	err := writeAll(fd, data)
+	err := sysfile.WriteAll(fd, data)
 	if err == nil {
-		err = ignoringEINTR(func() error { return unix.Fchmod(fd, uint32(perm.Perm())) })
+		err = sysfile.IgnoringEINTR(func() error { return unix.Fchmod(fd, uint32(perm.Perm())) })
 	}
 	if err == nil && sync {
-		err = ignoringEINTR(func() error { return unix.Fsync(fd) })
+		err = sysfile.IgnoringEINTR(func() error { return unix.Fsync(fd) })
 	}
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
@@ -79,40 +80,14 @@ func write(path string, data []byte, perm os.FileMode, sync bool) error {
 	return err
 }
 
-// writeAll writes data to fd, however many writes that takes.
-func writeAll(fd int, data []byte) error {
-	for len(data) > 0 {
-		n, err := unix.Write(fd, data)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return io.ErrShortWrite
-		}
-		data = data[n:]
-	}
-	return nil
-}
-
-func ignoringEINTR(f func() error) error {
-	for {
-		if err := f(); err != unix.EINTR {
-			return err
-		}
-	}
-}
-
 // SyncDir fsyncs a directory so renames and creations in it are durable.
 func SyncDir(dir string) error {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := sysfile.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return &os.PathError{Op: "open", Path: dir, Err: err}
+		return err
 	}
 	defer unix.Close(fd)
-	if err := ignoringEINTR(func() error { return unix.Fsync(fd) }); err != nil {
+	if err := sysfile.IgnoringEINTR(func() error { return unix.Fsync(fd) }); err != nil {
 		return fmt.Errorf("fsync %s: %w", dir, err)
 	}
 	return nil

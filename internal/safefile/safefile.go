@@ -15,6 +15,8 @@ import (
 	"slices"
 
 	"golang.org/x/sys/unix"
+
+	"cellvisor/internal/sysfile"
 )
 
 // Errors, by kind of refusal.
@@ -50,14 +52,14 @@ func open(path string, max int64) (int, int64, error) {
 // in errors).
 func openAt(dirfd int, name, path string, max int64) (int, int64, error) {
 	var lst, st unix.Stat_t
-	if err := ignoringEINTR(func() error { return unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW) }); err != nil {
+	if err := sysfile.IgnoringEINTR(func() error { return unix.Fstatat(dirfd, name, &lst, unix.AT_SYMLINK_NOFOLLOW) }); err != nil {
 		return -1, 0, &os.PathError{Op: "lstat", Path: path, Err: err}
 	}
 	if !regular(lst.Mode) {
 		return -1, 0, fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, kind(lst.Mode))
 	}
 	var fd int
-	err := ignoringEINTR(func() (err error) {
+	err := sysfile.IgnoringEINTR(func() (err error) {
 		fd, err = unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		return err
 	})
@@ -80,14 +82,6 @@ func openAt(dirfd int, name, path string, max int64) (int, int64, error) {
 		return -1, 0, fmt.Errorf("%s: %w: %d bytes, at most %d", path, ErrTooLarge, st.Size, max)
 	}
 	return fd, st.Size, nil
-}
-
-func ignoringEINTR(f func() error) error {
-	for {
-		if err := f(); err != unix.EINTR {
-			return err
-		}
-	}
 }
 
 func regular(mode uint32) bool { return mode&unix.S_IFMT == unix.S_IFREG }
@@ -182,17 +176,12 @@ func copyAt(w io.Writer, dirfd int, name, path string, max int64, buf []byte) (i
 	}
 }
 
-// readChunk is one read(2) of at most chunk bytes into p, retried on EINTR.
+// readChunk is one read(2) of at most chunk bytes into p.
 func readChunk(fd int, p []byte) (int, error) {
 	if len(p) > chunk {
 		p = p[:chunk]
 	}
-	for {
-		n, err := unix.Read(fd, p)
-		if err != unix.EINTR {
-			return max(n, 0), err
-		}
-	}
+	return sysfile.Read(fd, p)
 }
 
 // Dir is a directory whose files are read with ReadFile's and Copy's rules
@@ -208,13 +197,9 @@ type Dir struct {
 
 // OpenDir opens the directory path for Dir's reads.
 func OpenDir(path string) (*Dir, error) {
-	var fd int
-	err := ignoringEINTR(func() (err error) {
-		fd, err = unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		return err
-	})
+	fd, err := sysfile.Open(path, unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		return nil, err
 	}
 	return &Dir{fd: fd, path: path}, nil
 }

@@ -6,11 +6,14 @@
 // again when the poller refuses it (a regular file) — or, for a cgroup
 // control file, which the poller accepts, removes it from the poller when
 // it is closed. A cold start of eight cells opens a few hundred such files
-// (docs/performance.md, round 12).
+// (docs/performance.md, round 12). Its Open, Read, WriteAll and
+// IgnoringEINTR are what safefile, atomicfile and the supervisor's log
+// files use for the same.
 package sysfile
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"slices"
 
@@ -24,7 +27,7 @@ import (
 // FIFO: one with no writer reads as empty, one whose writer is silent
 // fails (EAGAIN).
 func ReadFile(path string, max int) ([]byte, error) {
-	fd, err := open(path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+	fd, err := Open(path, unix.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -50,10 +53,7 @@ func read(fd int, path string, max int) ([]byte, error) {
 			buf = slices.Grow(buf, min(want, max+1)-len(buf))
 		}
 		// Never more than max+1 bytes in all, whatever the capacity.
-		n, err := unix.Read(fd, buf[len(buf):min(cap(buf), max+1)])
-		if err == unix.EINTR {
-			continue
-		}
+		n, err := Read(fd, buf[len(buf):min(cap(buf), max+1)])
 		if err != nil {
 			return nil, &os.PathError{Op: "read", Path: path, Err: err}
 		}
@@ -80,7 +80,7 @@ func WriteExisting(path string, data []byte) error {
 }
 
 func writeAt(path string, flags int, perm uint32, data []byte) error {
-	fd, err := open(path, unix.O_WRONLY|unix.O_NONBLOCK|flags, perm)
+	fd, err := Open(path, unix.O_WRONLY|unix.O_NONBLOCK|flags, perm)
 	if err != nil {
 		return err
 	}
@@ -97,25 +97,66 @@ func writeAt(path string, flags int, perm uint32, data []byte) error {
 	return nil
 }
 
+// write is one write(2), retried on EINTR: a control file takes a value in
+// one write, and a second one with the rest would be another value.
 func write(fd int, data []byte) (int, error) {
-	for {
-		n, err := unix.Write(fd, data)
-		if err != unix.EINTR {
-			return n, err
-		}
-	}
+	var n int
+	err := IgnoringEINTR(func() (err error) {
+		n, err = unix.Write(fd, data)
+		return err
+	})
+	return max(n, 0), err
 }
 
-// open opens path with flags, perm and O_CLOEXEC, retried on EINTR; its error is
-// an *os.PathError, as the os package's.
-func open(path string, flags int, perm uint32) (int, error) {
-	for {
-		fd, err := unix.Open(path, flags|unix.O_CLOEXEC, perm)
-		if err == nil {
-			return fd, nil
+// WriteAll writes data to fd, however many write(2) calls that takes (a
+// regular file's content, not a control file's value).
+func WriteAll(fd int, data []byte) error {
+	for len(data) > 0 {
+		n, err := write(fd, data)
+		if err != nil {
+			return err
 		}
-		if err != unix.EINTR {
-			return -1, &os.PathError{Op: "open", Path: path, Err: err}
+		if n == 0 {
+			return io.ErrShortWrite
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+// Read is one read(2) into p, retried on EINTR; 0 bytes and no error is
+// the end of the file.
+func Read(fd int, p []byte) (int, error) {
+	var n int
+	err := IgnoringEINTR(func() (err error) {
+		n, err = unix.Read(fd, p)
+		return err
+	})
+	return max(n, 0), err
+}
+
+// Open opens path with flags, perm and O_CLOEXEC, retried on EINTR; its
+// error is an *os.PathError, as the os package's. The descriptor is the
+// caller's to close (or to hand to os.NewFile, which adds no poller to a
+// blocking one).
+func Open(path string, flags int, perm uint32) (int, error) {
+	fd := -1
+	err := IgnoringEINTR(func() (err error) {
+		fd, err = unix.Open(path, flags|unix.O_CLOEXEC, perm)
+		return err
+	})
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return fd, nil
+}
+
+// IgnoringEINTR calls f until it fails otherwise than with EINTR (a signal
+// that interrupted the system call), as the os package does.
+func IgnoringEINTR(f func() error) error {
+	for {
+		if err := f(); err != unix.EINTR {
+			return err
 		}
 	}
 }
