@@ -4,7 +4,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -219,4 +221,47 @@ func mustGlob(t *testing.T, pattern string) []string {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// An inputs record that is a FIFO or over its bound is no record: the start
+// neither waits on it nor trusts it, renders the digest once, and writes
+// a regular record in its place.
+func TestStandaloneInputsRecordFIFOOrHuge(t *testing.T) {
+	cfg, topo, assign := standalone(t)
+	renders := 0
+	releaseDigest = func(p runtime.RenderParams, pool *runtime.PoolRuntime) (string, error) {
+		renders++
+		return runtime.ReleaseDigest(p, pool)
+	}
+	t.Cleanup(func() { releaseDigest = runtime.ReleaseDigest })
+	first := start(t, cfg, topo, assign, zap.NewNop())
+	record := filepath.Join(topo.Slots[0].RuntimeDir(), inputsFile)
+	for i, damage := range []func() error{
+		func() error { os.Remove(record); return syscall.Mkfifo(record, 0o600) },
+		func() error { return os.WriteFile(record, make([]byte, 1<<20), 0o600) },
+	} {
+		if err := damage(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { // the start's own steps: t.Fatal belongs to the test's goroutine
+			active, _ := verifyReleases(topo, assign, true, zap.NewNop())
+			done <- buildStandalone(cfg, topo, assign, active, zap.NewNop())
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := runtime.Current(topo.Slots[0])
+			if err != nil || m.ID != first.ID || renders != i+1 {
+				t.Fatalf("damaged record %d: release %s after %d renders, want %s kept after %d", i, m.ID, renders, first.ID, i+1)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("damaged record %d: the start waits on it", i)
+		}
+		if fi, err := os.Lstat(record); err != nil || !fi.Mode().IsRegular() || fi.Size() > 4096 {
+			t.Fatalf("damaged record %d: not replaced by a regular record (%v, %v)", i, fi, err)
+		}
+	}
 }

@@ -242,17 +242,17 @@ func (c *slot) bindEarly() {
 
 // activeListen is the sequence of the slot's active release (-1 where it
 // cannot be told) and the address its public listeners bind: from its
-// metadata where that says (runtime.Current, which a start has verified
-// and holds), else read from its nginx.conf. Not ok where neither tells.
+// metadata where that says so in a form it binds (runtime.Current, which a
+// start has verified and holds: every address, or an IP address), else
+// read from its nginx.conf. Not ok where neither tells.
 func (c *slot) activeListen() (seq int64, addr string, ok bool) {
-	if m, err := runtime.Current(c.spec); err == nil && m.Listen != "" {
+	if m, err := runtime.Current(c.spec); err == nil {
 		if m.Listen == runtime.AllAddresses {
 			return m.Sequence, "", true
 		}
-		if _, err := netip.ParseAddr(m.Listen); err != nil {
-			return -1, "", false
+		if _, err := netip.ParseAddr(m.Listen); err == nil {
+			return m.Sequence, m.Listen, true
 		}
-		return m.Sequence, m.Listen, true
 	}
 	// The sequence first: a release switched to meanwhile reads as another
 	// one at the start, never the other way round.

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -423,4 +424,42 @@ func TestEarlyListenersFromTheReleasesMetadata(t *testing.T) {
 		t.Fatalf("cell-02 listens on every address, 127.0.0.2 does not accept: %v", err)
 	}
 	conn.Close()
+}
+
+// Metadata that does not say where the release listens in a form that can
+// be bound (a host name, or a release.json altered by hand) is not trusted
+// for it: the release's nginx.conf is read, as for a release without it.
+func TestEarlyListenersFromAnUnusableListenReadTheConf(t *testing.T) {
+	s := earlySupervisor(t, &stubManager{}, nil)
+	c := s.slots[0]
+	os.RemoveAll(filepath.Join(c.spec.RuntimeDir(), "current"))
+	if err := os.MkdirAll(filepath.Join(c.spec.RuntimeDir(), "releases"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r, err := runtime.BuildRelease(runtime.RenderParams{Slot: c.spec, Sequence: 1, Address: "127.0.0.1", WorkerConnections: 64}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runtime.Activate(c.spec, r); err != nil {
+		t.Fatal(err)
+	}
+	meta := filepath.Join(c.spec.RuntimeDir(), "current", "release.json")
+	data, err := os.ReadFile(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := strings.Replace(string(data), `"listen":"127.0.0.1"`, `"listen":"not-an-address"`, 1)
+	if forged == string(data) {
+		t.Fatal("release.json holds no listen address to alter")
+	}
+	if err := os.WriteFile(meta, []byte(forged), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if m, _, err := runtime.VerifyCurrent(c.spec); err != nil || m.Listen != "not-an-address" {
+		t.Fatalf("verified %q (%v), want the altered listen", m.Listen, err)
+	}
+	s.Prepare()
+	if c.early == nil || c.earlyAddr != "127.0.0.1" || c.earlySeq != 1 {
+		t.Fatalf("bound ahead at %q for sequence %d (%v), want what nginx.conf says: 127.0.0.1, 1", c.earlyAddr, c.earlySeq, c.early != nil)
+	}
 }
