@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -29,6 +30,9 @@ type stubManager struct {
 	deleted  []string
 	read     []string // groups whose members were read
 	failing  string   // Ensure of this name fails
+	// prepare, when set, is called with a group's name as a start execs
+	// its cell there (Group.Prepare).
+	prepare func(name string)
 }
 
 func (m *stubManager) Mode() cgroup.Mode { return cgroup.ModeV1Hybrid }
@@ -74,6 +78,13 @@ func (g *stubManagedGroup) Procs() ([]int, error) {
 	g.m.mu.Lock()
 	defer g.m.mu.Unlock()
 	g.m.read = append(g.m.read, g.name)
+	return nil, nil
+}
+
+func (g *stubManagedGroup) Prepare(*exec.Cmd) (func(bool), error) {
+	if g.m.prepare != nil {
+		g.m.prepare(g.name)
+	}
 	return nil, nil
 }
 
@@ -123,6 +134,63 @@ func TestPrepareMakesMissingGroupsOnceForTheStartPass(t *testing.T) {
 	}
 	if s.slots[1].prepared != nil || s.slots[2].prepared != nil {
 		t.Error("Prepare took an existing group or an unassigned slot")
+	}
+}
+
+// A cell whose exec waits (its child not yet run by a busy host's
+// scheduler) holds up that cell only: the start pass execs the cells after
+// it meanwhile, and the waiting one once its exec goes on.
+func TestStartPassGoesOnPastAWaitingExec(t *testing.T) {
+	release := make(chan struct{})
+	execd := make(chan string, 3)
+	m := &stubManager{prepare: func(name string) {
+		if name == "cell-01" {
+			<-release
+		}
+		execd <- name
+	}}
+	s := newPrepareSupervisor(t, m, nil)
+	if err := s.o.Topology.MakeDirs(); err != nil {
+		t.Fatal(err)
+	}
+	starting := []*slot{s.slots[0], s.slots[1], s.slots[3]}
+	passed := make(chan struct{})
+	go func() {
+		defer close(passed)
+		s.startAll(starting)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var order []string
+	for len(order) < 2 {
+		select {
+		case name := <-execd:
+			order = append(order, name)
+		case <-ctx.Done():
+			close(release)
+			<-passed
+			t.Fatalf("while cell-01's exec waited the pass exec'd %v, want [cell-02 cell-04]", order)
+		}
+	}
+	close(release)
+	select {
+	case <-passed:
+	case <-ctx.Done():
+		t.Fatal("the start pass did not end once cell-01's exec went on")
+	}
+	if order = append(order, <-execd); !slices.Equal(order, []string{"cell-02", "cell-04", "cell-01"}) {
+		t.Errorf("exec order %v, want [cell-02 cell-04 cell-01]", order)
+	}
+	for _, c := range starting {
+		if c.started == nil {
+			t.Errorf("%s not started by the pass", c.spec.Name)
+			continue
+		}
+		select { // /bin/true: reaped by its start's own goroutine
+		case <-c.started.done:
+		case <-ctx.Done():
+			t.Fatalf("%s's process was not reaped", c.spec.Name)
+		}
 	}
 }
 

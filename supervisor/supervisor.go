@@ -380,23 +380,29 @@ func (s *Supervisor) createGroups(starting []*slot, made chan<- *slot) {
 	}
 }
 
-// startAll starts every cell that is to run now in one pass from one
-// goroutine, before the slots' routines run, each of which then
-// supervises the master started for it; each cell as soon as its group is
-// made (createGroups, beside it), so the first cells are exec'd while the
-// last groups are still being created. Eight routines starting their own
-// cells also waited on one another's scheduling between their few syscalls
-// each; one pass leaves only the CPU the first cells' start-up takes from
-// it (docs/performance.md, rounds 4 to 6). A cell this pass cannot start
-// is left to its routine, which starts it again and reports why it cannot.
+// startAll starts every cell that is to run now, before the slots'
+// routines run, each of which then supervises the master started for it;
+// each cell as soon as its group is made (createGroups, beside it), so the
+// first cells are exec'd while the last groups are still being created.
+// Eight routines starting their own cells also waited on one another's
+// scheduling between their few syscalls each (docs/performance.md, rounds
+// 4 to 6); the pass is spawners goroutines taking the cells in slot order.
+// A cell this pass cannot start is left to its routine, which starts it
+// again and reports why it cannot.
 func (s *Supervisor) startAll(starting []*slot) {
 	made := make(chan *slot, len(starting))
 	go s.createGroups(starting, made)
-	for c := range made {
-		if p, err := c.start(); err == nil {
-			c.started = p
-		}
+	var wg sync.WaitGroup
+	for range spawners {
+		wg.Go(func() {
+			for c := range made {
+				if p, err := c.start(); err == nil {
+					c.started = p
+				}
+			}
+		})
 	}
+	wg.Wait()
 	// What recovery found vacant is trusted for this pass only: a slot
 	// that starts later reads its group as every start does. Prepare is
 	// done with every slot before the slots' routines run.
@@ -408,6 +414,17 @@ func (s *Supervisor) startAll(starting []*slot) {
 		c.dropEarly() // not started (adopted, nothing to start) or failed first
 	}
 }
+
+// spawners is how many cells startAll execs side by side. An exec blocks
+// the thread that forks (and the runtime's P on it) until the child has
+// exec'd, and a new child waits for a CPU behind the cells already
+// starting, for up to a scheduler slice (milliseconds on a busy two-CPU
+// host): from one goroutine, every later cell waited on it. From two, a
+// child that waits holds up its own cell only, while the other spawner goes
+// on (docs/performance.md, round 13). Each slot is started by one spawner.
+// Two is what a two-CPU host can run at once (one P per CPU); a third
+// would only wait for a P that a fork holds.
+const spawners = 2
 
 // startingSlots are the slots whose cells Run starts as it begins: none
 // under a refusal, else those assigned, with a release, and no master
