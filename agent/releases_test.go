@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +20,14 @@ import (
 // temporary directory: two slots, cell-01 assigned, one domain.
 func standalone(t *testing.T) (config.Agent, runtime.Topology, runtime.Assignments) {
 	t.Helper()
+	cfg, topo, _ := standaloneSlots(t, 2)
+	return cfg, topo, runtime.Assignments{"cell-01": "shared-default"}
+}
+
+// standaloneSlots is a standalone agent's directories with n slots, every
+// one assigned to the pool of the one domain.
+func standaloneSlots(t *testing.T, n int) (config.Agent, runtime.Topology, runtime.Assignments) {
+	t.Helper()
 	dir := t.TempDir()
 	cfg := config.Default()
 	cfg.StateDir, cfg.RunDir, cfg.DomainsDir = filepath.Join(dir, "state"), filepath.Join(dir, "run"), filepath.Join(dir, "domains")
@@ -26,11 +35,15 @@ func standalone(t *testing.T) (config.Agent, runtime.Topology, runtime.Assignmen
 		t.Fatal(err)
 	}
 	setDomain(t, cfg, "hi")
-	topo := runtime.Plan(runtime.Layout{Slots: 2, HTTPBase: 10080, HTTPSBase: 10443, StateDir: cfg.StateDir, RunDir: cfg.RunDir})
+	topo := runtime.Plan(runtime.Layout{Slots: n, HTTPBase: 10080, HTTPSBase: 10443, StateDir: cfg.StateDir, RunDir: cfg.RunDir})
 	if err := topo.MakeDirs(); err != nil {
 		t.Fatal(err)
 	}
-	return cfg, topo, runtime.Assignments{"cell-01": "shared-default"}
+	assign := runtime.Assignments{}
+	for _, sl := range topo.Slots {
+		assign[sl.Name] = "shared-default"
+	}
+	return cfg, topo, assign
 }
 
 // setDomain writes the one domain, answering body.
@@ -165,6 +178,54 @@ func TestStandaloneRebuildsADamagedRelease(t *testing.T) {
 	}
 	if logs.FilterMessage("no intact release; building it anew from domains_dir").Len() != 1 {
 		t.Errorf("the rebuild is not logged: %v", logs.All())
+	}
+}
+
+// Every slot's release is verified and built: each slot ends on its own
+// release, and what verification reports (rollbacks, the sequence to
+// rewind to) is gathered over all of them, in slot order.
+func TestReleasesOfEverySlot(t *testing.T) {
+	cfg, topo, assign := standaloneSlots(t, 8)
+	start(t, cfg, topo, assign, zap.NewNop())
+	setDomain(t, cfg, "new")
+	start(t, cfg, topo, assign, zap.NewNop())
+	ids := map[string]bool{}
+	for _, sl := range topo.Slots {
+		m, _, err := runtime.VerifyCurrent(sl)
+		if err != nil || m.Sequence != 2 || m.Pool != "shared-default" {
+			t.Fatalf("%s: release %d of %q (%v), want 2 of shared-default", sl.Name, m.Sequence, m.Pool, err)
+		}
+		if ids[m.ID] {
+			t.Fatalf("%s shares release %s with another slot", sl.Name, m.ID)
+		}
+		ids[m.ID] = true
+	}
+	damaged := []string{"cell-06", "cell-03"}
+	for _, name := range damaged {
+		if err := os.WriteFile(topo.Slots[slices.IndexFunc(topo.Slots, func(s runtime.Slot) bool { return s.Name == name })].ConfPath(), []byte("damaged"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	core, logs := observer.New(zap.DebugLevel)
+	active, rewind := verifyReleases(topo, assign, false, zap.New(core))
+	if rewind != 1 {
+		t.Errorf("rewind %d, want 1 (the release both damaged slots rolled back to)", rewind)
+	}
+	for _, sl := range topo.Slots {
+		want := int64(2)
+		if slices.Contains(damaged, sl.Name) {
+			want = 1
+		}
+		if m, ok := active[sl.Name]; !ok || m.Sequence != want {
+			t.Errorf("%s: active %+v, want sequence %d", sl.Name, m, want)
+		}
+	}
+	var order []string
+	for _, e := range logs.FilterMessage("active release was damaged; rolled back").All() {
+		order = append(order, e.ContextMap()["cell"].(string))
+	}
+	if !slices.Equal(order, []string{"cell-03", "cell-06"}) {
+		t.Errorf("rollbacks logged for %v, want [cell-03 cell-06]", order)
 	}
 }
 
