@@ -96,7 +96,7 @@ func (c *slot) start() (*proc, error) {
 	}
 	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: c.s.clk.Now(), logs: logs, pidfd: -1, wake: -1, group: g}
 	go func() {
-		p.err = cmd.Wait()
+		p.err = waitExit(cmd)
 		close(p.done)
 	}()
 	c.mu.Lock()
@@ -104,6 +104,52 @@ func (c *slot) start() (*proc, error) {
 	c.mu.Unlock()
 	c.log.Debug("cell started", zap.Int("pid", p.pid), zap.Bool("standby", spared), zap.Duration("took", time.Since(t0)))
 	return p, nil
+}
+
+// waitExit is cmd.Wait for a cell master, which runs for days: it waits
+// for the exit on the runtime's poller, through a pidfd (readable once the
+// process has exited), and only then reaps it with cmd.Wait, which returns
+// at once. cmd.Wait alone blocks a thread in waitid(2) for the master's
+// whole life: the runtime takes the thread's P back and starts or creates
+// another thread for it, eight times during a cold start, while the cells
+// compete for the CPU (docs/performance.md, round 13). Where a pidfd cannot
+// be had or polled (a kernel before 5.10), it is cmd.Wait alone.
+func waitExit(cmd *exec.Cmd) error {
+	if f := pidfdFile(cmd.Process.Pid); f != nil {
+		awaitExit(f)
+		f.Close()
+	}
+	return cmd.Wait()
+}
+
+// pidfdFile is a non-blocking pidfd of the child pid, which the runtime's
+// poller watches, or nil. The pid names the child until it is reaped, and
+// only its waitExit reaps it.
+func pidfdFile(pid int) *os.File {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return nil
+	}
+	return os.NewFile(uintptr(fd), "pidfd")
+}
+
+// awaitExit returns once the process of the pidfd f has exited (a zombie,
+// not reaped: waitid's WNOWAIT), or when it cannot tell: the caller's
+// cmd.Wait waits then.
+func awaitExit(f *os.File) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Read(func(fd uintptr) bool {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		if errors.Is(err, unix.EINTR) {
+			return false
+		}
+		// Exited (the siginfo names the child), or an error: done either way.
+		return err != nil || info.Signo != 0
+	})
 }
 
 // leftovers lists what of the cell runs in g but the slot's spare; nothing,
