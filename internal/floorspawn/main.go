@@ -7,9 +7,11 @@
 // (configuration, releases verified, recovery, records, logs, probes).
 //
 // It reads a spec (JSON, the file named by its one argument) and starts
-// its cells as the agent does: one goroutine creates each cell's cgroups
-// and writes their limits, in turn, while the main one starts each cell's
-// command as soon as its groups are there, through the agent's own join
+// its cells as a minimal spawner of the agent's design would: one goroutine
+// creates each cell's cgroups and writes their limits, in turn, while the
+// main one starts each cell's command as soon as its groups are there (the
+// agent's start pass uses two spawners since round 13, a gain this floor
+// does not take: docs/performance.md), through the agent's own join
 // helper (cgexec.Join) for a cell in v1 groups: built into floorspawn when it
 // is linked with cgexec.LDFlags, as the agent is. A cell's listen addresses
 // are bound here and handed to its master as the agent hands them (fds 3
