@@ -87,45 +87,52 @@ func TestStandaloneBuildsOnlyWhatChanged(t *testing.T) {
 	}
 }
 
+// countRenders counts the digest renders of the starts that follow, until
+// the test ends. The renders of one start run one after the other.
+func countRenders(t *testing.T) *int {
+	renders := new(int)
+	releaseDigest = func(p runtime.RenderParams, pool *runtime.PoolRuntime) (string, error) {
+		*renders++
+		return runtime.ReleaseDigest(p, pool)
+	}
+	t.Cleanup(func() { releaseDigest = runtime.ReleaseDigest })
+	return renders
+}
+
 // A restart whose inputs are those the active release was made of keeps it
 // without rendering anything; changed inputs, a changed configuration or
 // an inputs record that does not match render the digest again, and keep
 // or replace the release by it.
 func TestStandaloneRendersNothingForTheSameInputs(t *testing.T) {
 	cfg, topo, assign := standalone(t)
-	renders := 0
-	releaseDigest = func(p runtime.RenderParams, pool *runtime.PoolRuntime) (string, error) {
-		renders++
-		return runtime.ReleaseDigest(p, pool)
-	}
-	t.Cleanup(func() { releaseDigest = runtime.ReleaseDigest })
+	renders := countRenders(t)
 	first := start(t, cfg, topo, assign, zap.NewNop())
 	record := filepath.Join(topo.Slots[0].RuntimeDir(), inputsFile)
 	if rec := readInputs(topo.Slots[0]); rec.Release != first.ID || rec.Inputs == "" {
 		t.Fatalf("inputs record after the first build: %+v, want release %s", rec, first.ID)
 	}
-	if again := start(t, cfg, topo, assign, zap.NewNop()); again.ID != first.ID || renders != 0 {
-		t.Fatalf("same inputs: release %s after %d renders, want %s kept after none", again.ID, renders, first.ID)
+	if again := start(t, cfg, topo, assign, zap.NewNop()); again.ID != first.ID || *renders != 0 {
+		t.Fatalf("same inputs: release %s after %d renders, want %s kept after none", again.ID, *renders, first.ID)
 	}
 
 	if err := os.WriteFile(record, []byte(`{"release":"`+first.ID+`","inputs":"forged"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if again := start(t, cfg, topo, assign, zap.NewNop()); again.ID != first.ID || renders != 1 {
-		t.Fatalf("a record of other inputs: release %s after %d renders, want %s kept after one", again.ID, renders, first.ID)
+	if again := start(t, cfg, topo, assign, zap.NewNop()); again.ID != first.ID || *renders != 1 {
+		t.Fatalf("a record of other inputs: release %s after %d renders, want %s kept after one", again.ID, *renders, first.ID)
 	}
 	if rec := readInputs(topo.Slots[0]); rec.Inputs == "forged" {
 		t.Fatal("the record was not written again")
 	}
 	start(t, cfg, topo, assign, zap.NewNop())
-	if renders != 1 {
-		t.Fatalf("%d renders: the rewritten record was not trusted", renders)
+	if *renders != 1 {
+		t.Fatalf("%d renders: the rewritten record was not trusted", *renders)
 	}
 
 	cfg.OpenResty.WorkerConnections++ // another configuration: another nginx.conf
 	changed := start(t, cfg, topo, assign, zap.NewNop())
-	if changed.ID == first.ID || renders != 2 {
-		t.Fatalf("changed configuration: release %s after %d renders, want a new one after two", changed.ID, renders)
+	if changed.ID == first.ID || *renders != 2 {
+		t.Fatalf("changed configuration: release %s after %d renders, want a new one after two", changed.ID, *renders)
 	}
 	if rec := readInputs(topo.Slots[0]); rec.Release != changed.ID {
 		t.Fatalf("inputs record names %s, want the new release %s", rec.Release, changed.ID)
@@ -289,12 +296,7 @@ func mustGlob(t *testing.T, pattern string) []string {
 // a regular record in its place.
 func TestStandaloneInputsRecordFIFOOrHuge(t *testing.T) {
 	cfg, topo, assign := standalone(t)
-	renders := 0
-	releaseDigest = func(p runtime.RenderParams, pool *runtime.PoolRuntime) (string, error) {
-		renders++
-		return runtime.ReleaseDigest(p, pool)
-	}
-	t.Cleanup(func() { releaseDigest = runtime.ReleaseDigest })
+	renders := countRenders(t)
 	first := start(t, cfg, topo, assign, zap.NewNop())
 	record := filepath.Join(topo.Slots[0].RuntimeDir(), inputsFile)
 	for i, damage := range []func() error{
@@ -315,8 +317,8 @@ func TestStandaloneInputsRecordFIFOOrHuge(t *testing.T) {
 				t.Fatal(err)
 			}
 			m, err := runtime.Current(topo.Slots[0])
-			if err != nil || m.ID != first.ID || renders != i+1 {
-				t.Fatalf("damaged record %d: release %s after %d renders, want %s kept after %d", i, m.ID, renders, first.ID, i+1)
+			if err != nil || m.ID != first.ID || *renders != i+1 {
+				t.Fatalf("damaged record %d: release %s after %d renders, want %s kept after %d", i, m.ID, *renders, first.ID, i+1)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("damaged record %d: the start waits on it", i)

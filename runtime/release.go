@@ -143,8 +143,7 @@ func ReleaseInputs(p RenderParams, pool *PoolRuntime) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p.Sequence, p.ReleaseDir = 0, "/release"
-	params, err := json.Marshal(p)
+	params, err := json.Marshal(neutral(p))
 	if err != nil {
 		return "", fmt.Errorf("release inputs: %w", err)
 	}
@@ -163,18 +162,22 @@ func identify(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Re
 	if err != nil {
 		return Release{}, nil, p, "", err
 	}
-	// The digest covers what the release does, not where it lives: nginx.conf
-	// rendered without its sequence and directory, so equal content compares
-	// equal across sequences.
-	neutral := p
-	neutral.Sequence, neutral.ReleaseDir = 0, "/release"
-	nconf, err := RenderConf(neutral)
+	nconf, err := RenderConf(neutral(p))
 	if err != nil {
 		return Release{}, nil, p, "", err
 	}
 	ident := maps.Clone(hashes)
 	ident["nginx.conf"] = hashOf(nconf)
 	return r, hashes, p, digest(ident), nil
+}
+
+// neutral is p without where its release lives: the digest covers what
+// the release does, nginx.conf rendered without its sequence and
+// directory, so that equal content compares equal across sequences (and
+// so do ReleaseInputs).
+func neutral(p RenderParams) RenderParams {
+	p.Sequence, p.ReleaseDir = 0, "/release"
+	return p
 }
 
 // prepare starts a release of p and pool: its files but nginx.conf, their

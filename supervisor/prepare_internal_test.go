@@ -291,13 +291,15 @@ func writeConf(t *testing.T, sl runtime.Slot, addr string) {
 }
 
 // accepting reports whether 127.0.0.1:port accepts a connection.
-func accepting(port int) bool {
-	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+func accepting(port int) bool { return dialOnce("127.0.0.1", port) == nil }
+
+// dialOnce connects to ip:port once, and closes the connection.
+func dialOnce(ip string, port int) error {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, strconv.Itoa(port)), time.Second)
 	if err != nil {
-		return false
+		return err
 	}
-	c.Close()
-	return true
+	return c.Close()
 }
 
 // Prepare binds the ports of every assigned slot with a release, so that a
@@ -350,11 +352,9 @@ func TestEarlyListenersRebindForAnotherAddress(t *testing.T) {
 	if accepting(c.spec.HTTPPort) {
 		t.Error("127.0.0.1 still accepts: the old listeners were not closed")
 	}
-	conn, err := net.DialTimeout("tcp", "127.0.0.2:"+strconv.Itoa(c.spec.HTTPPort), time.Second)
-	if err != nil {
+	if err := dialOnce("127.0.0.2", c.spec.HTTPPort); err != nil {
 		t.Fatalf("the new address does not accept: %v", err)
 	}
-	conn.Close()
 }
 
 // Ports taken by something else (a previous agent's master, which
@@ -444,11 +444,9 @@ func TestEarlyListenersKeptForTheSameRelease(t *testing.T) {
 	if d.ln == nil || d.ln == dEarly {
 		t.Fatal("the start on another release kept the listeners bound for the first")
 	}
-	conn, err := net.DialTimeout("tcp", "127.0.0.2:"+strconv.Itoa(d.spec.HTTPPort), time.Second)
-	if err != nil {
+	if err := dialOnce("127.0.0.2", d.spec.HTTPPort); err != nil {
 		t.Fatalf("the new release's address does not accept: %v", err)
 	}
-	conn.Close()
 }
 
 // A release whose metadata says where it listens (every release the agent
@@ -490,11 +488,9 @@ func TestEarlyListenersFromTheReleasesMetadata(t *testing.T) {
 	if !accepting(c.spec.HTTPPort) || !accepting(d.spec.HTTPSPort) {
 		t.Error("the ports bound ahead do not accept")
 	}
-	conn, err := net.DialTimeout("tcp", "127.0.0.2:"+strconv.Itoa(d.spec.HTTPPort), time.Second)
-	if err != nil {
+	if err := dialOnce("127.0.0.2", d.spec.HTTPPort); err != nil {
 		t.Fatalf("cell-02 listens on every address, 127.0.0.2 does not accept: %v", err)
 	}
-	conn.Close()
 }
 
 // Metadata that does not say where the release listens in a form that can

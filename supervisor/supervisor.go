@@ -263,10 +263,26 @@ func (s *Supervisor) Prepare() {
 // Run's start pass takes each group as it is made. A group that exists (a
 // previous agent's) is left to Run's recovery.
 func (s *Supervisor) PrepareGroups() {
-	if s.o.Refusal != nil {
+	if s.o.Refusal != nil || s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
 		return
 	}
-	s.prepareGroups(s.assigned())
+	names, err := s.o.Cgroups.List()
+	if err != nil {
+		return // Run's recovery lists them again, and says why it cannot
+	}
+	var todo []*slot
+	for _, c := range s.assigned() {
+		if !slices.Contains(names, c.spec.Name) {
+			c.prepared = make(chan struct{})
+			todo = append(todo, c)
+		}
+	}
+	go func() {
+		for _, c := range todo {
+			s.makeGroup(c)
+			close(c.prepared)
+		}
+	}()
 }
 
 // BindEarly binds each assigned slot's public ports where its active
@@ -293,31 +309,6 @@ func (s *Supervisor) assigned() []*slot {
 		c.mu.Unlock()
 	}
 	return out
-}
-
-// prepareGroups starts Prepare's goroutine making the groups assigned
-// slots have none of.
-func (s *Supervisor) prepareGroups(assigned []*slot) {
-	if s.o.Cgroups.Mode() == cgroup.ModeUnenforced {
-		return
-	}
-	names, err := s.o.Cgroups.List()
-	if err != nil {
-		return // Run's recovery lists them again, and says why it cannot
-	}
-	var todo []*slot
-	for _, c := range assigned {
-		if !slices.Contains(names, c.spec.Name) {
-			c.prepared = make(chan struct{})
-			todo = append(todo, c)
-		}
-	}
-	go func() {
-		for _, c := range todo {
-			s.makeGroup(c)
-			close(c.prepared)
-		}
-	}()
 }
 
 // Unprepare closes the ports Prepare bound, waits for its groups and
