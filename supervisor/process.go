@@ -126,12 +126,16 @@ func waitExit(cmd *exec.Cmd) error {
 // poller watches, or nil. The pid names the child until it is reaped, and
 // only its waitExit reaps it.
 func pidfdFile(pid int) *os.File {
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	fd, err := pidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if err != nil {
 		return nil
 	}
 	return os.NewFile(uintptr(fd), "pidfd")
 }
+
+// pidfdOpen is pidfd_open(2) (a variable for tests of a kernel without
+// it, or whose descriptor the poller refuses).
+var pidfdOpen = unix.PidfdOpen
 
 // awaitExit returns once the process of the pidfd f has exited (a zombie,
 // not reaped: waitid's WNOWAIT), or when it cannot tell: the caller's

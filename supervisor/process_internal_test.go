@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // waitExit reports a master's exit as cmd.Wait does: a clean exit, an
@@ -45,6 +47,49 @@ func TestWaitExitReportsTheExit(t *testing.T) {
 				}
 			case <-time.After(10 * time.Second):
 				_ = cmd.Process.Kill()
+				t.Fatal("waitExit did not return after the exit")
+			}
+		})
+	}
+}
+
+// Where no pidfd can be had (pidfd_open missing, or refusing the
+// non-blocking flag: kernels before 5.10), or where the one had is not one
+// the poller takes, the wait is cmd.Wait's: it still returns only once the
+// master has exited, with its status.
+func TestWaitExitWithoutAPollablePidfd(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		open func(int, int) (int, error)
+	}{
+		{"no pidfd", func(int, int) (int, error) { return -1, syscall.EINVAL }},
+		{"not pollable", func(int, int) (int, error) {
+			return syscall.Open("/dev/null", syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pidfdOpen = tc.open
+			t.Cleanup(func() { pidfdOpen = unix.PidfdOpen })
+			cmd := exec.Command("sleep", "60")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- waitExit(cmd) }()
+			select {
+			case err := <-done:
+				t.Fatalf("waitExit returned while the master ran: %v", err)
+			default:
+			}
+			if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if got := describeExit(err); got != "killed by signal killed" {
+					t.Errorf("exit %q, want killed by signal killed", got)
+				}
+			case <-time.After(10 * time.Second):
 				t.Fatal("waitExit did not return after the exit")
 			}
 		})
