@@ -137,14 +137,16 @@ func (a *Agent) reportStatus(ctx context.Context, n *systemd.Notifier) {
 	}
 }
 
+// summary is the agent in one line, from the slots' states alone: it is
+// made as the last cell becomes ready, and every two seconds after.
 func (a *Agent) summary() string {
-	st := a.sup.Status()
-	counts := map[supervisor.State]int{}
-	for _, s := range st.Slots {
-		counts[s.State]++
+	counts := a.sup.StateCounts()
+	total := 0
+	for _, n := range counts {
+		total += n
 	}
 	return fmt.Sprintf("%d slots: %d ready, %d drained, %d degraded, %d stopped; cgroups %s",
-		len(st.Slots), counts[supervisor.StateReady], counts[supervisor.StateDrained], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], st.CgroupMode)
+		total, counts[supervisor.StateReady], counts[supervisor.StateDrained], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], a.cg.Mode())
 }
 
 // health watches the supervisor's monitor loop and, when there is a manifest

@@ -460,6 +460,19 @@ func (s *Supervisor) Status() Status {
 	return st
 }
 
+// StateCounts counts the slots in each state: the summary systemd and the
+// log show, without Status's reads of every cell's cgroup usage and limits
+// (about ten control files a cell).
+func (s *Supervisor) StateCounts() map[State]int {
+	n := map[State]int{}
+	for _, c := range s.slots {
+		c.mu.Lock()
+		n[c.state]++
+		c.mu.Unlock()
+	}
+	return n
+}
+
 // LiveStatus is Status with each running cell's own report.
 func (s *Supervisor) LiveStatus(ctx context.Context) Status {
 	st := s.Status()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"cellvisor/cgroup"
+	"cellvisor/domain"
 	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
@@ -273,6 +275,21 @@ func TestNotReadyInTimeIsStoppedAndRetried(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// StateCounts counts what Status reports, slot by slot, without reading the
+// cells' cgroups: one cell ready beside an unassigned slot.
+func TestStateCountsMatchStatus(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 2, assign: runtime.Assignments{"cell-01": domain.PoolSharedDefault}})
+	h.waitReady("cell-01", 0)
+	want := map[supervisor.State]int{}
+	for _, s := range h.sup.Status().Slots {
+		want[s.State]++
+	}
+	got := h.sup.StateCounts()
+	if !maps.Equal(got, want) || got[supervisor.StateReady] != 1 {
+		t.Errorf("state counts %v, status %v: want the same, one ready", got, want)
+	}
 }
 
 func TestRefusalStartsNoCell(t *testing.T) {
