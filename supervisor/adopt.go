@@ -241,9 +241,8 @@ func (c *slot) adopt(ctx context.Context, g cgroup.Group, members []int) (*proc,
 		unix.Close(fd)
 		return nil, why
 	}
-	p, err := watchPidfd(pid, fd)
+	p, err := watchPidfd(pid, fd) // owns fd from here, closed on an error too
 	if err != nil {
-		unix.Close(fd)
 		return nil, err.Error()
 	}
 	p.started = c.s.clk.Now()
@@ -329,44 +328,69 @@ func (c *slot) recoverUngrouped(ctx context.Context) {
 }
 
 // watchPidfd returns a proc for a master that is not our child, whose done
-// closes when the pidfd becomes readable (the process exited). The watching
-// goroutine ends then, or when release is called.
+// closes when it exits (its pidfd becomes readable) or when release is
+// called. The pidfd waits on the runtime's poller, made non-blocking with
+// fcntl(2) (pidfd_open's own flag needs Linux 5.10, its poll support came
+// with it in 5.3): no thread is held for the master's life, as a blocking
+// poll(2) held one for each adopted cell before. A pidfd the poller
+// refuses fails the adoption, and the cell is restarted instead. fd is
+// watchPidfd's from the call on: it is closed on an error too.
 func watchPidfd(pid, fd int) (*proc, error) {
-	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		return nil, fmt.Errorf("eventfd: %w", err)
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("pidfd of %d: %w", pid, err)
 	}
-	p := &proc{pid: pid, done: make(chan struct{}), pidfd: fd, wake: wake, adopted: true}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	if err := f.SetReadDeadline(time.Time{}); err != nil { // os.ErrNoDeadline: not on the poller
+		f.Close()
+		return nil, fmt.Errorf("pidfd of %d: %w", pid, err)
+	}
+	p := &proc{pid: pid, done: make(chan struct{}), pidfd: f, adopted: true}
 	go p.watch()
 	return p, nil
 }
 
+// watch waits on the poller until the master exits or the watch is
+// released (a read deadline in the past), then closes the pidfd and done.
 func (p *proc) watch() {
-	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}, {Fd: int32(p.wake), Events: unix.POLLIN}}
+	rc, err := p.pidfd.SyscallConn()
+	if err == nil {
+		var perr error
+		err = rc.Read(func(fd uintptr) bool {
+			var gone bool
+			gone, perr = exited(int(fd))
+			return gone || perr != nil
+		})
+		if err == nil {
+			err = perr
+		}
+	}
+	switch {
+	case err == nil:
+		p.err = errAdoptedExit
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		p.err = errReleased
+	default:
+		p.err = fmt.Errorf("watch adopted master: %w", err)
+	}
+	p.mu.Lock()
+	p.pidfd.Close()
+	p.pidfd = nil
+	p.mu.Unlock()
+	close(p.done)
+}
+
+// exited tells whether the process of pidfd fd has exited (the pidfd is
+// readable), without waiting.
+func exited(fd int) (bool, error) {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	for {
-		_, err := unix.Poll(fds, -1)
+		n, err := unix.Poll(fds, 0)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
-		if err != nil {
-			p.err = fmt.Errorf("watch adopted master: %w", err)
-			break
-		}
-		if fds[0].Revents != 0 {
-			p.err = errAdoptedExit
-			break
-		}
-		if fds[1].Revents != 0 {
-			p.err = errReleased
-			break
-		}
+		return err == nil && n > 0 && fds[0].Revents != 0, err
 	}
-	p.mu.Lock()
-	unix.Close(p.pidfd)
-	unix.Close(p.wake)
-	p.pidfd, p.wake = -1, -1
-	p.mu.Unlock()
-	close(p.done)
 }
 
 var (
@@ -384,10 +408,18 @@ func (p *proc) signal(sig unix.Signal) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.pidfd < 0 {
+	if p.pidfd == nil {
 		return os.ErrProcessDone
 	}
-	return unix.PidfdSendSignal(p.pidfd, sig, nil, 0)
+	rc, err := p.pidfd.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.PidfdSendSignal(int(fd), sig, nil, 0) }); err != nil {
+		return err
+	}
+	return serr
 }
 
 // release stops watching an adopted master that is left running.
@@ -397,8 +429,8 @@ func (p *proc) release() {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.wake >= 0 {
-		_, _ = unix.Write(p.wake, []byte{1, 0, 0, 0, 0, 0, 0, 0})
+	if p.pidfd != nil {
+		_ = p.pidfd.SetReadDeadline(time.Unix(1, 0))
 	}
 }
 

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"cellvisor/internal/procstat"
 )
@@ -90,4 +93,106 @@ func TestDoomedProcess(t *testing.T) {
 	if !doomed(pid) {
 		t.Errorf("pid %d, reaped, does not read as doomed", pid)
 	}
+}
+
+// watched starts `sleep 60` and watches it as an adopted master, through a
+// pidfd as adopt opens one. The child is killed and reaped at cleanup.
+func watched(t *testing.T) (*exec.Cmd, *proc) {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		t.Skipf("no pidfd here: %v", err)
+	}
+	p, err := watchPidfd(cmd.Process.Pid, fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cmd, p
+}
+
+// awaitDone waits for the watch of p to end, up to 10s.
+func awaitDone(t *testing.T, p *proc) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not end")
+	}
+}
+
+// An adopted master's watch ends on its exit, signalled through the
+// pidfd, and on release, which leaves it running; signals after the watch
+// are refused rather than sent to a pid that may be another process's.
+func TestWatchPidfd(t *testing.T) {
+	t.Run("exit", func(t *testing.T) {
+		_, p := watched(t)
+		if err := p.signal(unix.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		awaitDone(t, p)
+		if !errors.Is(p.err, errAdoptedExit) {
+			t.Errorf("watch ended with %v, want %v", p.err, errAdoptedExit)
+		}
+		if err := p.signal(unix.SIGTERM); !errors.Is(err, os.ErrProcessDone) {
+			t.Errorf("signal after the exit: %v, want %v", err, os.ErrProcessDone)
+		}
+	})
+	t.Run("exited before the watch", func(t *testing.T) {
+		cmd := exec.Command("true")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Wait() })
+		fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+		if err != nil {
+			t.Skipf("no pidfd here: %v", err)
+		}
+		// A zombie (not reaped yet) by the time it is watched.
+		var info unix.Siginfo
+		if err := unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+			t.Fatal(err)
+		}
+		p, err := watchPidfd(cmd.Process.Pid, fd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		awaitDone(t, p)
+		if !errors.Is(p.err, errAdoptedExit) {
+			t.Errorf("watch ended with %v, want %v", p.err, errAdoptedExit)
+		}
+	})
+	t.Run("release", func(t *testing.T) {
+		cmd, p := watched(t)
+		p.release()
+		awaitDone(t, p)
+		if !errors.Is(p.err, errReleased) {
+			t.Errorf("watch ended with %v, want %v", p.err, errReleased)
+		}
+		if err := p.signal(unix.SIGKILL); !errors.Is(err, os.ErrProcessDone) {
+			t.Errorf("signal after release: %v, want %v", err, os.ErrProcessDone)
+		}
+		var info unix.Siginfo
+		if err := unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil); err != nil || info.Signo != 0 {
+			t.Errorf("the released master is gone (%v, signo %d): release must leave it running", err, info.Signo)
+		}
+	})
+}
+
+// Watching adopted masters holds no thread: each watch is parked on the
+// runtime's poller while its master runs.
+func TestWatchPidfdHoldsNoThread(t *testing.T) {
+	const n = 8
+	for range n {
+		_, p := watched(t)
+		t.Cleanup(func() { p.release(); <-p.done })
+	}
+	awaitParked(t, "supervisor.(*proc).watch(", n)
 }

@@ -94,7 +94,7 @@ func (c *slot) start() (*proc, error) {
 			return nil, fmt.Errorf("start %s: %w", c.s.o.Binary, err)
 		}
 	}
-	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: c.s.clk.Now(), logs: logs, pidfd: -1, wake: -1, group: g}
+	p := &proc{cmd: cmd, pid: cmd.Process.Pid, done: make(chan struct{}), started: c.s.clk.Now(), logs: logs, group: g}
 	go func() {
 		p.err = waitExit(cmd)
 		close(p.done)

@@ -126,12 +126,19 @@ func TestWaitExitHoldsNoThread(t *testing.T) {
 			}
 		}
 	})
+	awaitParked(t, "supervisor.waitExit(", n)
+}
+
+// awaitParked waits, up to 10s, until n goroutines with fn on their stack
+// are parked on the runtime's poller, and fails the test if they never are.
+func awaitParked(t *testing.T, fn string, n int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for {
-		polled, inSyscall := waitStates()
+		polled, inSyscall := parkStates(fn)
 		if polled == n {
 			return
 		}
@@ -143,13 +150,13 @@ func TestWaitExitHoldsNoThread(t *testing.T) {
 	}
 }
 
-// waitStates counts the goroutines in waitExit parked on the runtime's
-// poller, and those in a system call.
-func waitStates() (polled, inSyscall int) {
+// parkStates counts the goroutines whose stack has fn parked on the
+// runtime's poller, and those in a system call.
+func parkStates(fn string) (polled, inSyscall int) {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if !strings.Contains(g, "supervisor.waitExit(") {
+		if !strings.Contains(g, fn) {
 			continue
 		}
 		header, _, _ := strings.Cut(g, "\n")

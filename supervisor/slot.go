@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"os"
 	"os/exec"
 	"sync"
 	"time"
@@ -127,9 +128,8 @@ type proc struct {
 	adopted bool
 	group   cgroup.Group // the cgroup it was started in; nil when adopted
 
-	mu    sync.Mutex // guards the following fields, of an adopted master
-	pidfd int        // -1 once the master exited
-	wake  int        // eventfd that ends the watch; -1 once it ended
+	mu    sync.Mutex // guards pidfd
+	pidfd *os.File   // an adopted master's, on the poller; nil once its watch ended
 }
 
 // firstOutcome counts this slot towards the supervisor's Ready once.
