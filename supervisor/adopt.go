@@ -353,18 +353,7 @@ func watchPidfd(pid, fd int) (*proc, error) {
 // watch waits on the poller until the master exits or the watch is
 // released (a read deadline in the past), then closes the pidfd and done.
 func (p *proc) watch() {
-	rc, err := p.pidfd.SyscallConn()
-	if err == nil {
-		var perr error
-		err = rc.Read(func(fd uintptr) bool {
-			var gone bool
-			gone, perr = exited(int(fd))
-			return gone || perr != nil
-		})
-		if err == nil {
-			err = perr
-		}
-	}
+	err := awaitExit(p.pidfd)
 	switch {
 	case err == nil:
 		p.err = errAdoptedExit
@@ -378,19 +367,6 @@ func (p *proc) watch() {
 	p.pidfd = nil
 	p.mu.Unlock()
 	close(p.done)
-}
-
-// exited tells whether the process of pidfd fd has exited (the pidfd is
-// readable), without waiting.
-func exited(fd int) (bool, error) {
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Poll(fds, 0)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		return err == nil && n > 0 && fds[0].Revents != 0, err
-	}
 }
 
 var (

@@ -116,7 +116,7 @@ func (c *slot) start() (*proc, error) {
 // be had or polled (a kernel before 5.10), it is cmd.Wait alone.
 func waitExit(cmd *exec.Cmd) error {
 	if f := pidfdFile(cmd.Process.Pid); f != nil {
-		awaitExit(f)
+		_ = awaitExit(f) // on an error cmd.Wait waits instead
 		f.Close()
 	}
 	return cmd.Wait()
@@ -137,23 +137,39 @@ func pidfdFile(pid int) *os.File {
 // it, or whose descriptor the poller refuses).
 var pidfdOpen = unix.PidfdOpen
 
-// awaitExit returns once the process of the pidfd f has exited (a zombie,
-// not reaped: waitid's WNOWAIT), or when it cannot tell: the caller's
-// cmd.Wait waits then.
-func awaitExit(f *os.File) {
+// awaitExit waits on the runtime's poller until the process of the
+// non-blocking pidfd f has exited (the pidfd is readable: a zombie not yet
+// reaped, or gone), and returns nil then; else the error that ended the
+// wait: a read deadline in the past (a watch released), or a descriptor the
+// poller cannot wait on.
+func awaitExit(f *os.File) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
-		return
+		return err
 	}
-	_ = rc.Read(func(fd uintptr) bool {
-		var info unix.Siginfo
-		err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
-		if errors.Is(err, unix.EINTR) {
-			return false
-		}
-		// Exited (the siginfo names the child), or an error: done either way.
-		return err != nil || info.Signo != 0
+	var perr error
+	err = rc.Read(func(fd uintptr) bool {
+		var gone bool
+		gone, perr = exited(int(fd))
+		return gone || perr != nil
 	})
+	if err == nil {
+		err = perr
+	}
+	return err
+}
+
+// exited tells whether the process of pidfd fd has exited (the pidfd is
+// readable), without waiting.
+func exited(fd int) (bool, error) {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return err == nil && n > 0 && fds[0].Revents != 0, err
+	}
 }
 
 // leftovers lists what of the cell runs in g but the slot's spare; nothing,

@@ -54,8 +54,7 @@ func children(pid int) ([]procID, error) {
 // SIGKILL), or with a SIGKILL pending (the signal field, 31, where a kill
 // sets it in each of the process's threads).
 func killed(f []string) bool {
-	const pfExiting = 0x4
-	if flags, err := strconv.ParseUint(f[6], 10, 64); err == nil && flags&pfExiting != 0 {
+	if procstat.Exiting(f) {
 		return true
 	}
 	if len(f) < 29 {
