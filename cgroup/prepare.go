@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -175,4 +176,89 @@ func chownTree(dir string, magic int64, files []string, uid, gid int) error {
 		}
 	}
 	return nil
+}
+
+// ErrScopeElsewhere says the cells' scope is not in the unit's slice: a
+// scope an earlier version created in the unit's former slice.
+var ErrScopeElsewhere = errors.New("the cells' scope is not in the unit's slice")
+
+// HandOverSlice hands the cgroup.procs of the common ancestor of the unit's
+// cgroup and the cells' scope cg to UID:GID, on a cgroup v2 host, so that a
+// non-root agent may start processes in the scope from its own unit (the
+// common-ancestor rule, checkCommonAncestor). Only that one file, and only
+// where the ancestor is a slice that holds nothing but the unit and the
+// scope: with the cgroup.procs of a shared slice (system.slice) the agent
+// could pull any process of that slice into a cgroup of its own. A process
+// cannot be placed in the slice's own cgroup either way (its children have
+// controllers), nor moved out of it (that needs the root's). It returns the
+// file handed over, or "" where there is nothing to hand (a hybrid host,
+// where the rule does not apply to the v1 controllers the cells use; or the
+// scope inside the unit's cgroup).
+func HandOverSlice(o PrepareOptions, cg string) (string, error) {
+	if o.Root == "" {
+		o.Root = "/sys/fs/cgroup"
+	}
+	if o.UID <= 0 || o.GID < 0 {
+		return "", fmt.Errorf("hand over slice: uid %d gid %d: want the agent's non-root user", o.UID, o.GID)
+	}
+	if !path.IsAbs(cg) || path.Clean(cg) != cg || cg == "/" {
+		return "", fmt.Errorf("hand over slice: %q is not a cgroup below the root", cg)
+	}
+	kind, err := detect(o.Root)
+	if err != nil {
+		return "", fmt.Errorf("hand over slice: %w", err)
+	}
+	if kind != kindUnified {
+		return "", nil
+	}
+	self, err := readSelf(o.ProcSelfCgroup)
+	if err != nil {
+		return "", err
+	}
+	unit, err := unitCgroup(self, "")
+	if err != nil {
+		return "", err
+	}
+	anc := commonAncestor(unit, cg)
+	if anc == unit || anc == cg {
+		return "", nil
+	}
+	if anc != path.Dir(unit) || anc != path.Dir(cg) {
+		return "", fmt.Errorf("hand over slice: %w: the cells' scope %s, the unit %s", ErrScopeElsewhere, cg, unit)
+	}
+	if anc == "/" {
+		return "", fmt.Errorf("hand over slice: the unit %s and the cells' scope %s meet only at the root cgroup: put both in a slice of their own (Slice=cellvisor.slice)", unit, cg)
+	}
+	own := map[string]bool{childOf(anc, unit): true, childOf(anc, cg): true}
+	ents, err := os.ReadDir(join(o.Root, anc))
+	if err != nil {
+		return "", fmt.Errorf("hand over slice: %w", err)
+	}
+	var others []string
+	for _, e := range ents {
+		if e.IsDir() && !own[e.Name()] {
+			others = append(others, e.Name())
+		}
+	}
+	if len(others) > 0 {
+		return "", fmt.Errorf("hand over slice: %s holds other units too (%s): handing its cgroup.procs to the agent would let it move their processes; give the unit a slice of its own (Slice=cellvisor.slice, as packaged)", anc, strings.Join(others, ", "))
+	}
+	dir := join(o.Root, anc)
+	if err := chownTree(dir, unix.CGROUP2_SUPER_MAGIC, nil, -1, -1); err != nil {
+		return "", fmt.Errorf("hand over slice: %w", err)
+	}
+	f := join(dir, "cgroup.procs")
+	if err := os.Lchown(f, o.UID, o.GID); err != nil {
+		return "", fmt.Errorf("hand over slice: %w", err)
+	}
+	return f, nil
+}
+
+// childOf is the first component of p below its ancestor anc.
+func childOf(anc, p string) string {
+	rest := strings.TrimPrefix(strings.TrimPrefix(p, anc), "/")
+	if i := strings.IndexByte(rest, '/'); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
 }

@@ -24,6 +24,10 @@ type v2 struct {
 	// when the cells live in a scope of their own.
 	agentBase string
 	subtree   string
+	// join starts cells through the join helper (cgexec) instead of
+	// cloning them into their cgroup: where clone3 is refused (systemd's
+	// RestrictNamespaces=) or missing.
+	join bool
 }
 
 func newV2(root string, self selfPaths, subtree, cells string) (*v2, error) {
@@ -31,11 +35,14 @@ func newV2(root string, self selfPaths, subtree, cells string) (*v2, error) {
 	if !ok {
 		return nil, fmt.Errorf("cgroup v2: this process has no unified cgroup")
 	}
-	m := &v2{root: root, base: path.Join(own, subtree), agentBase: path.Join(own, subtree), subtree: subtree}
+	m := &v2{root: root, base: path.Join(own, subtree), agentBase: path.Join(own, subtree), subtree: subtree, join: !cloneIntoCgroup()}
 	parents := []string{own}
 	if cells != "" {
 		m.base = path.Join(cells, subtree)
 		parents = append(parents, cells)
+		if err := checkCommonAncestor(root, own, cells); err != nil {
+			return nil, err
+		}
 	}
 	for _, p := range parents {
 		if err := checkControllers(root, p); err != nil {
@@ -56,6 +63,66 @@ func newV2(root string, self selfPaths, subtree, cells string) (*v2, error) {
 		}
 	}
 	return m, nil
+}
+
+// checkCommonAncestor checks cgroup v2's rule for creating (or moving) a
+// process in another cgroup: the writer must be allowed to write the
+// cgroup.procs of the common ancestor of the source and the destination
+// (the kernel's cgroup_procs_write_permission). The agent, in own, starts
+// cells in cells: a non-root agent whose unit and cells' scope meet only in
+// a slice it was not handed (system.slice) would have every start refused
+// with EACCES. Root passes the kernel's check, and so this one.
+func checkCommonAncestor(root, own, cells string) error {
+	if os.Geteuid() == 0 {
+		return nil
+	}
+	anc := commonAncestor(own, cells)
+	f := join(root, anc, "cgroup.procs")
+	ok, err := writableByMe(f)
+	if err != nil {
+		return fmt.Errorf("cgroup v2: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("cgroup v2: the agent (in %s) may not start processes in the cells' cgroup %s: their common ancestor %s's cgroup.procs is not writable by uid %d (cgroup v2's common-ancestor rule); run the agent's unit and the cells' scope in a slice of their own whose cgroup.procs cellvisor prepare-cgroups hands to the agent (the packaged unit: Slice=cellvisor.slice; docs/cgroups.md)", own, cells, anc, os.Geteuid())
+	}
+	return nil
+}
+
+// commonAncestor is the deepest cgroup that holds both a and b (clean
+// absolute paths).
+func commonAncestor(a, b string) string {
+	for a != "/" && b != a && !strings.HasPrefix(b, a+"/") {
+		a = path.Dir(a)
+	}
+	return a
+}
+
+// writableByMe tells whether this process's effective ids may write f, from
+// its owner and mode: faccessat would answer EROFS where a read-only bind
+// mount (systemd's ProtectSystem=) covers it, though the kernel's check for
+// a migration reads the inode's permissions, not the mount's.
+func writableByMe(f string) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(f, &st); err != nil {
+		return false, err
+	}
+	switch {
+	case int(st.Uid) == os.Geteuid():
+		return st.Mode&0o200 != 0, nil
+	case inGroup(int(st.Gid)):
+		return st.Mode&0o020 != 0, nil
+	}
+	return st.Mode&0o002 != 0, nil
+}
+
+// inGroup reports whether gid is this process's effective or a
+// supplementary group.
+func inGroup(gid int) bool {
+	if gid == os.Getegid() {
+		return true
+	}
+	groups, _ := os.Getgroups()
+	return slices.Contains(groups, gid)
 }
 
 // checkControllers tells whether memory, cpu and pids are delegated to p.
@@ -199,8 +266,16 @@ func (g *v2Group) Paths() map[string]string {
 func (g *v2Group) file(f string) string { return join(g.m.dir(g.name), f) }
 
 // Prepare clones the cell straight into its cgroup (CLONE_INTO_CGROUP), so it
-// never runs outside its limits, not even between fork and exec.
+// never runs outside its limits, not even between fork and exec. Where
+// clone3 is refused, the cell starts through the join helper, which moves
+// itself into the cgroup (writing "0" to its cgroup.procs) before it execs
+// the cell: until then the helper runs in the agent's own limited leaf, so
+// the cell's first instruction still runs inside its limits.
 func (g *v2Group) Prepare(cmd *exec.Cmd) (func(bool), error) {
+	if g.m.join {
+		wrapExec(cmd, []string{g.file("cgroup.procs")})
+		return nil, nil
+	}
 	fd, err := unix.Open(g.m.dir(g.name), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open cgroup %s: %w", g.name, err)
@@ -231,13 +306,56 @@ func (g *v2Group) Kill(ctx context.Context) error {
 	if err := checkGroupPath(g.Path()); err != nil {
 		return fmt.Errorf("kill %s: %w", g.name, err)
 	}
-	if err := killTree(ctx, g.m.dir(g.name)); err != nil && !os.IsNotExist(err) {
+	dir := g.m.dir(g.name)
+	if err := killTree(ctx, dir); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("kill %s: %w", g.name, err)
 	}
 	err = waitEmpty(ctx, g.Procs)
 	reapOrphans(before)
+	if err == nil {
+		err = pruneChildren(ctx, dir)
+	}
 	if err != nil {
 		return fmt.Errorf("kill %s: %w", g.name, err)
+	}
+	return nil
+}
+
+// pruneChildren removes every cgroup below the cell's group dir, deepest
+// first, once the kill has emptied the tree: the agent makes none, so
+// whatever is there was made by someone else (an operator's mkdir, a cell
+// that was handed its cgroup) and would keep the group from being removed
+// on a stop, and hide processes from the cell's own cgroup.procs. Their
+// processes were killed with the group (cgroup.kill takes the subtree).
+func pruneChildren(ctx context.Context, dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		child := join(dir, e.Name())
+		procs := func() ([]int, error) {
+			pids, err := treeProcs(child)
+			if os.IsNotExist(err) {
+				return nil, nil
+			}
+			return pids, err
+		}
+		if err := waitEmpty(ctx, procs); err != nil {
+			return fmt.Errorf("cgroup %s below the cell: %w", child, err)
+		}
+		if err := pruneChildren(ctx, child); err != nil {
+			return err
+		}
+		if err := removeDir(ctx, child); err != nil {
+			return fmt.Errorf("remove cgroup %s below the cell: %w", child, err)
+		}
 	}
 	return nil
 }

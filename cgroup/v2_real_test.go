@@ -54,8 +54,20 @@ func unifiedForTest(t *testing.T) *v2 {
 	return m
 }
 
+// A cell starts inside its group both ways: cloned into it, and (where
+// clone3 is refused: systemd's RestrictNamespaces=) through the join helper,
+// which writes "0" to the group's cgroup.procs before it execs the cell.
 func TestV2CloneIntoCgroupAndKill(t *testing.T) {
-	m := unifiedForTest(t)
+	for _, join := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clone3", true: "join helper"}[join], func(t *testing.T) {
+			m := unifiedForTest(t)
+			m.join = join
+			testV2StartAndKill(t, m)
+		})
+	}
+}
+
+func testV2StartAndKill(t *testing.T, m *v2) {
 	if err := os.Mkdir(m.dir("cell-01"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -97,6 +109,45 @@ func TestV2CloneIntoCgroupAndKill(t *testing.T) {
 		if live(pid) {
 			t.Errorf("pid %d survived cgroup.kill", pid)
 		}
+	}
+	if _, err := os.Stat(m.dir("cell-01")); !os.IsNotExist(err) {
+		t.Errorf("group not removed: %v", err)
+	}
+}
+
+// Cgroups someone else made inside a cell's group (an operator's mkdir, a
+// process moved into one) neither keep the group from being removed nor
+// survive its kill.
+func TestV2KillPrunesForeignChildren(t *testing.T) {
+	m := unifiedForTest(t)
+	for _, d := range []string{"cell-01/x", "cell-01/y/z"} {
+		if err := os.MkdirAll(m.dir(d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := m.Open("cell-01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/sleep", "1000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-done })
+	if err := os.WriteFile(m.dir("cell-01/y/z/cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := g.Delete(ctx); err != nil {
+		t.Fatalf("delete with foreign children: %v", err)
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the process in a child cgroup survived the cell's kill")
 	}
 	if _, err := os.Stat(m.dir("cell-01")); !os.IsNotExist(err) {
 		t.Errorf("group not removed: %v", err)

@@ -19,6 +19,7 @@ var wantFiles = map[string][]file{
 	"cellvisor": {
 		{"/usr/bin/cellvisor", "-rwxr-xr-x", "root", "root"},
 		{"/usr/lib/systemd/system/cellvisor.service", "-rw-r--r--", "root", "root"},
+		{"/usr/lib/systemd/system/cellvisor.slice", "-rw-r--r--", "root", "root"},
 		{"/usr/lib/sysusers.d/cellvisor.conf", "-rw-r--r--", "root", "root"},
 		{"/usr/lib/tmpfiles.d/cellvisor.conf", "-rw-r--r--", "root", "root"},
 		{"/etc/cellvisor/agent.yaml", "-rw-r--r--", "root", "root"},

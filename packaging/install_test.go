@@ -120,6 +120,10 @@ func debLifecycle(t *testing.T, older, newer map[string]string, systemdUp bool) 
 	if err := os.WriteFile("/var/lib/cellvisor/identity.json", []byte("{}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// systemd's LogsDirectory= made by the unit's first start.
+	if err := os.MkdirAll("/var/log/cellvisor", 0o750); err != nil {
+		t.Fatal(err)
+	}
 
 	// Upgrade: no prompt (standard input is empty), the edit and the state kept.
 	out, err = dpkg("--install", newer["cellvisor deb"], newer["cellvisor-control deb"])
@@ -154,7 +158,7 @@ func debLifecycle(t *testing.T, older, newer map[string]string, systemdUp bool) 
 		"/usr/lib/systemd/system/cellvisor.service", "/usr/lib/systemd/system/cellvisor-control.service",
 		"/usr/lib/sysusers.d/cellvisor.conf", "/usr/lib/tmpfiles.d/cellvisor.conf",
 		"/usr/lib/sysusers.d/cellvisor-control.conf", "/usr/lib/tmpfiles.d/cellvisor-control.conf",
-		"/var/lib/cellvisor", "/run/cellvisor",
+		"/var/lib/cellvisor", "/run/cellvisor", "/var/log/cellvisor", "/usr/lib/systemd/system/cellvisor.slice",
 	} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s is left after purge (%v)", p, err)
@@ -179,7 +183,7 @@ func debLifecycle(t *testing.T, older, newer map[string]string, systemdUp bool) 
 	if systemdUp {
 		wantCalls(t, calls, "daemon-reload", "daemon-reload",
 			"daemon-reload", "try-restart cellvisor.service", "daemon-reload", "try-restart cellvisor-control.service",
-			"stop cellvisor.service", "--no-reload disable cellvisor.service", "daemon-reload",
+			"stop cellvisor.service", "is-active --quiet cellvisor-cells.scope", "--no-reload disable cellvisor.service", "daemon-reload",
 			"stop cellvisor-control.service", "--no-reload disable cellvisor-control.service", "daemon-reload")
 	}
 }
@@ -224,6 +228,7 @@ func checkInstalled(t *testing.T, version string) {
 		{"/usr/bin/cellvisor", 0o755, "root", "root"},
 		{"/usr/bin/cellvisor-control", 0o755, "root", "root"},
 		{"/usr/lib/systemd/system/cellvisor.service", 0o644, "root", "root"},
+		{"/usr/lib/systemd/system/cellvisor.slice", 0o644, "root", "root"},
 		{"/usr/lib/systemd/system/cellvisor-control.service", 0o644, "root", "root"},
 		{"/etc/cellvisor", os.ModeDir | 0o755, "root", "root"},
 		{"/etc/cellvisor/agent.yaml", 0o644, "root", "root"},

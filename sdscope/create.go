@@ -71,6 +71,12 @@ func (c *Conn) Create(ctx context.Context, o CreateOptions) (Scope, error) {
 		// Stopping the scope (the cells are stopped for good) is a
 		// graceful matter for the agent; systemd only cleans up.
 		{Name: "KillMode", Value: dbus.MakeVariant("control-group")},
+		// Ordered before the agent's unit: at a shutdown systemd stops
+		// units in the reverse of their start order, so the agent is
+		// stopped first, and drains and stops the cells itself, before
+		// systemd stops the scope (which by then holds nothing). Without
+		// it both stop at once and the cells get systemd's SIGTERM.
+		{Name: "Before", Value: dbus.MakeVariant([]string{o.Unit})},
 	}
 	done := make(chan string, 1)
 	if _, err := c.c.StartTransientUnitContext(ctx, o.Name, "fail", props, done); err != nil {
@@ -206,6 +212,24 @@ func splitFields(b []byte) []string {
 		out = append(out, string(b[start:]))
 	}
 	return out
+}
+
+// Stop asks systemd to stop the scope name (its KillMode: every process in
+// it gets SIGTERM, then SIGKILL) and waits for the job, bounded by ctx.
+func (c *Conn) Stop(ctx context.Context, name string) error {
+	done := make(chan string, 1)
+	if _, err := c.c.StopUnitContext(ctx, name, "replace", done); err != nil {
+		return fmt.Errorf("stop %s: %w", name, err)
+	}
+	select {
+	case res := <-done:
+		if res != "done" {
+			return fmt.Errorf("stop %s: job %s", name, res)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stop %s: waiting for systemd's job: %w", name, ctx.Err())
+	}
 }
 
 // Release ends the scope once its cells are stopped for good: it kills the

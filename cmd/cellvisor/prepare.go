@@ -109,14 +109,40 @@ func ensureScope(ctx context.Context, o cgroup.PrepareOptions, holder []string) 
 		return nil, err
 	}
 	name := sdscope.ScopeName(unit)
+	create := func() (sdscope.Scope, error) {
+		return conn.Create(ctx, sdscope.CreateOptions{Name: name, Unit: unit, Holder: holder, UID: o.UID, GID: o.GID, Root: o.Root})
+	}
 	s, err := conn.Find(ctx, name)
 	if errors.Is(err, sdscope.ErrNotFound) {
-		s, err = conn.Create(ctx, sdscope.CreateOptions{Name: name, Unit: unit, Holder: holder, UID: o.UID, GID: o.GID, Root: o.Root})
+		s, err = create()
 	}
 	if err != nil {
 		return nil, err
 	}
-	return cgroup.HandOverScope(o, s.ControlGroup)
+	slice, err := cgroup.HandOverSlice(o, s.ControlGroup)
+	if errors.Is(err, cgroup.ErrScopeElsewhere) {
+		// A scope an earlier version made in the unit's former slice
+		// (system.slice): on a cgroup v2 host no cell could start there
+		// as a non-root agent (the common-ancestor rule), so it holds
+		// nothing but its holder. Stop it and make the scope anew.
+		fmt.Fprintf(os.Stderr, "prepare-cgroups: %v: stopping it and creating it in the unit's slice\n", err)
+		if err = conn.Stop(ctx, name); err == nil {
+			if s, err = create(); err == nil {
+				slice, err = cgroup.HandOverSlice(o, s.ControlGroup)
+			}
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	dirs, err := cgroup.HandOverScope(o, s.ControlGroup)
+	if err != nil {
+		return nil, err
+	}
+	if slice != "" {
+		dirs = append(dirs, slice)
+	}
+	return dirs, nil
 }
 
 // lookupUser returns name's uid and primary gid; name may be numeric.

@@ -2,7 +2,7 @@
 # cellvisor postremove: the deb postrm ("remove", "purge", "upgrade", ...) and
 # the rpm %postun (0 on erasure, 1 or more on upgrade).
 #
-# On a deb purge it deletes the state and run directories: the edge's identity
+# On a deb purge it deletes the state, run and log directories: the edge's identity
 # (re-enroll, or rotate the identity, to bring the host back), the cells'
 # releases, caches and logs. dpkg deletes /etc/cellvisor's configuration files
 # itself. The user and group stay (Debian and Fedora policy: files they owned
@@ -13,7 +13,7 @@ set -e
 name=cellvisor
 
 if [ "$1" = purge ]; then
-	rm -rf /var/lib/$name /run/$name
+	rm -rf /var/lib/$name /run/$name /var/log/$name
 	rmdir /etc/cellvisor 2>/dev/null || true
 fi
 

@@ -9,6 +9,7 @@ set -e
 
 name=cellvisor
 unit=cellvisor.service
+scope=cellvisor-cells.scope
 
 case "$1" in
 	remove | 0) ;;
@@ -20,5 +21,13 @@ if [ ! -d /run/systemd/system ]; then
 	exit 0
 fi
 systemctl stop $unit || echo "$name: systemctl stop $unit failed (ignored)" >&2
+# The agent's stop ends the cells and their scope. Cells that outlived an
+# agent which is not running (it crashed and was not started again) are
+# stopped here by systemd (SIGTERM, not a graceful stop): they must not
+# go on running from a removed binary.
+if systemctl is-active --quiet $scope; then
+	echo "$name: stopping $scope (cells left running without an agent)"
+	systemctl stop $scope || echo "$name: systemctl stop $scope failed (ignored)" >&2
+fi
 systemctl --no-reload disable $unit || echo "$name: systemctl disable $unit failed (ignored)" >&2
 exit 0
