@@ -289,8 +289,17 @@ func (a *Agent) setupCgroups() (refusal error, err error) {
 		}
 	}
 	fields := []zap.Field{zap.String("mode", string(a.cg.Mode())), zap.String("subtree", a.cg.Path())}
-	if a.cg.Mode() == cgroup.ModeV1Hybrid {
-		// How cells join their v1 groups: the helper built into this
+	if a.cg.Mode() == cgroup.ModeV2 {
+		// clone3 into the cell's cgroup, or (where a seccomp filter such
+		// as systemd's RestrictNamespaces= refuses clone3) the join helper.
+		start := "clone3"
+		if cgroup.JoinsCells(a.cg) {
+			start = "join helper (clone3 refused)"
+		}
+		fields = append(fields, zap.String("cell_start", start))
+	}
+	if cgroup.JoinsCells(a.cg) {
+		// How cells join their groups: the helper built into this
 		// binary, or the slower shell (a build without cgexec.LDFlags).
 		helper := "built-in"
 		if !cgexec.Builtin() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -119,15 +120,25 @@ func (a *Agent) unlock() {
 	a.locks = nil
 }
 
-// reportStatus keeps systemd's one-line STATUS= current until ctx ends.
+// reportStatus keeps systemd's one-line STATUS= current until ctx ends, and
+// logs an error when the agent enters the state where none of its assigned
+// cells serves (and once it leaves it).
 func (a *Agent) reportStatus(ctx context.Context, n *systemd.Notifier) {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
-	last := ""
+	last, wasDown := "", false
 	for {
 		if s := a.summary(); s != last {
 			n.Status(s)
 			last = s
+			if down := strings.HasPrefix(s, notServing); down != wasDown {
+				if down {
+					a.log.Error("no assigned cell is serving", zap.String("summary", s))
+				} else {
+					a.log.Info("cells serving again", zap.String("summary", s))
+				}
+				wasDown = down
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -137,16 +148,38 @@ func (a *Agent) reportStatus(ctx context.Context, n *systemd.Notifier) {
 	}
 }
 
+// The prefixes of the summary where assigned cells are not serving: what
+// systemctl status shows first (docs/operations.md, "What systemd shows").
+const (
+	notServing = "NOT SERVING: "
+	degraded   = "DEGRADED: "
+)
+
 // summary is the agent in one line, from the slots' states alone: it is
-// made as the last cell becomes ready, and every two seconds after.
+// made as the last cell becomes ready, and every two seconds after. Where
+// no assigned cell is ready (and not all of them were drained on purpose)
+// it starts with NOT SERVING, where some are not, with DEGRADED, each with
+// the first such cell's reason.
 func (a *Agent) summary() string {
 	counts := a.sup.StateCounts()
 	total := 0
 	for _, n := range counts {
 		total += n
 	}
-	return fmt.Sprintf("%d slots: %d ready, %d drained, %d degraded, %d stopped; cgroups %s",
+	line := fmt.Sprintf("%d slots: %d ready, %d drained, %d degraded, %d stopped; cgroups %s",
 		total, counts[supervisor.StateReady], counts[supervisor.StateDrained], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], a.cg.Mode())
+	assigned, ready, drained, first, reason := a.sup.Serving()
+	if down := assigned - ready - drained; down > 0 {
+		prefix := degraded
+		if ready == 0 {
+			prefix = notServing
+		}
+		if len(reason) > 160 {
+			reason = reason[:160] + "…"
+		}
+		line = fmt.Sprintf("%s%d of %d assigned cells ready (%s: %s); %s", prefix, ready, assigned, first, reason, line)
+	}
+	return line
 }
 
 // health watches the supervisor's monitor loop and, when there is a manifest

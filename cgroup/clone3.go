@@ -26,3 +26,15 @@ var forceJoin bool
 // their cgroup (clone3 with CLONE_INTO_CGROUP); where they cannot, they
 // start through the join helper, as on v1.
 func cloneIntoCgroup() bool { return !forceJoin && clone3Probe() }
+
+// JoinsCells reports whether m starts cells through the join helper: on v1,
+// and on v2 where clone3 is refused.
+func JoinsCells(m Manager) bool {
+	switch m := m.(type) {
+	case *v1:
+		return true
+	case *v2:
+		return m.join
+	}
+	return false
+}

@@ -473,6 +473,30 @@ func (s *Supervisor) StateCounts() map[State]int {
 	return n
 }
 
+// Serving counts the assigned slots and, of them, the ready and drained
+// ones, and gives the first not-ready assigned slot's name and reason: what
+// the agent's one-line summary and its "no cell serving" alarm read.
+func (s *Supervisor) Serving() (assigned, ready, drained int, first, reason string) {
+	for _, c := range s.slots {
+		c.mu.Lock()
+		if c.pool != "" {
+			assigned++
+			switch c.state {
+			case StateReady:
+				ready++
+			case StateDrained:
+				drained++
+			default:
+				if first == "" {
+					first, reason = c.spec.Name, c.reason
+				}
+			}
+		}
+		c.mu.Unlock()
+	}
+	return assigned, ready, drained, first, reason
+}
+
 // LiveStatus is Status with each running cell's own report.
 func (s *Supervisor) LiveStatus(ctx context.Context) Status {
 	st := s.Status()

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -263,6 +264,38 @@ func TestAgentSIGTERMLeavesNothingBehind(t *testing.T) {
 	if names, _ := m.List(); len(names) != 0 {
 		t.Errorf("cell cgroups left: %v", names)
 	}
+}
+
+// An agent none of whose assigned cells can start says so where systemd and
+// its log show it first: the unit is ready (the agent runs, retries and
+// answers status), its STATUS= starts with NOT SERVING and names a cell and
+// its reason, and the log has an error.
+func TestNoCellServingIsLoud(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := buildAgent(t)
+	cfgPath, _ := agentConfig(t, 3, "")
+	broken := filepath.Join(t.TempDir(), "openresty")
+	if err := os.WriteFile(broken, []byte("#!/bin/sh\necho 'broken runtime' >&2\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	yaml := regexp.MustCompile(`(?m)^  binary: .*$`).ReplaceAllString(string(data), "  binary: "+broken)
+	if err := os.WriteFile(cfgPath, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	notify := listenNotify(t)
+	a := launchAgent(t, bin, cfgPath, "NOTIFY_SOCKET="+notify.path)
+	notify.await(t, "READY=1", "STATUS=NOT SERVING: 0 of 2 assigned cells ready (cell-01: ")
+	testutil.Eventually(t, 10*time.Second, func() error {
+		log, _ := os.ReadFile(a.log)
+		if !bytes.Contains(log, []byte(`"no assigned cell is serving"`)) {
+			return fmt.Errorf("no error logged yet")
+		}
+		return nil
+	})
 }
 
 // A changed slot count is refused before anything starts, and the persisted
