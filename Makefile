@@ -196,9 +196,10 @@ units-check: ## systemd-analyze verify both units, and fail if their security ex
 	$(GO) build -o "$$tmp/bin/cellvisor" ./cmd/cellvisor; \
 	$(GO) build -o "$$tmp/bin/cellvisor-control" ./cmd/cellvisor-control; \
 	for u in $(UNITS); do sed "s#/usr/bin/#$$tmp/bin/#g" "systemd/$$u.service" >"$$tmp/$$u.service"; done; \
-	out="$$(cd "$$tmp" && systemd-analyze verify --man=no $(UNITS:%=./%.service) 2>&1)" || { echo "$$out"; echo "units-check: systemd-analyze verify failed"; exit 1; }; \
+	cp systemd/cellvisor.slice "$$tmp/"; \
+	out="$$(cd "$$tmp" && systemd-analyze verify --man=no $(UNITS:%=./%.service) ./cellvisor.slice 2>&1)" || { echo "$$out"; echo "units-check: systemd-analyze verify failed"; exit 1; }; \
 	if [ -n "$$out" ]; then echo "$$out"; echo "units-check: systemd-analyze verify warned (above)"; exit 1; fi; \
-	echo "units-check: systemd-analyze verify: both units clean"
+	echo "units-check: systemd-analyze verify: both units and the slice clean"
 	@rc=0; \
 	check() { \
 	  out="$$(systemd-analyze security --offline=yes --threshold="$$2" "systemd/$$1.service" 2>&1)" && r=0 || r=$$?; \
