@@ -111,3 +111,29 @@ func TestValidHostname(t *testing.T) {
 		}
 	}
 }
+
+// Pool names are held to the control plane's rule at the edge too: a
+// class prefix and nothing special to Lua, nginx or a path.
+func TestPoolClassHoldsTheControlPlanesRule(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		class string
+	}{
+		{"shared-default", ClassShared},
+		{"quarantine", ClassQuarantine},
+		{"reserved-eu.west-1", ClassReserved},
+		{"shared-x\", os.exit(1) --", ""},
+		{"shared-../../etc", ""},
+		{"shared-a/b", ""},
+		{"shared-Upper", ""},
+		{"shared-", ""},
+		{"shared-a.", ""},
+		{"shared-" + strings.Repeat("a", MaxPoolName-6), ""},
+		{"premium-x", ""},
+	} {
+		got, ok := PoolClass(tc.name)
+		if got != tc.class || ok != (tc.class != "") {
+			t.Errorf("PoolClass(%q) = %q, %v; want %q", tc.name, got, ok, tc.class)
+		}
+	}
+}

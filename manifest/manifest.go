@@ -180,7 +180,7 @@ func (e Entry) Validate() error {
 
 func validPool(p string) bool {
 	_, ok := domain.PoolClass(p)
-	return ok && len(p) <= 64
+	return ok
 }
 
 // Verify checks artifact against the entry: size, SHA-256, and the

@@ -189,6 +189,12 @@ func prepare(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Ren
 	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua}}
 	hashes := map[string]string{"lua/cellvisor.lua": luaHashes().cell, "lua/frontdoor.lua": luaHashes().frontDoor}
 	if p.Pool != "" {
+		if !domain.ValidPoolName(p.Pool) {
+			// Joined into pools/<pool>.json and rendered into the cell's
+			// configuration: held to the control plane's rule whoever
+			// signed it.
+			return Release{}, nil, p, fmt.Errorf("build release: pool %q is not a valid pool name (lowercase letters, digits, inner '-' and '.', at most %d)", p.Pool, domain.MaxPoolName)
+		}
 		if pool == nil {
 			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*domain.Domain{}}
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"text/template"
 )
@@ -23,8 +24,72 @@ var nginxTmpl string
 // initialiser: an enrolled agent whose releases are in place renders
 // nothing when it starts, and every initialiser runs before its first cell.
 var confTemplate = sync.OnceValue(func() *template.Template {
-	return template.Must(template.New("nginx.conf").Parse(nginxTmpl))
+	return template.Must(template.New("nginx.conf").Funcs(template.FuncMap{
+		"lua":     luaString,
+		"ngx":     ngxArg,
+		"comment": commentText,
+	}).Parse(nginxTmpl))
 })
+
+// Every string the template renders goes through one of these, by the
+// context it lands in: a value the signing key, a configuration file or a
+// path brings must stay data, never become Lua code or an nginx directive.
+
+// luaString is s as a Lua string literal, quotes included: every byte
+// outside a plain set written as a decimal escape, so that nothing in it can
+// end the string, start a comment or a long bracket, or reach nginx's lexer
+// of the Lua block as a brace.
+func luaString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if plainByte(c) {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "\\%03d", c)
+	}
+	b.WriteByte('"')
+	return b.String()
+}
+
+// ngxArg returns s to be rendered as (part of) an nginx directive's
+// argument, quoted or not, or an error where s holds a byte nginx would
+// read as anything but part of one argument: white space, quotes, ';',
+// braces, '$' (a variable), '#' (a comment), a backslash or a control byte.
+// An error stops the rendering: the cell keeps its previous release.
+func ngxArg(s string) (string, error) {
+	if s == "" {
+		return "", fmt.Errorf("an empty value cannot be an nginx argument")
+	}
+	for i := 0; i < len(s); i++ {
+		if !plainByte(s[i]) {
+			return "", fmt.Errorf("%q cannot be an nginx argument: byte %q (allowed: letters, digits and %s)", s, s[i], plainPunct)
+		}
+	}
+	return s, nil
+}
+
+// commentText is s for a comment line: bytes outside the plain set are
+// written as '?', so that nothing in it ends the comment.
+func commentText(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if !plainByte(c) {
+			b[i] = '?'
+		}
+	}
+	return string(b)
+}
+
+// plainPunct is the punctuation a rendered value may hold as it is.
+const plainPunct = "/._-:@+=,[]"
+
+// plainByte reports a letter, a digit or one of plainPunct.
+func plainByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte(plainPunct, c) >= 0
+}
 
 // RenderParams are the inputs of a cell's nginx.conf.
 type RenderParams struct {
