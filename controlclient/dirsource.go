@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"cellvisor/internal/atomicfile"
 	"cellvisor/internal/safefile"
@@ -39,26 +41,36 @@ type DirSource struct {
 
 var _ manifest.Source = DirSource{}
 
-// newest returns the highest published sequence, or 0. manifests/ is
-// opened as a directory only (O_DIRECTORY|O_NONBLOCK: a FIFO in its place
-// fails at once instead of waiting for a writer) and read in batches, so
-// that memory holds a batch of names however many there are.
-func (d DirSource) newest(ctx context.Context) (int64, error) {
+// newest returns the highest published sequence above after that this
+// edge has not refused, or 0. manifests/ is opened as a directory only
+// (O_DIRECTORY|O_NONBLOCK: a FIFO in its place fails at once instead of
+// waiting for a writer) and read in batches. A sequence whose ack in acks/
+// says refused is skipped: a bogus directory with a high sequence would
+// otherwise be the newest at every poll, refused every time, and hide every
+// good manifest published after it (below its number), even across agent
+// restarts. To publish a fixed manifest, use a new sequence.
+func (d DirSource) newest(ctx context.Context, after int64) (int64, error) {
 	f, err := os.OpenFile(filepath.Join(d.Dir, "manifests"), os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, fmt.Errorf("manifest spool %s: %w", d.Dir, err)
 	}
 	defer f.Close()
-	var newest int64
+	var seqs []int64
 	for ctx.Err() == nil {
 		ents, err := f.ReadDir(1024)
 		for _, e := range ents {
-			if seq, err := strconv.ParseInt(e.Name(), 10, 64); err == nil && e.IsDir() && seq > newest {
-				newest = seq
+			if seq, err := strconv.ParseInt(e.Name(), 10, 64); err == nil && e.IsDir() && seq > after {
+				seqs = append(seqs, seq)
 			}
 		}
 		if err == io.EOF {
-			return newest, nil
+			slices.Sort(seqs)
+			for i := len(seqs) - 1; i >= 0; i-- {
+				if !d.refused(ctx, seqs[i]) {
+					return seqs[i], nil
+				}
+			}
+			return 0, nil
 		}
 		if err != nil {
 			return 0, fmt.Errorf("manifest spool %s: %w", d.Dir, err)
@@ -67,11 +79,21 @@ func (d DirSource) newest(ctx context.Context) (int64, error) {
 	return 0, ctx.Err()
 }
 
+// refused reports whether this edge's ack of seq says refused.
+func (d DirSource) refused(ctx context.Context, seq int64) bool {
+	data, err := safefile.ReadFile(ctx, filepath.Join(d.Dir, "acks", strconv.FormatInt(seq, 10)+".json"), 64<<10)
+	if err != nil {
+		return false
+	}
+	var a manifest.Ack
+	return json.Unmarshal(data, &a) == nil && a.Sequence == seq && a.Status == manifest.AckRefused
+}
+
 // Page returns a page of the newest manifest after sequence after. The
 // page file is read with the bounds of refuse: a symbolic link, FIFO,
 // device, or a file over manifest.MaxPageBytes is refused unread.
 func (d DirSource) Page(ctx context.Context, after int64, cursor string) (manifest.Page, error) {
-	seq, err := d.newest(ctx)
+	seq, err := d.newest(ctx, after)
 	if err != nil {
 		return manifest.Page{}, err
 	}
@@ -86,10 +108,25 @@ func (d DirSource) Page(ctx context.Context, after int64, cursor string) (manife
 	}
 	name := filepath.Join("manifests", strconv.FormatInt(seq, 10), cursor+".json")
 	data, err := safefile.ReadFile(ctx, filepath.Join(d.Dir, name), manifest.MaxPageBytes)
+	var p manifest.Page
 	if err != nil {
-		return manifest.Page{}, refuse(manifest.ErrInvalid, name, manifest.MaxPageBytes, err)
+		err = refuse(manifest.ErrInvalid, name, manifest.MaxPageBytes, err)
+	} else if p, err = manifest.ParsePage(data); err == nil && p.Sequence != seq {
+		// The directory's number is what the spool is ordered by and what
+		// a refusal is remembered by: a page must carry it.
+		err = fmt.Errorf("%w: spool %s holds a page of sequence %d", manifest.ErrInvalid, name, p.Sequence)
 	}
-	return manifest.ParsePage(data) // Collect validates, and refuses naming the sequence
+	if manifest.IsRefusal(err) {
+		// A page that cannot be read or parsed is acked refused with
+		// sequence 0 by the agent (it does not know the sequence): the
+		// spool records the directory's refusal itself, so that newest
+		// skips it from now on.
+		_ = d.Ack(ctx, manifest.Ack{Sequence: seq, Status: manifest.AckRefused, Reason: manifest.Reason(err), At: time.Now().UTC()})
+	}
+	if err != nil {
+		return manifest.Page{}, err
+	}
+	return p, nil // Collect validates, and refuses naming the sequence
 }
 
 // refuse makes a spool file's refusal (not a regular file, over its bound

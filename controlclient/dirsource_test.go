@@ -185,3 +185,59 @@ func FuzzSpoolPage(f *testing.F) {
 		}
 	})
 }
+
+// A bogus manifest directory numbered above every good one is refused
+// once: recorded refused in the spool's acks (the agent cannot ack a page it
+// could not parse by its sequence), it is skipped from then on (a restarted
+// agent skips it too), and the good manifest below it is the newest again.
+// A directory whose page claims another sequence is refused the same way,
+// so that the agent's own refusal ack names the directory. Before, it was the newest at every poll and blocked
+// every later manifest until an operator deleted it.
+func TestSpoolSkipsARefusedSequence(t *testing.T) {
+	d, _ := spoolOf(t, 5)
+	bogus := filepath.Join(d.Dir, "manifests", "900")
+	if err := os.MkdirAll(bogus, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bogus, "0.json"), []byte(`{"not":"a page"`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := d.Page(ctx, 0, ""); !manifest.IsRefusal(err) {
+		t.Fatalf("the bogus sequence 900: %v, want a refusal", err)
+	}
+	p, err := d.Page(ctx, 0, "")
+	if err != nil {
+		t.Fatalf("after the refusal of 900: %v", err)
+	}
+	if p.Header.Sequence != 5 {
+		t.Errorf("after the refusal of 900 the spool offers sequence %d, want 5", p.Header.Sequence)
+	}
+	// A page in directory 901 claiming sequence 5: refused, then skipped.
+	if err := os.MkdirAll(filepath.Join(d.Dir, "manifests", "901"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	good, err := os.ReadFile(filepath.Join(d.Dir, "manifests", "5", "0.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d.Dir, "manifests", "901", "0.json"), good, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Page(ctx, 0, ""); err == nil || !strings.Contains(err.Error(), "holds a page of sequence 5") {
+		t.Fatalf("a page of 5 in directory 901: %v, want a refusal", err)
+	}
+	if p, err := d.Page(ctx, 0, ""); err != nil || p.Header.Sequence != 5 {
+		t.Fatalf("after the refusal of 901: %v", err)
+	}
+	// An ack that is not a refusal (applied, partial) hides nothing.
+	if err := d.Ack(ctx, manifest.Ack{Sequence: 5, Status: manifest.AckApplied, At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := d.Page(ctx, 0, ""); err != nil || p.Header.Sequence != 5 {
+		t.Errorf("an applied ack hid its sequence: %v", err)
+	}
+	if _, err := d.Page(ctx, 5, ""); !errors.Is(err, manifest.ErrNoChange) {
+		t.Errorf("after 5, with 900 refused: %v, want no change", err)
+	}
+}

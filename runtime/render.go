@@ -25,9 +25,10 @@ var nginxTmpl string
 // nothing when it starts, and every initialiser runs before its first cell.
 var confTemplate = sync.OnceValue(func() *template.Template {
 	return template.Must(template.New("nginx.conf").Funcs(template.FuncMap{
-		"lua":     luaString,
-		"ngx":     ngxArg,
-		"comment": commentText,
+		"lua":      luaString,
+		"ngx":      ngxArg,
+		"ngxWords": ngxArgs,
+		"comment":  commentText,
 	}).Parse(nginxTmpl))
 })
 
@@ -66,6 +67,17 @@ func ngxArg(s string) (string, error) {
 	for i := 0; i < len(s); i++ {
 		if !plainByte(s[i]) {
 			return "", fmt.Errorf("%q cannot be an nginx argument: byte %q (allowed: letters, digits and %s)", s, s[i], plainPunct)
+		}
+	}
+	return s, nil
+}
+
+// ngxArgs is ngxArg for each of the words of s separated by single spaces:
+// several arguments of one directive ("user group").
+func ngxArgs(s string) (string, error) {
+	for _, w := range strings.Split(s, " ") {
+		if _, err := ngxArg(w); err != nil {
+			return "", err
 		}
 	}
 	return s, nil
