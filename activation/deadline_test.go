@@ -96,3 +96,71 @@ func TestPollHasAnOverallDeadline(t *testing.T) {
 		})
 	}
 }
+
+// cutSnapshot serves data, then holds the stream until the poll's
+// deadline and ends it as end (a cut connection: an unexpected end of
+// file; a stream that just stops: the end of file).
+type cutSnapshot struct {
+	*memSource
+	data []byte
+	end  error
+}
+
+func (s cutSnapshot) Snapshot(ctx context.Context) (io.ReadCloser, error) {
+	return io.NopCloser(io.MultiReader(strings.NewReader(string(s.data)), ctxCut{ctx, s.end})), nil
+}
+
+type ctxCut struct {
+	ctx context.Context
+	end error
+}
+
+func (c ctxCut) Read([]byte) (int, error) {
+	<-c.ctx.Done()
+	return 0, c.end
+}
+
+// A snapshot download cut by the poll's deadline is a timeout, retried at
+// the next poll: not a bad snapshot, refused and never asked for again.
+func TestSnapshotCutByTheDeadlineIsNotARefusal(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		half bool // else: a whole archive of the manifest alone
+		end  error
+	}{
+		{"cut in the middle", true, io.ErrUnexpectedEOF},
+		{"cut between files", false, io.EOF},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			r.publish(5, map[string]string{"a.example.com": "from snapshot"})
+			var buf strings.Builder
+			arts := r.src.artifacts
+			if !tc.half {
+				arts = nil // the stream stops where the artifacts were to come
+			}
+			if err := manifest.WriteSnapshot(&buf, manifest.Snapshot{Manifest: r.signed(), Artifacts: arts}); err != nil {
+				t.Fatal(err)
+			}
+			data := []byte(buf.String())
+			if tc.half {
+				data = data[:len(data)/2]
+			}
+			r.a.o.Source = cutSnapshot{r.src, data, tc.end}
+			r.a.o.PollTimeout = 200 * time.Millisecond
+			err := r.a.Poll(context.Background())
+			if err == nil || !strings.Contains(err.Error(), "poll_timeout") {
+				t.Errorf("poll: %v, want the poll's deadline", err)
+			}
+			if p := r.j.Pending(); len(p) != 0 {
+				t.Errorf("acks %+v after a cut download, want none", p)
+			}
+			r.a.mu.Lock()
+			refused := r.a.snapshotRefused
+			r.a.mu.Unlock()
+			if refused {
+				t.Error("a snapshot cut by the deadline is remembered as refused: the next poll will not ask for it")
+			}
+		})
+	}
+}

@@ -89,8 +89,14 @@ func (a *Activator) applySnapshot(ctx, fctx context.Context, r io.Reader) error 
 	}
 	defer os.RemoveAll(a.snapshotStaging())
 	s, err := manifest.ReadSnapshot(fctx, r, manifest.SnapshotLimit, a.snapshotStaging())
-	if err != nil && !manifest.IsRefusal(err) {
-		return fmt.Errorf("recovery snapshot: %w", cause(fctx, err)) // a broken download: retried
+	if err != nil && (fctx.Err() != nil || !manifest.IsRefusal(err)) {
+		// A broken download, or one the poll's deadline cut (the stream
+		// may then just end, and read as a snapshot missing its
+		// artifacts): retried, never refused.
+		if fctx.Err() != nil && !errors.Is(err, fctx.Err()) {
+			err = fmt.Errorf("%w: %w", fctx.Err(), err)
+		}
+		return fmt.Errorf("recovery snapshot: %w", cause(fctx, err))
 	}
 	if err != nil {
 		return a.refuseSnapshot(0, err)

@@ -129,6 +129,12 @@ type Client struct {
 	stop     context.CancelFunc
 }
 
+// MaxCallDeadline caps the deadline a call tells the cell: well inside the
+// cell's timestamp window (runtime.DefaultAuthWindow, 30 s), so that the
+// cell tells the agent's own late calls (past their deadline) from replays
+// (outside the window).
+const MaxCallDeadline = 10 * time.Second
+
 // AbandonAfter bounds how long a call given up by its caller is still
 // waited on for the cell's answer before another may be sent.
 const AbandonAfter = time.Minute
@@ -231,10 +237,17 @@ func (c *Client) call(ctx context.Context, method, path string) (Status, error) 
 	case <-ctx.Done():
 		return Status{}, fmt.Errorf("cell %s %s: an earlier call is still unanswered: %w", method, path, ctx.Err())
 	}
-	h := c.Headers(method, path, time.Now())
-	if d, ok := ctx.Deadline(); ok {
-		h.Set(HeaderDeadline, strconv.FormatInt(d.UnixMilli(), 10))
+	now := time.Now()
+	h := c.Headers(method, path, now)
+	// Every call carries a deadline well inside the cell's timestamp
+	// window: a call the cell takes up late is then told by its deadline
+	// as the agent's own (expired, not a security event), while a signed
+	// call outside the window with a deadline not passed is a replay.
+	d, ok := ctx.Deadline()
+	if !ok || d.After(now.Add(MaxCallDeadline)) {
+		d = now.Add(MaxCallDeadline)
 	}
+	h.Set(HeaderDeadline, strconv.FormatInt(d.UnixMilli(), 10))
 	type result struct {
 		st  Status
 		err error

@@ -126,17 +126,34 @@ func TestPrivateEndpointRefusesBadCalls(t *testing.T) {
 			t.Errorf("after refused %s calls readiness is %d: a refused call changed the cell", call.path, code)
 		}
 	}
-	// Correctly signed but late (a call queued while the cell was
-	// stalled, its caller gone): not done, and not a security event.
-	stale := good.Headers("POST", "/drain", time.Now().Add(-5*time.Minute))
+	// Correctly signed but late, past its deadline (a call queued while
+	// the cell was stalled, its caller gone): not done, and not a security
+	// event.
+	staleDeadline := good.Headers("POST", "/drain", time.Now().Add(-5*time.Minute))
+	staleDeadline.Set(cellapi.HeaderDeadline, strconv.FormatInt(time.Now().Add(-5*time.Minute+5*time.Second).UnixMilli(), 10))
 	pastDeadline := good.Headers("POST", "/drain", time.Now())
 	pastDeadline.Set(cellapi.HeaderDeadline, strconv.FormatInt(time.Now().Add(-time.Second).UnixMilli(), 10))
-	for name, hdr := range map[string]http.Header{"stale": stale, "past its deadline": pastDeadline} {
+	for name, hdr := range map[string]http.Header{"stale, past its deadline": staleDeadline, "past its deadline": pastDeadline} {
 		if _, err := good.Do(ctx, "POST", "/drain", hdr); !errors.Is(err, cellapi.ErrExpired) {
 			t.Errorf("drain %s: %v, want expired", name, err)
 		}
 		if code := readiness(t, port); code != 200 {
 			t.Errorf("after a drain %s readiness is %d: a late call was carried out", name, code)
+		}
+	}
+	// Correctly signed, outside the window, and no deadline passed (none,
+	// or one moved ahead: the deadline is not signed): a replay of a
+	// captured proof, not the agent's own call. Refused and counted.
+	staleNoDeadline := good.Headers("POST", "/drain", time.Now().Add(-5*time.Minute))
+	staleMoved := good.Headers("POST", "/drain", time.Now().Add(-5*time.Minute))
+	staleMoved.Set(cellapi.HeaderDeadline, strconv.FormatInt(time.Now().Add(time.Minute).UnixMilli(), 10))
+	for name, hdr := range map[string]http.Header{"stale, no deadline": staleNoDeadline, "stale, deadline moved ahead": staleMoved} {
+		if _, err := good.Do(ctx, "POST", "/drain", hdr); !errors.Is(err, cellapi.ErrUnauthorized) {
+			t.Errorf("drain %s: %v, want 401", name, err)
+		}
+		refused++
+		if code := readiness(t, port); code != 200 {
+			t.Errorf("after a drain %s readiness is %d: a stale call was carried out", name, code)
 		}
 	}
 	st, err := good.Status(ctx)

@@ -200,7 +200,7 @@ local function refuse(reason)
 end
 
 -- expired answers a correctly signed call taken up after its caller's
--- deadline or its timestamp's window: the agent's own call, queued while
+-- deadline: the agent's own call, queued while
 -- this cell was stalled, whose caller has given up. Nothing is done with it,
 -- and it is counted apart from the security events: no one attacked.
 local function expired(reason)
@@ -236,8 +236,12 @@ local function authenticate()
     if deadline and ngx.now() * 1000 > deadline then
         return expired("taken up after the caller's deadline")
     end
+    -- Outside the window with a deadline not yet passed (or none): not the
+    -- agent's own queued call (its calls carry a deadline well inside the
+    -- window, caught above), but a proof replayed or forged around its
+    -- time: a security event.
     if math.abs(ngx.time() - t) > auth_window then
-        return expired("timestamp outside the window")
+        return refuse("stale timestamp")
     end
     -- Only a correctly signed call consumes its nonce. It is kept until the
     -- timestamp can no longer be accepted: ngx.time() is whole seconds, so
