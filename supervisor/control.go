@@ -125,10 +125,19 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 			}
 		}
 		if err != nil && !c.cellAgrees(ctx, drained, err) {
-			if rerr := runtime.SetDrained(c.spec, !drained); rerr != nil {
-				c.log.Error("restore drained state", zap.Error(rerr))
+			if drained {
+				// A cell that does not answer (hung, stalled) is the one an
+				// operator most needs out of rotation: the drain is kept.
+				// Status says drained now, the cell comes back drained
+				// from its next start (the marker), and the monitor
+				// drains it as soon as it answers again.
+				c.log.Warn("the cell did not take the drain; it stays drained: out of rotation now, drained when it answers or restarts", zap.Error(err))
+			} else {
+				if rerr := runtime.SetDrained(c.spec, !drained); rerr != nil {
+					c.log.Error("restore drained state", zap.Error(rerr))
+				}
+				return SlotStatus{}, fmt.Errorf("%s %s: %w", verb, name, err)
 			}
-			return SlotStatus{}, fmt.Errorf("%s %s: %w", verb, name, err)
 		}
 	}
 	ev := map[bool]event{true: evDrain, false: evUndrain}[drained]
@@ -324,6 +333,7 @@ func (s *Supervisor) monitor(ctx context.Context) {
 			if err != nil || cs == nil {
 				continue
 			}
+			c.reconcileDrained(ctx, cs.Drained)
 			c.mu.Lock()
 			seen := c.secSeen
 			if cs.Security.AuthFailures < seen {
@@ -337,6 +347,33 @@ func (s *Supervisor) monitor(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// reconcileDrained drains a cell that answers again while its slot is
+// drained and the cell says it is not: a drain kept while the cell did not
+// answer (setDrained). Never the other way: a cell that says drained while
+// its slot is not is being stopped (a restart, an unassignment), and an
+// undrain then would put it back into rotation. An operator's drain or
+// undrain in progress (holding the slot's ctl) is left to finish.
+func (c *slot) reconcileDrained(ctx context.Context, cellDrained bool) {
+	c.mu.Lock()
+	want := c.drained
+	c.mu.Unlock()
+	if !want || cellDrained || !c.ctl.TryLock() {
+		return
+	}
+	defer c.ctl.Unlock()
+	api, err := c.client()
+	if err != nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, cellStatusTimeout)
+	defer cancel()
+	if _, err := api.Drain(cctx); err != nil {
+		c.log.Warn("the drained slot's cell is not drained; will try again", zap.Error(err))
+		return
+	}
+	c.log.Info("the drained slot's cell took the drain it missed")
 }
 
 // Assign changes a slot's pool at run time; slot identity, ports and paths

@@ -1,6 +1,7 @@
 package supervisor_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"syscall"
@@ -147,5 +148,66 @@ func TestBriefStallRecoversWithoutRestart(t *testing.T) {
 	})
 	if st.PID != before.PID || st.Restarts != 0 {
 		t.Errorf("after a brief stall: pid %d (was %d), %d restarts", st.PID, before.PID, st.Restarts)
+	}
+}
+
+// A drain of a hung cell is kept (before, the failed call to the cell put
+// the marker back): status says drained at once, and the cell comes back
+// from its liveness restart drained, out of rotation until an undrain.
+func TestDrainOfAHungCellIsKept(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1, liveness: fastLiveness})
+	before := h.waitReady("cell-01", 0)
+	signal(t, syscall.SIGSTOP, workers(t, h, "cell-01")...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	st, err := h.sup.Drain(ctx, "cell-01")
+	if err != nil {
+		t.Fatalf("drain of a hung cell: %v, want it kept", err)
+	}
+	if !st.Drained {
+		t.Errorf("status after the drain: %+v, want drained", st)
+	}
+	after := h.waitFor("cell-01", 20*time.Second, "restarted, drained", func(s supervisor.SlotStatus) bool {
+		return s.PID != 0 && s.PID != before.PID && s.State == supervisor.StateDrained
+	})
+	if !after.Drained {
+		t.Errorf("after the restart: %+v, want drained", after)
+	}
+	if code := readiness(t, after.HTTPPort); code != 503 {
+		t.Errorf("readiness of the restarted drained cell: %d, want 503", code)
+	}
+}
+
+// A drain kept while the cell did not answer reaches the cell once it
+// answers again, without a restart.
+func TestKeptDrainReachesTheCellWhenItAnswers(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1, monitor: 50 * time.Millisecond})
+	before := h.waitReady("cell-01", 0)
+	ws := workers(t, h, "cell-01")
+	signal(t, syscall.SIGSTOP, ws...)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if _, err := h.sup.Drain(ctx, "cell-01"); err != nil {
+		t.Fatalf("drain of a stalled cell: %v, want it kept", err)
+	}
+	signal(t, syscall.SIGCONT, ws...)
+	api := privateClient(t, h, "cell-01", nil)
+	testutil.Eventually(t, 20*time.Second, func() error {
+		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+		defer scancel()
+		st, err := api.Status(sctx)
+		if err != nil {
+			return err
+		}
+		if !st.Drained {
+			return fmt.Errorf("the cell is not drained yet")
+		}
+		return nil
+	})
+	if now := h.slot("cell-01"); now.PID != before.PID {
+		t.Errorf("the cell was restarted (%d, was %d): the drain should have reached it", now.PID, before.PID)
+	}
+	if code := readiness(t, before.HTTPPort); code != 503 {
+		t.Errorf("readiness: %d, want 503", code)
 	}
 }
