@@ -106,7 +106,7 @@ func (a *Agent) handleTask(ctx context.Context, task edgeapi.Task) {
 // runTask runs one control task through the same paths as the CLI.
 func (a *Agent) runTask(ctx context.Context, t edgeapi.Task) edgeapi.TaskAck {
 	log := a.log.With(zap.Int64("task", t.ID), zap.String("cell", t.Cell), zap.String("action", t.Action))
-	tctx, cancel := context.WithTimeout(ctx, a.cfg.Restart.DrainTimeout.D()+a.cfg.OpenResty.StopTimeout.D()+a.cfg.OpenResty.ReadyTimeout.D()+30*time.Second)
+	tctx, cancel := context.WithTimeout(ctx, a.sup.DrainTimeout()+a.cfg.OpenResty.StopTimeout.D()+a.cfg.OpenResty.ReadyTimeout.D()+30*time.Second)
 	defer cancel()
 	var st supervisor.SlotStatus
 	var err error

@@ -26,6 +26,9 @@ type tracker struct {
 	p           Policy
 	b           backoff.Backoff
 	consecutive int
+	// live, when set, is read at every exit: a policy reloaded while
+	// the cell runs applies from its next exit.
+	live func() Policy
 }
 
 // newTracker returns a tracker for p; rnd returns values in [0,1) for the
@@ -34,9 +37,21 @@ func newTracker(p Policy, rnd func() float64) *tracker {
 	return &tracker{p: p, b: backoff.Backoff{Initial: p.Initial, Max: p.Max, Rand: rnd}}
 }
 
+// setPolicy takes a reloaded policy for the exits and delays from now on,
+// keeping the count of consecutive failures.
+func (t *tracker) setPolicy(p Policy) {
+	t.p = p
+	t.b.Initial, t.b.Max = p.Initial, p.Max
+}
+
 // exit records an exit after a run that was ready for readyFor (0 if it
 // never became ready, or never started).
 func (t *tracker) exit(readyFor time.Duration) {
+	if t.live != nil {
+		if p := t.live(); p != t.p {
+			t.setPolicy(p)
+		}
+	}
 	if readyFor >= t.p.HealthyAfter {
 		t.consecutive = 0
 		t.b.Reset()

@@ -71,6 +71,7 @@ func (c *slot) serve(ctx context.Context) bool {
 		return ctx.Err() == nil
 	}
 	tr := newTracker(c.s.settings().Policy, c.s.o.Jitter)
+	tr.live = func() Policy { return c.s.settings().Policy }
 	var pending *restartReq // an operator restart waiting for the new cell
 	defer func() { answer(&pending, errors.New("cell stopped")) }()
 	defer c.dropListeners() // nothing of the slot outlives its run

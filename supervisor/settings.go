@@ -28,6 +28,10 @@ type Settings struct {
 // settings are the current settings.
 func (s *Supervisor) settings() *Settings { return s.live.Load() }
 
+// DrainTimeout is the current drain timeout of operator restarts: what a
+// caller bounding a restart (a control task) adds up, reloaded or not.
+func (s *Supervisor) DrainTimeout() time.Duration { return s.settings().DrainTimeout }
+
 // withDefaults fills zero values as New does.
 func (st Settings) withDefaults() Settings {
 	if st.Policy == (Policy{}) {
