@@ -29,6 +29,17 @@ var ErrUnauthorized = errors.New("cell refused the call's credentials")
 // it did nothing with it, and did not count it as an attack.
 var ErrExpired = errors.New("cell took up the call after its deadline")
 
+// ErrAnswer marks a cell's answer other than 200, 401 and 408: the cell
+// answered, and said no.
+var ErrAnswer = errors.New("cell answered")
+
+// Answered reports whether err is the cell's own answer (a refusal, an
+// expiry, another status), as opposed to a call that got no answer (a hung
+// or stalled cell, a socket nobody accepts on).
+func Answered(err error) bool {
+	return errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrExpired) || errors.Is(err, ErrAnswer)
+}
+
 // Header names of the authentication scheme.
 const (
 	HeaderTime  = "X-Cellvisor-Time"
@@ -220,7 +231,7 @@ func (c *Client) send(ctx context.Context, method, path, query string, h http.He
 	case resp.StatusCode == http.StatusRequestTimeout:
 		return fmt.Errorf("cell %s %s: %w: %s", method, path, ErrExpired, body)
 	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("cell %s %s: %s: %s", method, path, resp.Status, body)
+		return fmt.Errorf("cell %s %s: %w %s: %s", method, path, ErrAnswer, resp.Status, body)
 	}
 	if err := json.Unmarshal(body, out); err != nil {
 		return fmt.Errorf("cell %s %s: decode: %w", method, path, err)

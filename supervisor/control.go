@@ -125,7 +125,7 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 			}
 		}
 		if err != nil && !c.cellAgrees(ctx, drained, err) {
-			if drained {
+			if drained && !cellapi.Answered(err) {
 				// A cell that does not answer (hung, stalled) is the one an
 				// operator most needs out of rotation: the drain is kept.
 				// Status says drained now, the cell comes back drained
@@ -239,20 +239,36 @@ func (s *Supervisor) Reload(name string) error {
 	}
 	c.mu.Lock()
 	c.seq = meta.Sequence
-	pid := c.pid
+	pid, st := c.pid, c.state
+	answered := st == StateReady || st == StateDrained
+	if pid != 0 && !answered {
+		// A master that has not answered its readiness probe yet may not
+		// have installed nginx's signal handlers: a SIGHUP then kills it
+		// ("killed by signal hangup"). The reload is sent once it answers
+		// (onReady).
+		c.reloadPending = true
+	}
 	c.mu.Unlock()
 	select {
 	case c.released <- struct{}{}:
 	default:
 	}
-	if pid != 0 {
-		old, _ := children(pid) // none known: nothing to wait for
-		c.mu.Lock()
-		c.preReload = old
-		c.mu.Unlock()
-		if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
-			return fmt.Errorf("reload %s: %w", name, err)
-		}
+	if pid != 0 && answered {
+		return c.hup(pid)
+	}
+	return nil
+}
+
+// hup reloads the running master pid gracefully (SIGHUP), noting its
+// workers first so that settle can tell when none of them listens.
+func (c *slot) hup(pid int) error {
+	old, _ := children(pid) // none known: nothing to wait for
+	c.mu.Lock()
+	c.preReload = old
+	c.reloadPending = false
+	c.mu.Unlock()
+	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+		return fmt.Errorf("reload %s: %w", c.spec.Name, err)
 	}
 	return nil
 }

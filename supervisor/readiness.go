@@ -24,6 +24,18 @@ func (c *slot) onReady() {
 	}
 	c.on(evReady, "")
 	c.firstOutcome()
+	c.mu.Lock()
+	pid, pending := c.pid, c.reloadPending
+	c.mu.Unlock()
+	if pending && pid != 0 {
+		// A release switched while the master was starting: it may have
+		// read the one before. Now that it answers, it can be reloaded.
+		if err := c.hup(pid); err != nil {
+			c.log.Warn("deferred reload", zap.Error(err))
+		} else {
+			c.log.Info("deferred reload sent: the release was switched while the cell was starting")
+		}
+	}
 }
 
 // probe waits until the cell is ready: first until its public listener

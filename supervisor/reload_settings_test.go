@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"syscall"
 	"testing"
 	"time"
 
+	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
 )
 
@@ -107,4 +110,34 @@ func TestReloadedLivenessAppliesFromTheNextReadiness(t *testing.T) {
 	h.waitFor("cell-01", 20*time.Second, fmt.Sprintf("degraded by the reloaded checks (pid %d)", st.PID), func(s supervisor.SlotStatus) bool {
 		return s.State == supervisor.StateDegraded || s.PID != st.PID
 	})
+}
+
+// A reload asked for while a cell's master is starting is held until the
+// master answers its readiness probe, then sent: a SIGHUP before nginx
+// has its signal handlers kills the master (here, a start that waits in
+// a shell before it execs nginx: the shell dies of SIGHUP).
+func TestReloadWaitsForTheMasterToAnswer(t *testing.T) {
+	bin, _ := testutil.RequireOpenResty(t)
+	slow := filepath.Join(t.TempDir(), "openresty")
+	if err := os.WriteFile(slow, []byte("#!/bin/sh\nsleep 1\nexec "+bin+" \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, harnessOpts{slots: 1, binary: slow})
+	first := h.waitReady("cell-01", 0)
+	// A crash: the cell starts again, through the slow start.
+	if err := syscall.Kill(first.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var starting supervisor.SlotStatus
+	h.waitFor("cell-01", 10*time.Second, "started again, not ready yet", func(s supervisor.SlotStatus) bool {
+		starting = s
+		return s.PID != 0 && s.PID != first.PID && s.State != supervisor.StateReady
+	})
+	if err := h.sup.Reload("cell-01"); err != nil {
+		t.Fatal(err)
+	}
+	ready := h.waitReady("cell-01", first.PID)
+	if ready.PID != starting.PID || ready.Restarts != first.Restarts+1 {
+		t.Errorf("a reload while the cell started killed its master: pid %d (was %d), %d restarts (was %d), last exit %q", ready.PID, starting.PID, ready.Restarts, first.Restarts, ready.LastExit)
+	}
 }

@@ -52,6 +52,9 @@ type slot struct {
 	// preReload are the master's children before its last reload: the
 	// cell has loaded the new release once none of them listens (settle.go).
 	preReload []procID
+	// reloadPending is a reload asked for while the master had not
+	// answered its readiness probe yet: sent once it does (onReady).
+	reloadPending bool
 	// adopted is the running master of a previous agent, verified and
 	// watched, that the slot's routine supervises instead of starting one.
 	adopted *proc
