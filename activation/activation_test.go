@@ -107,6 +107,9 @@ type fakeCells struct {
 	// sees it stop.
 	pools map[string]string
 	stuck string
+	// hung is a cell whose status calls get no answer: Loaded returns only
+	// when its context ends.
+	hung string
 }
 
 func (f *fakeCells) Assign(ctx context.Context, cell, pool string) error {
@@ -139,8 +142,13 @@ func (f *fakeCells) Reload(cell string) error {
 	return nil
 }
 
-func (f *fakeCells) Loaded(_ context.Context, cell string) (int64, bool, error) {
+func (f *fakeCells) Loaded(ctx context.Context, cell string) (int64, bool, error) {
 	f.mu.Lock()
+	if cell == f.hung && cell != "" {
+		f.mu.Unlock()
+		<-ctx.Done()
+		return 0, false, ctx.Err()
+	}
 	defer f.mu.Unlock()
 	if cell == f.deadCell {
 		return 0, false, nil

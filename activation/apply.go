@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"sync"
 	"strings"
 	"time"
 
@@ -113,7 +114,7 @@ func (a *Activator) survey(ctx context.Context, seq int64, pl placement) ([]slot
 		if cur, err := runtime.Current(s); err == nil {
 			v.current, v.hasCurrent = cur, true
 		}
-		if loaded, running, err := a.o.Cells.Loaded(ctx, s.Name); err == nil {
+		if loaded, running, err := a.loaded(ctx, s.Name); err == nil {
 			v.loaded, v.running = loaded, running
 		}
 		views = append(views, v)
@@ -189,18 +190,46 @@ func (a *Activator) commit(seq int64, changes []change, missing, notRetired []st
 	return nil
 }
 
+// cellCallTimeout bounds each question to a cell about what it loaded: a
+// cell that does not answer (hung, until its liveness checks restart it)
+// must hold back neither the other cells nor the ack.
+const cellCallTimeout = time.Second
+
+// loaded asks a cell what it has loaded, within cellCallTimeout.
+func (a *Activator) loaded(ctx context.Context, name string) (int64, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, cellCallTimeout)
+	defer cancel()
+	return a.o.Cells.Loaded(ctx, name)
+}
+
 // awaitLoaded waits until every cell in want reports its sequence, and
-// returns the ones that did not within the apply timeout.
+// returns the ones that did not within the apply timeout. Each round asks
+// the cells still waited for at once, each within cellCallTimeout.
 func (a *Activator) awaitLoaded(ctx context.Context, want map[string]int64) []string {
 	ctx, cancel := context.WithTimeout(ctx, a.o.ApplyTimeout)
 	defer cancel()
 	waiting := maps.Clone(want)
 	b := &backoff.Backoff{Initial: 2 * time.Millisecond, Max: 100 * time.Millisecond, Clock: a.clock}
 	for len(waiting) > 0 {
+		var (
+			mu   sync.Mutex
+			wg   sync.WaitGroup
+			done []string
+		)
 		for name, seq := range waiting {
-			if got, running, err := a.o.Cells.Loaded(ctx, name); err == nil && running && got == seq {
-				delete(waiting, name)
-			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if got, running, err := a.loaded(ctx, name); err == nil && running && got == seq {
+					mu.Lock()
+					done = append(done, name)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		for _, name := range done {
+			delete(waiting, name)
 		}
 		if len(waiting) == 0 {
 			break
