@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strconv"
 	"sync"
 
 	"go.uber.org/zap"
 
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
+	"cellvisor/internal/procstat"
 	"cellvisor/outbound"
 )
 
@@ -88,9 +90,24 @@ func (a *Agent) cellSamples(ctx context.Context) []outbound.CellSample {
 			continue
 		}
 		out = append(out, outbound.CellSample{Cell: s.Name, Pool: s.Pool, Requests: s.Cell.Requests,
-			AuthFailures: s.Cell.Security.AuthFailures, LastReason: s.Cell.Security.LastReason})
+			AuthFailures: s.Cell.Security.AuthFailures, LastReason: s.Cell.Security.LastReason,
+			Incarnation: incarnation(s.PID)})
 	}
 	return out
+}
+
+// incarnation names a running master by its pid and start time (clock
+// ticks since boot): an adopted master keeps it, a restarted one (even on
+// a recycled pid) does not. "" where the master cannot be read.
+func incarnation(pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	f, err := procstat.Fields(pid)
+	if err != nil {
+		return ""
+	}
+	return strconv.Itoa(pid) + "@" + f[19]
 }
 
 // runEgress runs the senders, the producers and the intake until ctx ends.

@@ -23,6 +23,10 @@ type CellSample struct {
 	Requests     int64
 	AuthFailures int64
 	LastReason   string
+	// Incarnation names the cell's running master (its pid and start
+	// time): counters of another incarnation started again from 0. ""
+	// where it cannot be told.
+	Incarnation string
 }
 
 // Metering is a metering bundle's item: a cell's requests in the interval.
@@ -66,8 +70,9 @@ type counters struct {
 }
 
 type cellCounters struct {
-	Requests     int64 `json:"requests"`
-	AuthFailures int64 `json:"auth_failures"`
+	Requests     int64  `json:"requests"`
+	AuthFailures int64  `json:"auth_failures"`
+	Incarnation  string `json:"incarnation,omitempty"`
 }
 
 // Producer turns the cells' counters into bundles every interval: request
@@ -168,14 +173,29 @@ func (p *Producer) Produce(ctx context.Context) {
 		return
 	}
 	next := counters{At: now, Cells: map[string]cellCounters{}}
+	// A cell missing from this sample (not adopted yet after an agent
+	// restart, its status call failed, stopped for a while) keeps its
+	// counters: dropped, its next sample would count its whole lifetime
+	// again.
+	for cell, c := range p.last.Cells {
+		next.Cells[cell] = c
+	}
 	var meter []Metering
 	var events []SecurityEvent
 	for _, c := range cells {
-		next.Cells[c.Cell] = cellCounters{Requests: c.Requests, AuthFailures: c.AuthFailures}
+		cur := cellCounters{Requests: c.Requests, AuthFailures: c.AuthFailures, Incarnation: c.Incarnation}
+		next.Cells[c.Cell] = cur
 		if p.last.Cells == nil {
 			continue
 		}
-		prev := p.last.Cells[c.Cell]
+		prev, seen := p.last.Cells[c.Cell]
+		restarted := prev.Incarnation != "" && cur.Incarnation != "" && prev.Incarnation != cur.Incarnation
+		if !seen || restarted {
+			// A cell first seen, or restarted since: its counters
+			// started from 0 (a restart's requests between the last
+			// sample and the exit are the only ones not counted).
+			prev = cellCounters{}
+		}
 		if d := delta(c.Requests, prev.Requests); d > 0 && p.s.Routes(string(egress.Metering)) {
 			meter = append(meter, Metering{Cell: c.Cell, Pool: c.Pool, Requests: d, From: p.last.At, To: now})
 		}

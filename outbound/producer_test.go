@@ -205,3 +205,90 @@ func TestProducerPersistsPendingBeforeJournaling(t *testing.T) {
 		t.Errorf("counters after Produce %+v: want nothing pending", c)
 	}
 }
+
+// meteredTotal sums the requests of the journal's metering bundles.
+func meteredTotal(t *testing.T, j *Journal) int64 {
+	t.Helper()
+	var total int64
+	for _, b := range j.Pending(string(egress.Metering)) {
+		var items []Metering
+		if err := json.Unmarshal(b.Items, &items); err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range items {
+			total += it.Requests
+		}
+	}
+	return total
+}
+
+// Metering counts every request a cell served exactly once, across agent
+// restarts whose first sample comes before the cells are adopted, samples
+// that miss a cell, and cell restarts (its counters start from 0, even on
+// the same pid). Before, a cell missing from one sample lost its counters,
+// and the next sample counted its whole lifetime again: a restarted agent
+// billed every request its cells had ever served.
+func TestMeteringIsExactAcrossRestartsAndMissedSamples(t *testing.T) {
+	e := newProducerEnv(t)
+	var served int64 // what the cell answered, as a client counts it
+	cell := CellSample{Cell: "cell-01", Pool: "shared-default", Incarnation: "100@1"}
+	present := true
+	serve := func(n int64) { cell.Requests += n; served += n }
+	var p *Producer
+	start := func() {
+		log := zaptest.NewLogger(t)
+		s, err := NewSender(Options{EdgeID: "e1", Org: "acme", Control: noControl{}, Journal: e.openJournal(), Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p = NewProducer(s, e.dir, func(context.Context) []CellSample {
+			if !present {
+				return nil
+			}
+			return []CellSample{cell}
+		})
+	}
+	start()
+	serve(7) // before the first sample: the baseline of a new agent
+	p.Produce(context.Background())
+	served = 0 // the baseline itself is not billed
+	serve(5)
+	p.Produce(context.Background())
+
+	// An agent restart: the first sample before the cell is adopted.
+	serve(11)
+	start()
+	present = false
+	p.Produce(context.Background())
+	present = true
+	serve(3)
+	p.Produce(context.Background())
+
+	// A sample that misses the cell (its status call failed), twice.
+	serve(4)
+	present = false
+	p.Produce(context.Background())
+	p.Produce(context.Background())
+	present = true
+	serve(6)
+	p.Produce(context.Background())
+
+	// A cell restart on the same pid, which counts past its old total
+	// before the next sample: a new incarnation, counting from 0.
+	cell.Requests, cell.Incarnation = 0, "100@2"
+	serve(60)
+	p.Produce(context.Background())
+
+	// Another agent restart right after a cell restart.
+	cell.Requests, cell.Incarnation = 0, "200@3"
+	serve(2)
+	start()
+	present = false
+	p.Produce(context.Background())
+	present = true
+	p.Produce(context.Background())
+
+	if got := meteredTotal(t, e.journal); got != served {
+		t.Errorf("metered %d requests, the cell served %d", got, served)
+	}
+}
