@@ -384,3 +384,31 @@ func TestHolderDoesNotSendOnALateFence(t *testing.T) {
 		}
 	}
 }
+
+// A holder cut off from the control API (its renewals hang) does not say
+// it holds the lease once the lease has run out: its route reads unknown,
+// with the reason, from the moment of expiry. Before, it said direct (and
+// its holder metric 1) for the whole partition, beside the new holder's.
+func TestHolderCutOffStopsClaimingAnExpiredLease(t *testing.T) {
+	e := newEnv(t, 1500*time.Millisecond)
+	a := e.startEdge("edge-a", org, edgeOpts{})
+	r := a.awaitRoute(t, "metering", edgeapi.RouteDirect)
+	if r.Expires == nil {
+		t.Fatalf("route %+v without an expiry", r)
+	}
+	e.control.SetElectDelay(time.Minute) // every renewal hangs until its timeout
+	expiry := *r.Expires
+	for {
+		cur := a.route("metering")
+		if cur.Expires != nil && cur.Expires.After(expiry) {
+			expiry = *cur.Expires // renewed before the partition took hold
+		}
+		if time.Now().After(expiry.Add(50 * time.Millisecond)) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the wall clock passing the expiry is the condition
+	}
+	if cur := a.route("metering"); cur.Route == edgeapi.RouteDirect || !strings.Contains(cur.Reason, "lease expired") {
+		t.Errorf("route %+v after its lease expired at %s: want unknown with the reason", cur, expiry)
+	}
+}

@@ -571,9 +571,17 @@ func (s *Sender) Status() *edgeapi.EgressStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st.Error = s.intakeE
+	now := time.Now()
 	for _, c := range s.o.Classes {
 		cs := s.routes[string(c)]
 		rt := cs.route
+		if rt.holds() && !rt.expires.IsZero() && !now.Before(rt.expires) {
+			// A holder cut off from the control API: its lease ran out
+			// without a renewal, and another edge may hold it now. It
+			// sends nothing under the stale epoch (sendDirect fences
+			// first); it must not say it holds the lease either.
+			rt.mode, rt.reason = edgeapi.RouteUnknown, fmt.Sprintf("lease expired at %s without a renewal (the control API cannot be reached?)", rt.expires.UTC().Format(time.RFC3339))
+		}
 		rs := edgeapi.RouteStatus{Class: string(c), Route: rt.mode, Stage: rt.stage, Reason: rt.reason, Alone: rt.alone,
 			Holder: rt.holder, HolderURL: rt.holderURL, Epoch: rt.epoch, Destination: rt.destination,
 			Pending: pending[string(c)], Direct: cs.direct, Forwarded: cs.forwarded, Fallback: cs.fallback, LastError: cs.lastErr}
