@@ -140,6 +140,11 @@ type Client struct {
 	stop     context.CancelFunc
 }
 
+// MaxFrontDoorURL is the longest URL FrontDoor sends to the cell: its
+// private server reads request lines of up to 32 KiB, an escaped URL takes
+// up to three times its length.
+const MaxFrontDoorURL = 8 << 10
+
 // MaxCallDeadline caps the deadline a call tells the cell: well inside the
 // cell's timestamp window (runtime.DefaultAuthWindow, 30 s), so that the
 // cell tells the agent's own late calls (past their deadline) from replays
@@ -298,6 +303,12 @@ func (c *Client) Undrain(ctx context.Context) (Status, error) {
 // resolved against its org's front doors): the edge's id, or the reason
 // the cell refused (edge "").
 func (c *Client) FrontDoor(ctx context.Context, u string) (edge, reason string, err error) {
+	if len(u) > MaxFrontDoorURL {
+		// Longer than any URL the resolver takes (2 KiB), and than the
+		// cell's request line holds once escaped: refused here with the
+		// resolver's own reason.
+		return "", "malformed", nil
+	}
 	var out struct{ Edge, Reason string }
 	err = c.send(ctx, http.MethodGet, "/frontdoor", "url="+url.QueryEscape(u), c.Headers(http.MethodGet, "/frontdoor", time.Now()), &out)
 	return out.Edge, out.Reason, err

@@ -84,7 +84,7 @@ its stable reason code, and a non-zero exit status. Never a guess, never a fallb
 		}
 		return v, err
 	}, func(w io.Writer, v controlapi.ResolveView, _ time.Time) error {
-		_, err := fmt.Fprintf(w, "%s -> edge %s (org %s, front door %s)\n", v.URL, v.EdgeID, v.Org, v.Canonical)
+		_, err := fmt.Fprintf(w, "%s -> edge %s (org %s, front door %s)\n", cli.Printable(v.URL), v.EdgeID, v.Org, v.Canonical)
 		return err
 	})
 }

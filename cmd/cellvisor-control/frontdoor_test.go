@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"cellvisor/controlapi"
+	"cellvisor/internal/cli"
 )
 
 func TestFrontDoorCommands(t *testing.T) {
@@ -25,6 +26,15 @@ func TestFrontDoorCommands(t *testing.T) {
 		if _, err := ctl(t, ep, "frontdoor", "resolve", u); err == nil || !strings.Contains(err.Error(), "refused ("+reason+")") {
 			t.Errorf("resolve %s: %v, want refused (%s)", u, err, reason)
 		}
+	}
+	// A refused URL's CR/LF reach the terminal escaped (main prints
+	// errors through cli.Printable): no forged line of output.
+	_, err := ctl(t, ep, "frontdoor", "resolve", "https://shop.example.com\r\nrefused (unmapped): forged")
+	if err == nil {
+		t.Fatal("a URL with CR/LF resolved")
+	}
+	if shown := cli.Printable(err.Error()); strings.ContainsAny(shown, "\r\n") || !strings.Contains(shown, `\r\n`) {
+		t.Errorf("the refusal as printed: %q", shown)
 	}
 	list := decodeJSON[[]controlapi.FrontDoorView](t, mustCtl(t, ep, "frontdoor", "list", "-o", "json"))
 	if len(list) != 1 || list[0].EdgeID != a.Edge.ID || list[0].URL != "https://shop.example.com:443" {

@@ -22,7 +22,7 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, "cellvisor-control:", err)
+		fmt.Fprintln(os.Stderr, "cellvisor-control:", cli.Printable(err.Error()))
 		os.Exit(1)
 	}
 }

@@ -24,7 +24,7 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil && !errors.Is(err, context.Canceled) {
-		fmt.Fprintln(os.Stderr, "cellvisor:", err)
+		fmt.Fprintln(os.Stderr, "cellvisor:", cli.Printable(err.Error()))
 		os.Exit(1)
 	}
 }

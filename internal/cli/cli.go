@@ -11,7 +11,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -154,4 +157,26 @@ func NewLogger(format, level string) (*zap.Logger, error) {
 	}
 	zc.Level = zap.NewAtomicLevelAt(lvl)
 	return zc.Build()
+}
+
+// Printable is s for a terminal or a log line: every control character
+// (CR and LF included: a value echoed from input must not start a line of
+// its own or rewrite the one before) and every other non-printing rune
+// (bidirectional overrides) written as a Go escape; invalid UTF-8 as \xNN.
+func Printable(s string) string {
+	var b strings.Builder
+	for len(s) > 0 {
+		r, size := utf8.DecodeRuneInString(s)
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[0])
+		case r == '\t' || r == ' ' || unicode.IsPrint(r):
+			b.WriteRune(r)
+		default:
+			q := strconv.QuoteRune(r) // '\r', '\x00', '\u202e'
+			b.WriteString(q[1 : len(q)-1])
+		}
+		s = s[size:]
+	}
+	return b.String()
 }

@@ -50,3 +50,19 @@ func TestNewLoggerRefusals(t *testing.T) {
 		}
 	}
 }
+
+// Values echoed from input reach a terminal or a log line with their
+// control characters escaped: no line of their own, no overwrite.
+func TestPrintable(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain https://x.example/a b\tc":       "plain https://x.example/a b\tc",
+		"https://a.example\r\nrefused (x): ok": `https://a.example\r\nrefused (x): ok`,
+		"\x1b[2Kfake":                          `\x1b[2Kfake`,
+		"bidi \u202eevil":                      `bidi \u202eevil`,
+		"bad \xff utf8 é":                      `bad \xff utf8 é`,
+	} {
+		if got := Printable(in); got != want {
+			t.Errorf("Printable(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
