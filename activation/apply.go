@@ -6,8 +6,8 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"sync"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
