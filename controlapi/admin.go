@@ -252,7 +252,8 @@ type RoutingView struct {
 	Routes []Route `json:"routes"`
 }
 
-// Route is one active cell of a domain: the edge's address (its
+// Route is one active cell of a domain that its edge last reported ready
+// (the routing view lists no other): the edge's address (its
 // management address stands in for a public one) and the cell's HTTP
 // port from the edge's last status report (0 before one).
 type Route struct {

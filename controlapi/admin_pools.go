@@ -259,8 +259,9 @@ func (s *Server) cancelMove(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// routing is the stand-in for DNS: the active cells of a domain, with the
-// address and port a resolver would hand out.
+// routing is the stand-in for DNS: the active cells of a domain that their
+// edge last reported ready, with the address and port a resolver would
+// hand out.
 func (s *Server) routing(w http.ResponseWriter, r *http.Request) error {
 	name := r.PathValue("name")
 	d, err := s.st.Domain(r.Context(), name)
@@ -287,7 +288,14 @@ func (s *Server) routing(w http.ResponseWriter, r *http.Request) error {
 			}
 			edges[p.EdgeID] = e
 		}
-		rt := Route{EdgeID: e.ID, EdgeName: e.Name, Cell: p.Cell, Address: e.MgmtIPv4, Port: httpPort(e.Status, p.Cell)}
+		port, state := cellReport(e.Status, p.Cell)
+		if state != "ready" {
+			// Only what serves: a cell the edge reports degraded (a crash
+			// backoff), drained, stopped, or has not reported at all,
+			// would fail the requests a resolver sent it.
+			continue
+		}
+		rt := Route{EdgeID: e.ID, EdgeName: e.Name, Cell: p.Cell, Address: e.MgmtIPv4, Port: port}
 		if rt.Address == "" {
 			rt.Address = e.MgmtIPv6
 		}
@@ -301,18 +309,19 @@ func (s *Server) routing(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// httpPort is a cell's HTTP port from an edge's status report, 0 if none.
-func httpPort(status []byte, cell string) int {
+// cellReport is a cell's HTTP port and state from an edge's status report
+// (0 and "" where it has none).
+func cellReport(status []byte, cell string) (port int, state string) {
 	var sum edgeapi.Summary
 	if json.Unmarshal(status, &sum) != nil {
-		return 0
+		return 0, ""
 	}
 	for _, c := range sum.Slots {
 		if c.Name == cell {
-			return c.HTTPPort
+			return c.HTTPPort, c.State
 		}
 	}
-	return 0
+	return 0, ""
 }
 
 // HostPort joins a route's address and port.

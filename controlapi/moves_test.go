@@ -159,6 +159,13 @@ func TestMoveThroughTheAPIs(t *testing.T) {
 		if got := routes(t, e, "shop.example.test"); !slices.Equal(got, []string{"cell-03@192.0.2.10:8003", "cell-04@192.0.2.10:8004"}) {
 			t.Fatalf("routing after the switch: %v", got)
 		}
+		// One replica reported not ready (a crash backoff): the routing
+		// view lists only the one that serves.
+		applyAndReport(t, c, m.Sequence, "cell-01", "cell-03!", "cell-04")
+		if got := routes(t, e, "shop.example.test"); !slices.Equal(got, []string{"cell-04@192.0.2.10:8004"}) {
+			t.Fatalf("routing with cell-03 not ready: %v", got)
+		}
+		applyAndReport(t, c, m.Sequence, "cell-01", "cell-03", "cell-04")
 		d = await(t, e, "shop.example.test", moveState("done"))
 		m = collect(t, c, id)
 		if len(m.Entries) != 1 || !slices.Equal(m.Entries[0].Cells, []string{"cell-03", "cell-04"}) || m.Entries[0].Pool != "reserved-eu" {
