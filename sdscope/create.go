@@ -167,8 +167,31 @@ func moveToLeaf(root, cg string, pid int) error {
 		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("holder leaf: %w", err)
 		}
+		// Readable by the agent whatever the umask of the caller (the
+		// unit's UMask=0027 applies to its ExecStartPre=+ too): the agent
+		// finds the holder by this leaf's cgroup.procs when it ends the
+		// scope.
+		if err := os.Chmod(leaf, 0o755); err != nil {
+			return fmt.Errorf("holder leaf: %w", err)
+		}
 		if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
 			return fmt.Errorf("move holder into %s: %w", leaf, err)
+		}
+	}
+	return nil
+}
+
+// ShowHolderLeaf makes the scope's holder leaf readable by the agent in
+// every hierarchy: a scope made by an earlier version under a umask of
+// 0027 has it root's alone, and the agent could then not find (nor end)
+// its holder. A leaf that is missing is left so.
+func ShowHolderLeaf(root, cg string) error {
+	if root == "" {
+		root = "/sys/fs/cgroup"
+	}
+	for _, d := range Dirs(root, cg) {
+		if err := os.Chmod(filepath.Join(d, HolderLeaf), 0o755); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("holder leaf: %w", err)
 		}
 	}
 	return nil

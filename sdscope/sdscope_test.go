@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -89,9 +90,19 @@ func TestCreateFindRelease(t *testing.T) {
 	if _, err := c.Find(ctx, name); !errors.Is(err, sdscope.ErrNotFound) {
 		t.Fatalf("Find before Create: %v, want ErrNotFound", err)
 	}
+	// The unit's UMask=0027 applies to its privileged pre-start step,
+	// which creates the scope: the holder's leaf must stay readable by the
+	// agent, which finds the holder there when it ends the scope.
+	old := syscall.Umask(0o027)
 	s, err := c.Create(ctx, sdscope.CreateOptions{Name: name, Unit: unit, Holder: []string{"/bin/sleep", "infinity"}, UID: -1, GID: -1})
+	syscall.Umask(old)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, d := range sdscope.Dirs("/sys/fs/cgroup", s.ControlGroup) {
+		if fi, err := os.Stat(filepath.Join(d, sdscope.HolderLeaf)); err != nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("holder leaf in %s: %v, mode %v; want 0755 whatever the umask", d, err, fi.Mode().Perm())
+		}
 	}
 	if want := "/" + slice + "/" + name; s.ControlGroup != want {
 		t.Errorf("ControlGroup = %q, want %q", s.ControlGroup, want)

@@ -139,6 +139,9 @@ func ensureScope(ctx context.Context, o cgroup.PrepareOptions, holder []string) 
 	if err != nil {
 		return nil, err
 	}
+	if err := sdscope.ShowHolderLeaf(o.Root, s.ControlGroup); err != nil {
+		return nil, err
+	}
 	if slice != "" {
 		dirs = append(dirs, slice)
 	}
