@@ -10,11 +10,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"cellvisor/edgeapi"
+	"cellvisor/internal/connlimit"
 )
 
 // Intake is a lease holder's intake: peers of its org forward their
@@ -29,6 +31,55 @@ type Intake struct {
 	log *zap.Logger
 	// inFlight holds a token per forward being read or checked.
 	inFlight chan struct{}
+	// ln is the bounded listener once Serve runs.
+	ln atomic.Pointer[connlimit.Listener]
+}
+
+// IntakeLimits bound the intake's connections: each one the agent holds
+// costs it memory whether or not its peer ever authenticates, and the
+// agent runs in 128 MiB (issue 32 §1: about 12,000 half-open connections
+// killed it). Zero fields take the defaults below.
+type IntakeLimits struct {
+	// MaxConns bounds the connections open at once; half of them at most
+	// may be pending (not through their mutual-TLS handshake). At the cap
+	// the oldest pending connection is dropped for a new one; a new one is
+	// refused only when every connection is an authenticated peer's.
+	MaxConns int
+	// MaxConnsPerIP bounds one source address's connections.
+	MaxConnsPerIP int
+	// HandshakeTimeout closes a connection not through its handshake.
+	HandshakeTimeout time.Duration
+}
+
+// The intake's connection defaults, from the memory it may use: 8 MiB of
+// the agent's 128 MiB for its connections (the bundles being read are
+// bounded apart, MaxIntakeInFlight × 1 MiB). An established mutual-TLS
+// connection costs at most about 64 KiB (a goroutine's stack, TLS record
+// buffers of up to 16 KiB each way, the HTTP reader's and writer's 4 KiB),
+// a pending one far less (measured: docs/egress.md), so 8 MiB / 64 KiB =
+// 128 connections, 64 of them pending. A peer uses at most one connection
+// per class in flight plus two idle ones (its forward client's
+// MaxIdleConnsPerHost), about 4: 16 per address lets four edges share a
+// NAT address. The handshake is one or two round trips between edges: 3 s
+// covers the slowest intercontinental path several times over.
+const (
+	DefaultIntakeMaxConns         = 128
+	DefaultIntakeMaxConnsPerIP    = 16
+	DefaultIntakeHandshakeTimeout = 3 * time.Second
+)
+
+// withDefaults fills the zero fields.
+func (l IntakeLimits) withDefaults() IntakeLimits {
+	if l.MaxConns <= 0 {
+		l.MaxConns = DefaultIntakeMaxConns
+	}
+	if l.MaxConnsPerIP <= 0 {
+		l.MaxConnsPerIP = DefaultIntakeMaxConnsPerIP
+	}
+	if l.HandshakeTimeout <= 0 {
+		l.HandshakeTimeout = DefaultIntakeHandshakeTimeout
+	}
+	return l
 }
 
 // MaxIntakeInFlight bounds the forwards an intake reads and checks at
@@ -43,15 +94,35 @@ func NewIntake(s *Sender) *Intake {
 	return &Intake{s: s, log: s.log.Named("intake"), inFlight: make(chan struct{}, MaxIntakeInFlight)}
 }
 
+// ConnStats are the intake listener's connection counts (zero before
+// Serve).
+func (in *Intake) ConnStats() connlimit.Stats {
+	if ln := in.ln.Load(); ln != nil {
+		return ln.Stats()
+	}
+	return connlimit.Stats{}
+}
+
 // Serve serves the intake on ln with the edges' mutual TLS until ctx
-// ends, then shuts down (requests in flight get 5s).
+// ends, then shuts down (requests in flight get 5s). ln's connections are
+// bounded by the sender's IntakeLimits; the TLS handshakes run under them.
 func (in *Intake) Serve(ctx context.Context, ln net.Listener) error {
 	if in.s.o.TLS == nil {
 		return errors.New("intake: no edge TLS identity")
 	}
+	lim := in.s.o.IntakeConns.withDefaults()
+	tc := in.s.o.TLS.ServerConfig()
+	tc.NextProtos = []string{"http/1.1"} // forwarders speak HTTP/1.1
+	bl, err := connlimit.New(ln, connlimit.Options{Name: "intake", Max: lim.MaxConns, MaxPending: lim.MaxConns / 2,
+		MaxPerIP: lim.MaxConnsPerIP, HandshakeTimeout: lim.HandshakeTimeout, TLS: tc, Logger: in.log})
+	if err != nil {
+		return fmt.Errorf("intake: %w", err)
+	}
+	in.ln.Store(bl)
 	srv := &http.Server{
 		Handler:           in,
-		TLSConfig:         in.s.o.TLS.ServerConfig(),
+		TLSConfig:         tc,
+		ConnState:         bl.ConnState,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -67,7 +138,7 @@ func (in *Intake) Serve(ctx context.Context, ln net.Listener) error {
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
-	err := srv.ServeTLS(ln, "", "")
+	err = srv.Serve(bl)
 	<-done
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil

@@ -18,7 +18,12 @@ import (
 // so that peers cannot make the agent hold more than that many bundles in
 // memory. Once they are gone a forward is taken again.
 func TestIntakeBoundsForwardsInFlight(t *testing.T) {
-	_, a, b := twoEdges(t)
+	// Every connection comes from 127.0.0.1: lift the cap per address.
+	e := newEnv(t, time.Minute)
+	a := e.startEdge("edge-a", org, edgeOpts{maxConnsPerIP: 64})
+	a.awaitRoute(t, "metering", edgeapi.RouteDirect)
+	b := e.startEdge("edge-b", org, edgeOpts{})
+	b.awaitRoute(t, "metering", edgeapi.RouteProxy)
 	p := peerTLS(t, b.identity)
 	addr := strings.TrimPrefix(a.intake, "https://")
 	var slow []*tls.Conn
