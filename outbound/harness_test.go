@@ -42,6 +42,7 @@ type edge struct {
 	identity string
 	journal  *Journal
 	sender   *Sender
+	in       *Intake // nil without an intake
 	intake   string
 	ln       net.Listener
 	stop     func()
@@ -109,10 +110,11 @@ func (ed *edge) start(t testing.TB, e *env, o edgeOpts) {
 	wg.Add(1)
 	go func() { defer wg.Done(); ed.sender.Run(ctx) }()
 	if !o.noIntake {
+		ed.in = NewIntake(ed.sender)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := NewIntake(ed.sender).Serve(ctx, ed.ln); err != nil {
+			if err := ed.in.Serve(ctx, ed.ln); err != nil {
 				t.Errorf("intake %s: %v", ed.id, err)
 			}
 		}()

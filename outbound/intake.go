@@ -10,12 +10,15 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
+	"cellvisor/egress"
 	"cellvisor/internal/connlimit"
 )
 
@@ -33,7 +36,21 @@ type Intake struct {
 	inFlight chan struct{}
 	// ln is the bounded listener once Serve runs.
 	ln atomic.Pointer[connlimit.Listener]
+
+	mu sync.Mutex // guards the following fields
+	// peers counts each peer's forwards in flight (deleted at 0).
+	peers map[string]int
+	// foreign remembers, until when, peers the control API said are not
+	// live edges of this org: refused without asking again.
+	foreign map[string]time.Time
 }
+
+// foreignFor is how long a peer the control API refused as not of this
+// org (or not live) is refused without asking again: another org's edge
+// retrying in a loop costs a control-API call per minute, not one per
+// request. An edge of the org that was not live yet (just enrolled) is
+// accepted again after it.
+const foreignFor = time.Minute
 
 // IntakeLimits bound the intake's connections: each one the agent holds
 // costs it memory whether or not its peer ever authenticates, and the
@@ -91,7 +108,8 @@ const MaxIntakeInFlight = 16
 
 // NewIntake serves s's intake.
 func NewIntake(s *Sender) *Intake {
-	return &Intake{s: s, log: s.log.Named("intake"), inFlight: make(chan struct{}, MaxIntakeInFlight)}
+	return &Intake{s: s, log: s.log.Named("intake"), inFlight: make(chan struct{}, MaxIntakeInFlight),
+		peers: map[string]int{}, foreign: map[string]time.Time{}}
 }
 
 // ConnStats are the intake listener's connection counts (zero before
@@ -160,7 +178,7 @@ func refuse(code int, format string, args ...any) *refusal {
 }
 
 func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	peer, class, err := in.accept(r)
+	peer, class, err := in.accept(w, r)
 	var rf *refusal
 	switch {
 	case err == nil:
@@ -178,8 +196,14 @@ func (in *Intake) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	json.NewEncoder(w).Encode(edgeapi.FenceRefusal{Reason: rf.reason, Holder: rf.holder})
 }
 
-// accept decides on one forward; nil means journaled.
-func (in *Intake) accept(r *http.Request) (peer, class string, _ error) {
+// accept decides on one forward; nil means journaled. What costs the
+// intake nothing comes first; then the peer's share (one forward per
+// routed class in flight: its sender has no more), then the control API's
+// word that this edge holds the lease and that the peer is a live edge of
+// its org (the fence), and only then a slot and the body, read within the
+// send timeout: another org's edge never holds a slot, and a peer of the
+// org at most its share, for a bounded time (issue 32 §2).
+func (in *Intake) accept(w http.ResponseWriter, r *http.Request) (peer, class string, _ error) {
 	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
 		return "", "", refuse(http.StatusUnauthorized, "no verified client certificate")
 	}
@@ -191,13 +215,52 @@ func (in *Intake) accept(r *http.Request) (peer, class string, _ error) {
 	if r.Method != http.MethodPost {
 		return peer, class, refuse(http.StatusMethodNotAllowed, "POST a bundle")
 	}
+	if until, ok := in.foreignUntil(peer); ok {
+		return peer, class, refuse(http.StatusConflict, "edge %s is not a live edge of org %s (the control API said so; asked again after %s)",
+			peer, in.s.o.Org, until.Format(time.RFC3339))
+	}
+	release, ok := in.takePeer(peer)
+	if !ok {
+		return peer, class, refuse(http.StatusTooManyRequests, "edge %s has %d forwards in flight here, its share", peer, in.perPeer())
+	}
+	defer release()
+	rt, ok := in.s.holderRoute(class)
+	if !ok {
+		// The peer's election answer named this edge: ask again, this
+		// edge may have been elected since it last asked.
+		in.s.Reelect(class)
+		return peer, class, refuse(http.StatusConflict, "this edge does not hold the %s lease", class)
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), in.s.o.SendTimeout)
+	defer cancel()
+	err := in.s.o.Control.Fence(ctx, edgeapi.FenceRequest{Class: class, Epoch: rt.epoch, Peer: peer})
+	var fe *controlclient.FenceError
+	if errors.As(err, &fe) && (fe.Refusal.Reason == egress.FencePeerNotInOrg || fe.Refusal.Reason == egress.FencePeerNotLive) {
+		in.markForeign(peer)
+		return peer, class, refuse(http.StatusConflict, "edge %s refused: %v", peer, err)
+	}
+	if errors.Is(err, ErrStale) {
+		in.s.Wake(class) // its own sends will find the lease stale and elect
+		return peer, class, refuse(http.StatusConflict, "lease not current at epoch %d or peer refused: %v", rt.epoch, err)
+	}
+	if err != nil {
+		return peer, class, refuse(http.StatusServiceUnavailable, "cannot check the lease: %v", err)
+	}
 	select {
 	case in.inFlight <- struct{}{}:
 		defer func() { <-in.inFlight }()
 	default:
 		return peer, class, refuse(http.StatusServiceUnavailable, "intake busy: %d forwards in flight", MaxIntakeInFlight)
 	}
+	// The sender gives up after its send timeout: a body still coming
+	// then is cut, not waited on for the server's 30s read timeout.
+	if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(in.s.o.SendTimeout)); err != nil {
+		return peer, class, fmt.Errorf("bound the body's read: %w", err)
+	}
 	data, err := io.ReadAll(io.LimitReader(r.Body, edgeapi.MaxBundleBytes+1))
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+		return peer, class, refuse(http.StatusRequestTimeout, "bundle not read within %s", in.s.o.SendTimeout)
+	}
 	if err != nil {
 		return peer, class, refuse(http.StatusBadRequest, "read bundle: %v", err)
 	}
@@ -221,23 +284,6 @@ func (in *Intake) accept(r *http.Request) (peer, class string, _ error) {
 	case b.Origin != peer:
 		return peer, class, refuse(http.StatusConflict, "bundle %s originates at %q, forwarded by %q: a peer forwards only its own", b.ID, b.Origin, peer)
 	}
-	rt, ok := in.s.holderRoute(class)
-	if !ok {
-		// The peer's election answer named this edge: ask again, this
-		// edge may have been elected since it last asked.
-		in.s.Reelect(class)
-		return peer, class, refuse(http.StatusConflict, "this edge does not hold the %s lease", class)
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), in.s.o.SendTimeout)
-	defer cancel()
-	err = in.s.o.Control.Fence(ctx, edgeapi.FenceRequest{Class: class, Epoch: rt.epoch, Peer: peer})
-	if errors.Is(err, ErrStale) {
-		in.s.Wake(class) // its own sends will find the lease stale and elect
-		return peer, class, refuse(http.StatusConflict, "lease not current at epoch %d or peer refused: %v", rt.epoch, err)
-	}
-	if err != nil {
-		return peer, class, refuse(http.StatusServiceUnavailable, "cannot check the lease: %v", err)
-	}
 	if err := in.s.o.Journal.Put(b); err != nil {
 		if errors.Is(err, ErrJournalFull) {
 			return peer, class, refuse(http.StatusInsufficientStorage, "%v", err)
@@ -247,4 +293,70 @@ func (in *Intake) accept(r *http.Request) (peer, class string, _ error) {
 	in.log.Debug("forward journaled", zap.String("peer", peer), zap.String("class", class), zap.String("bundle", b.ID), zap.Int64("epoch", rt.epoch))
 	in.s.Wake(class)
 	return peer, class, nil
+}
+
+// perPeer is a peer's share of the intake: one forward per routed class
+// in flight, as its sender has at most (one loop per class).
+func (in *Intake) perPeer() int { return max(1, len(in.s.o.Classes)) }
+
+// takePeer takes one of peer's forwards in flight, or reports it holds
+// its share; release gives it back.
+func (in *Intake) takePeer(peer string) (release func(), ok bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.peers[peer] >= in.perPeer() {
+		return nil, false
+	}
+	in.peers[peer]++
+	return func() {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		if in.peers[peer]--; in.peers[peer] <= 0 {
+			delete(in.peers, peer)
+		}
+	}, true
+}
+
+// peerInFlight is peer's forwards in flight.
+func (in *Intake) peerInFlight(peer string) int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.peers[peer]
+}
+
+// foreignUntil reports whether peer is refused as not of this org, and
+// until when.
+func (in *Intake) foreignUntil(peer string) (time.Time, bool) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	until, ok := in.foreign[peer]
+	if ok && !time.Now().Before(until) {
+		delete(in.foreign, peer)
+		return time.Time{}, false
+	}
+	return until, ok
+}
+
+// maxForeign bounds the peers remembered as foreign: past it the expired
+// ones are forgotten, and if none is, the oldest.
+const maxForeign = 1024
+
+func (in *Intake) markForeign(peer string) {
+	now := time.Now()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if len(in.foreign) >= maxForeign {
+		var oldest string
+		for p, until := range in.foreign {
+			if !now.Before(until) {
+				delete(in.foreign, p)
+			} else if oldest == "" || until.Before(in.foreign[oldest]) {
+				oldest = p
+			}
+		}
+		if len(in.foreign) >= maxForeign {
+			delete(in.foreign, oldest)
+		}
+	}
+	in.foreign[peer] = now.Add(foreignFor)
 }
