@@ -40,9 +40,14 @@ type Intake struct {
 	mu sync.Mutex // guards the following fields
 	// peers counts each peer's forwards in flight (deleted at 0).
 	peers map[string]int
-	// foreign remembers, until when, peers the control API said are not
-	// live edges of this org: refused without asking again.
-	foreign map[string]time.Time
+	// foreign remembers peers the control API said are not live edges of
+	// this org, until when and its reason: refused without asking again.
+	foreign map[string]foreignPeer
+}
+
+type foreignPeer struct {
+	until  time.Time
+	reason string // the fence's: peer_not_in_org, peer_not_live
 }
 
 // foreignFor is how long a peer the control API refused as not of this
@@ -109,7 +114,7 @@ const MaxIntakeInFlight = 16
 // NewIntake serves s's intake.
 func NewIntake(s *Sender) *Intake {
 	return &Intake{s: s, log: s.log.Named("intake"), inFlight: make(chan struct{}, MaxIntakeInFlight),
-		peers: map[string]int{}, foreign: map[string]time.Time{}}
+		peers: map[string]int{}, foreign: map[string]foreignPeer{}}
 }
 
 // ConnStats are the intake listener's connection counts (zero before
@@ -215,9 +220,9 @@ func (in *Intake) accept(w http.ResponseWriter, r *http.Request) (peer, class st
 	if r.Method != http.MethodPost {
 		return peer, class, refuse(http.StatusMethodNotAllowed, "POST a bundle")
 	}
-	if until, ok := in.foreignUntil(peer); ok {
-		return peer, class, refuse(http.StatusConflict, "edge %s is not a live edge of org %s (the control API said so; asked again after %s)",
-			peer, in.s.o.Org, until.Format(time.RFC3339))
+	if fp, ok := in.foreignPeer(peer); ok {
+		return peer, class, refuse(http.StatusConflict, "edge %s refused: %s, as the control API answered (asked again after %s)",
+			peer, fp.reason, fp.until.Format(time.RFC3339))
 	}
 	release, ok := in.takePeer(peer)
 	if !ok {
@@ -236,7 +241,7 @@ func (in *Intake) accept(w http.ResponseWriter, r *http.Request) (peer, class st
 	err := in.s.o.Control.Fence(ctx, edgeapi.FenceRequest{Class: class, Epoch: rt.epoch, Peer: peer})
 	var fe *controlclient.FenceError
 	if errors.As(err, &fe) && (fe.Refusal.Reason == egress.FencePeerNotInOrg || fe.Refusal.Reason == egress.FencePeerNotLive) {
-		in.markForeign(peer)
+		in.markForeign(peer, fe.Refusal.Reason)
 		return peer, class, refuse(http.StatusConflict, "edge %s refused: %v", peer, err)
 	}
 	if errors.Is(err, ErrStale) {
@@ -324,33 +329,33 @@ func (in *Intake) peerInFlight(peer string) int {
 	return in.peers[peer]
 }
 
-// foreignUntil reports whether peer is refused as not of this org, and
-// until when.
-func (in *Intake) foreignUntil(peer string) (time.Time, bool) {
+// foreignPeer reports whether peer is refused as not a live edge of this
+// org, until when and why.
+func (in *Intake) foreignPeer(peer string) (foreignPeer, bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	until, ok := in.foreign[peer]
-	if ok && !time.Now().Before(until) {
+	fp, ok := in.foreign[peer]
+	if ok && !time.Now().Before(fp.until) {
 		delete(in.foreign, peer)
-		return time.Time{}, false
+		return foreignPeer{}, false
 	}
-	return until, ok
+	return fp, ok
 }
 
 // maxForeign bounds the peers remembered as foreign: past it the expired
 // ones are forgotten, and if none is, the oldest.
 const maxForeign = 1024
 
-func (in *Intake) markForeign(peer string) {
+func (in *Intake) markForeign(peer, reason string) {
 	now := time.Now()
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if len(in.foreign) >= maxForeign {
 		var oldest string
-		for p, until := range in.foreign {
-			if !now.Before(until) {
+		for p, fp := range in.foreign {
+			if !now.Before(fp.until) {
 				delete(in.foreign, p)
-			} else if oldest == "" || until.Before(in.foreign[oldest]) {
+			} else if oldest == "" || fp.until.Before(in.foreign[oldest].until) {
 				oldest = p
 			}
 		}
@@ -358,5 +363,5 @@ func (in *Intake) markForeign(peer string) {
 			delete(in.foreign, oldest)
 		}
 	}
-	in.foreign[peer] = now.Add(foreignFor)
+	in.foreign[peer] = foreignPeer{until: now.Add(foreignFor), reason: reason}
 }
