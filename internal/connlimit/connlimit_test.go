@@ -243,6 +243,14 @@ func TestRefusesWhenEveryConnectionIsEstablished(t *testing.T) {
 	}
 	refused("127.0.0.2", func(s Stats) uint64 { return s.RefusedPerIP })
 	established("127.0.0.3")
+	// A TLS 1.3 client is through before the server has checked its
+	// certificate: await the server's side.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if st := ln.Stats(); st.Open != 3 || st.Pending != 0 {
+			return fmt.Errorf("stats %+v: want 3 established", st)
+		}
+		return nil
+	})
 	refused("127.0.0.4", func(s Stats) uint64 { return s.RefusedFull })
 }
 
