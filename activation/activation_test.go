@@ -38,6 +38,8 @@ type memSource struct {
 	// as a misbehaving control plane would.
 	ignoreAfter bool
 	snapshot    []byte
+	// snapshotErr, if set, is what opening the snapshot returns.
+	snapshotErr error
 	// sign, when set, signs the manifest's header as it is served, as the
 	// control API does: the tests that tamper with entries test the
 	// entries' own checks behind a valid header.
@@ -83,6 +85,9 @@ func (s *memSource) Artifact(_ context.Context, sum string) ([]byte, error) {
 func (s *memSource) Snapshot(context.Context) (io.ReadCloser, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.snapshotErr != nil {
+		return nil, s.snapshotErr
+	}
 	if s.snapshot == nil {
 		return nil, manifest.ErrNoChange
 	}
@@ -556,5 +561,24 @@ func TestRewindReappliesTheNewestManifest(t *testing.T) {
 	}
 	if err := r.a.Rewind(5); err != nil || r.a.Active() != 2 {
 		t.Errorf("a rewind forward moved the active sequence to %d", r.a.Active())
+	}
+}
+
+// A new edge whose recovery snapshot the source will not serve now (busy,
+// or the edge's share of the downloads taken: 503 or 429 from the control
+// API, issue 32 §3) pages through the manifest in the same poll instead
+// of waiting for a snapshot slot.
+func TestSnapshotRefusedPagesTheManifest(t *testing.T) {
+	r := newRig(t)
+	r.publish(3, map[string]string{"a.example.com": "paged"})
+	r.src.snapshotErr = fmt.Errorf("%w: control API: busy (HTTP 503)", manifest.ErrSnapshotBusy)
+	if err := r.a.Poll(context.Background()); err != nil {
+		t.Fatalf("poll with the snapshot refused: %v, want the manifest paged", err)
+	}
+	if r.a.Active() != 3 || !strings.Contains(r.poolJSON("cell-01"), "paged") {
+		t.Fatalf("active %d after the snapshot was refused: want 3, paged", r.a.Active())
+	}
+	if a := r.lastAck(); a.Sequence != 3 || a.Status != manifest.AckApplied {
+		t.Errorf("ack %+v, want 3 applied", a)
 	}
 }

@@ -46,6 +46,13 @@ func (a *Activator) recover(ctx, fctx context.Context) error {
 	switch {
 	case errors.Is(err, manifest.ErrNoChange):
 		return nil
+	case errors.Is(err, manifest.ErrSnapshotBusy):
+		// Not served now (the control API's slots, or this edge's or
+		// its org's share of them): page the manifest in this poll
+		// rather than wait for a slot (issue 32 §3). Not a refusal: a
+		// later recovery asks for the snapshot again.
+		a.log.Info("recovery snapshot not served now; paging the manifest", zap.Error(err))
+		return nil
 	case manifest.IsRefusal(err):
 		return a.refuseSnapshot(0, err)
 	case err != nil:

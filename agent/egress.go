@@ -22,8 +22,9 @@ import (
 type egressPath struct {
 	sender   *outbound.Sender
 	producer *outbound.Producer
-	intake   net.Listener // nil: no intake
-	off      string       // why there is no send path, for status
+	intake   net.Listener     // nil: no intake
+	intakeS  *outbound.Intake // serves intake
+	off      string           // why there is no send path, for status
 }
 
 // setupEgress prepares the send path: the journal under
@@ -60,6 +61,7 @@ func (a *Agent) setupEgress() error {
 	s, err := outbound.NewSender(outbound.Options{
 		EdgeID: a.id.EdgeID, Org: a.id.Org, Control: a.client, Journal: j, TLS: ptls, IntakeURL: intakeURL,
 		ProbeTimeout: ec.ProbeTimeout.D(), SendTimeout: ec.SendTimeout.D(), MaxRenew: ec.MaxRenew.D(), Logger: a.log,
+		IntakeConns: outbound.IntakeLimits{MaxConns: ec.IntakeMaxConns, MaxConnsPerIP: ec.IntakeMaxConnsPerIP, HandshakeTimeout: ec.IntakeHandshakeTimeout.D()},
 	})
 	if err != nil {
 		return err
@@ -75,7 +77,7 @@ func (a *Agent) setupEgress() error {
 			s.SetIntakeError(err)
 			a.log.Error("egress intake not listening: peers send direct instead of forwarding here", zap.Error(err))
 		} else {
-			a.egress.intake = ln
+			a.egress.intake, a.egress.intakeS = ln, outbound.NewIntake(s)
 		}
 	}
 	return nil
@@ -126,7 +128,7 @@ func (a *Agent) runEgress(ctx context.Context, wg *sync.WaitGroup) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := outbound.NewIntake(e.sender).Serve(ctx, e.intake); err != nil && !errors.Is(err, net.ErrClosed) {
+			if err := e.intakeS.Serve(ctx, e.intake); err != nil && !errors.Is(err, net.ErrClosed) {
 				a.log.Error("egress intake", zap.Error(err))
 				e.sender.SetIntakeError(err)
 			}

@@ -7,6 +7,7 @@ import (
 
 	"cellvisor/activation"
 	"cellvisor/agentmetrics"
+	"cellvisor/internal/connlimit"
 	"cellvisor/logbound"
 	"cellvisor/runtime"
 )
@@ -41,13 +42,30 @@ func (a *Agent) setupMetrics(topo runtime.Topology) error {
 		}
 		o.Collectors = append(o.Collectors, agentmetrics.NewEgressCollector(eo))
 	}
+	// The listeners' connection series, read when scraped: a.metrics is
+	// set below, before the endpoint serves.
+	lst := map[string]func() *connlimit.Stats{"metrics": func() *connlimit.Stats { return bound(a.metrics.ConnStats()) }}
+	if a.egress != nil && a.egress.intakeS != nil {
+		in := a.egress.intakeS
+		lst["intake"] = func() *connlimit.Stats { return bound(in.ConnStats()) }
+	}
+	o.Collectors = append(o.Collectors, agentmetrics.NewListenerCollector(lst))
 	reg, err := agentmetrics.NewRegistry(o)
 	if err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
 	log := a.log.Named("metrics")
-	a.metrics = agentmetrics.NewServer(a.cfg.Metrics.Listen, agentmetrics.Handler(reg, log), log.With(zap.String("listen", a.cfg.Metrics.Listen)))
+	lim := agentmetrics.Limits{MaxConns: a.cfg.Metrics.MaxConns, HandshakeTimeout: a.cfg.Metrics.HandshakeTimeout.D()}
+	a.metrics = agentmetrics.NewServer(a.cfg.Metrics.Listen, agentmetrics.Handler(reg, log), lim, log.With(zap.String("listen", a.cfg.Metrics.Listen)))
 	return nil
+}
+
+// bound is st, or nil for a listener not serving (yet).
+func bound(st connlimit.Stats) *connlimit.Stats {
+	if st.Max == 0 {
+		return nil
+	}
+	return &st
 }
 
 // MetricsAddr is the metrics endpoint's bound address, "" while it is not

@@ -135,7 +135,7 @@ func TestDocsListEveryMetric(t *testing.T) {
 		documented = append(documented, r[1])
 	}
 	var described []string
-	for _, d := range append(slices.Clone(allDescs), egressDescs...) {
+	for _, d := range slices.Concat(allDescs, egressDescs, listenerDescs) {
 		name := d.Name()
 		described = append(described, name)
 		if !slices.Contains(documented, name) {

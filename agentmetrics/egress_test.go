@@ -9,6 +9,7 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"cellvisor/edgeapi"
+	"cellvisor/internal/connlimit"
 	"cellvisor/outbound"
 )
 
@@ -118,4 +119,42 @@ func gathered(t *testing.T, reg prometheus.Gatherer, name string, labels ...stri
 	}
 	t.Fatalf("no %s%v", name, labels)
 	return 0
+}
+
+// The listener collector sends each serving listener's connections by
+// state, its cap, and its refusals, drops and failed handshakes by reason;
+// a listener not serving is left out.
+func TestListenerCollectorValues(t *testing.T) {
+	st := connlimit.Stats{Open: 10, Pending: 4, Max: 128, RefusedPerIP: 1, RefusedFull: 2, DroppedPerIP: 3, DroppedPending: 4,
+		DroppedFull: 5, HandshakeTimeouts: 6, HandshakeFailures: 7}
+	c := NewListenerCollector(map[string]func() *connlimit.Stats{
+		"intake":  func() *connlimit.Stats { return &st },
+		"metrics": func() *connlimit.Stats { return nil },
+	})
+	reg := gatherer(c)
+	checkDescribed(t, c)
+	for _, tc := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"cellvisor_listener_connections", []string{"state", "established"}, 6},
+		{"cellvisor_listener_connections", []string{"state", "pending"}, 4},
+		{"cellvisor_listener_max_connections", nil, 128},
+		{"cellvisor_listener_connections_refused_total", []string{"reason", "per_ip"}, 1},
+		{"cellvisor_listener_connections_refused_total", []string{"reason", "full"}, 2},
+		{"cellvisor_listener_connections_dropped_total", []string{"reason", "per_ip"}, 3},
+		{"cellvisor_listener_connections_dropped_total", []string{"reason", "pending"}, 4},
+		{"cellvisor_listener_connections_dropped_total", []string{"reason", "full"}, 5},
+		{"cellvisor_listener_handshakes_failed_total", []string{"reason", "timeout"}, 6},
+		{"cellvisor_listener_handshakes_failed_total", []string{"reason", "failed"}, 7},
+	} {
+		if v := gathered(t, reg, tc.name, append([]string{"listener", "intake"}, tc.labels...)...); v != tc.want {
+			t.Errorf("%s%v = %v, want %v", tc.name, tc.labels, v, tc.want)
+		}
+	}
+	if n, _ := promtest.GatherAndCount(reg, "cellvisor_listener_max_connections"); n != 1 {
+		t.Errorf("%d listeners, want only the serving intake", n)
+	}
+	lintClean(t, reg)
 }

@@ -7,11 +7,13 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"cellvisor/internal/backoff"
+	"cellvisor/internal/connlimit"
 )
 
 // scrapeTimeout bounds one scrape: a slower one is answered 503.
@@ -47,22 +49,62 @@ func Handler(reg *Registry, log *zap.Logger) http.Handler {
 	return http.TimeoutHandler(h, scrapeTimeout, "scrape timed out")
 }
 
+// The endpoint's connection defaults, from the memory it may use: 1 MiB of
+// the agent's 128 MiB. A connection costs at most about 64 KiB (a
+// goroutine, the HTTP reader's and writer's buffers, a scrape's response
+// being written), so 1 MiB / 64 KiB = 16, half of them at most without a
+// first request; a Prometheus server keeps one connection per target. A
+// scraper sends its request as soon as it connects: 3 s is ample.
+const (
+	DefaultMaxConns         = 16
+	DefaultHandshakeTimeout = 3 * time.Second
+)
+
+// Limits bound the endpoint's connections; zero fields take the defaults.
+type Limits struct {
+	// MaxConns bounds the connections open at once, half of them at most
+	// without a first request: at the cap the oldest of those is dropped
+	// for a new one. No cap per address: scrapers are few, and on
+	// loopback every one is 127.0.0.1.
+	MaxConns int
+	// HandshakeTimeout closes a connection whose first request's headers
+	// have not come within it.
+	HandshakeTimeout time.Duration
+}
+
 // Server serves /metrics on one address.
 type Server struct {
 	addr string
 	h    http.Handler
+	lim  Limits
 	log  *zap.Logger
+	ln   atomic.Pointer[connlimit.Listener] // once bound
 
 	mu    sync.Mutex // guards the following fields
 	bound string     // the listener's address once bound
 	err   error      // why the last bind failed
 }
 
-// NewServer returns a server of h on addr (IP:port).
-func NewServer(addr string, h http.Handler, log *zap.Logger) *Server {
+// NewServer returns a server of h on addr (IP:port), its connections
+// bounded by lim.
+func NewServer(addr string, h http.Handler, lim Limits, log *zap.Logger) *Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)
-	return &Server{addr: addr, h: mux, log: log}
+	if lim.MaxConns <= 0 {
+		lim.MaxConns = DefaultMaxConns
+	}
+	if lim.HandshakeTimeout <= 0 {
+		lim.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	return &Server{addr: addr, h: mux, lim: lim, log: log}
+}
+
+// ConnStats are the endpoint's connection counts (zero until bound).
+func (s *Server) ConnStats() connlimit.Stats {
+	if ln := s.ln.Load(); ln != nil {
+		return ln.Stats()
+	}
+	return connlimit.Stats{}
 }
 
 // Addr is the bound address ("" until bound) and the last bind error.
@@ -96,13 +138,22 @@ func (s *Server) Run(ctx context.Context) {
 	}
 }
 
-func (s *Server) serve(ctx context.Context, ln net.Listener) {
+func (s *Server) serve(ctx context.Context, inner net.Listener) {
+	ln, err := connlimit.New(inner, connlimit.Options{Name: "metrics", Max: s.lim.MaxConns, MaxPending: max(1, s.lim.MaxConns/2),
+		HandshakeTimeout: s.lim.HandshakeTimeout, Logger: s.log})
+	if err != nil {
+		inner.Close()
+		s.log.Error("metrics endpoint", zap.Error(err))
+		return
+	}
+	s.ln.Store(ln)
 	s.mu.Lock()
 	s.bound, s.err = ln.Addr().String(), nil
 	s.mu.Unlock()
 	s.log.Info("metrics endpoint listening", zap.String("url", "http://"+ln.Addr().String()+"/metrics"))
 	srv := &http.Server{
 		Handler:           s.h,
+		ConnState:         ln.ConnState,
 		ReadHeaderTimeout: 5 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       time.Minute,

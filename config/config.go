@@ -98,6 +98,14 @@ type Egress struct {
 	// MaxRenew caps the wait between two elections of a class (the
 	// control API's answer says when to ask again; it is used when sooner).
 	MaxRenew Duration `yaml:"max_renew"`
+	// IntakeMaxConns bounds the intake's connections open at once, half
+	// of them at most not through their handshake; IntakeMaxConnsPerIP one
+	// peer address's; IntakeHandshakeTimeout closes a connection not
+	// through its mutual-TLS handshake (outbound.IntakeLimits: the
+	// defaults are sized from the agent's memory there).
+	IntakeMaxConns         int      `yaml:"intake_max_conns"`
+	IntakeMaxConnsPerIP    int      `yaml:"intake_max_conns_per_ip"`
+	IntakeHandshakeTimeout Duration `yaml:"intake_handshake_timeout"`
 }
 
 // Metrics configures the agent's Prometheus endpoint (GET /metrics).
@@ -108,6 +116,12 @@ type Metrics struct {
 	// AllowRemote lets Listen be a non-loopback address (the endpoint has no
 	// authentication: firewall it).
 	AllowRemote bool `yaml:"allow_remote"`
+	// MaxConns bounds the endpoint's connections open at once, half of
+	// them at most without a first request; HandshakeTimeout closes a
+	// connection whose first request's headers have not come within it
+	// (agentmetrics.DefaultMaxConns: sized from the agent's memory).
+	MaxConns         int      `yaml:"max_conns"`
+	HandshakeTimeout Duration `yaml:"handshake_timeout"`
 }
 
 // Source configures the manifest source.
@@ -285,10 +299,14 @@ func Default() Agent {
 			FailureThreshold: 3,
 			RestartThreshold: 6,
 		},
-		Log:     Log{Format: "json", Level: "info"},
-		Metrics: Metrics{Listen: "127.0.0.1:9464"},
+		Log: Log{Format: "json", Level: "info"},
+		// The connection caps are sized from the agent's 128 MiB: see
+		// outbound.IntakeLimits and agentmetrics.DefaultMaxConns for the
+		// arithmetic (config imports neither, so the numbers are repeated).
+		Metrics: Metrics{Listen: "127.0.0.1:9464", MaxConns: 16, HandshakeTimeout: Duration(3 * time.Second)},
 		Egress: Egress{Interval: Duration(30 * time.Second), JournalBundles: 10000, JournalBytes: 64 * MiB,
-			ProbeTimeout: Duration(2 * time.Second), SendTimeout: Duration(10 * time.Second), MaxRenew: Duration(time.Minute)},
+			ProbeTimeout: Duration(2 * time.Second), SendTimeout: Duration(10 * time.Second), MaxRenew: Duration(time.Minute),
+			IntakeMaxConns: 128, IntakeMaxConnsPerIP: 16, IntakeHandshakeTimeout: Duration(3 * time.Second)},
 		Source: Source{PollInterval: Duration(5 * time.Second), MaxBackoff: Duration(2 * time.Minute), ApplyTimeout: Duration(30 * time.Second), PollTimeout: Duration(10 * time.Minute), StatusInterval: Duration(15 * time.Second)},
 	}
 }
@@ -564,11 +582,28 @@ func (c Agent) validateEgress(bad func(field, format string, args ...any)) {
 	if d := e.MaxRenew.D(); d < 100*time.Millisecond || d > 30*time.Minute {
 		bad("egress.max_renew", "must be 100ms–30m, got %s", d)
 	}
+	// Each connection may cost up to 64 KiB: 1024 is 64 MiB, half the
+	// agent's memory, and the most that can make sense.
+	if n := e.IntakeMaxConns; n < 8 || n > 1024 {
+		bad("egress.intake_max_conns", "must be 8–1024, got %d", n)
+	}
+	if n := e.IntakeMaxConnsPerIP; n < 1 || n > e.IntakeMaxConns {
+		bad("egress.intake_max_conns_per_ip", "must be 1–egress.intake_max_conns (%d), got %d", e.IntakeMaxConns, n)
+	}
+	if d := e.IntakeHandshakeTimeout.D(); d < 100*time.Millisecond || d > 30*time.Second {
+		bad("egress.intake_handshake_timeout", "must be 100ms–30s, got %s", d)
+	}
 }
 
 // validateMetrics checks metrics.listen: an IP literal and a port (no name
 // to resolve at start), loopback unless metrics.allow_remote.
 func (c Agent) validateMetrics(bad func(field, format string, args ...any)) {
+	if n := c.Metrics.MaxConns; n < 2 || n > 256 {
+		bad("metrics.max_conns", "must be 2–256, got %d", n)
+	}
+	if d := c.Metrics.HandshakeTimeout.D(); d < 100*time.Millisecond || d > 30*time.Second {
+		bad("metrics.handshake_timeout", "must be 100ms–30s, got %s", d)
+	}
 	l := c.Metrics.Listen
 	if l == "" {
 		return

@@ -62,6 +62,13 @@ func TestRefusals(t *testing.T) {
 		{"egress interval too short", "egress:\n  interval: 1ms", "egress.interval"},
 		{"egress journal without room", "egress:\n  journal_bundles: 0", "egress.journal_bundles"},
 		{"egress journal under a bundle", "egress:\n  journal_bytes: 4096", "egress.journal_bytes"},
+		{"intake connection cap too small", "egress:\n  intake_max_conns: 2", "egress.intake_max_conns"},
+		{"intake connection cap too large", "egress:\n  intake_max_conns: 100000", "egress.intake_max_conns"},
+		{"intake per-address cap over the cap", "egress:\n  intake_max_conns: 16\n  intake_max_conns_per_ip: 17", "egress.intake_max_conns_per_ip"},
+		{"intake per-address cap zero", "egress:\n  intake_max_conns_per_ip: 0", "egress.intake_max_conns_per_ip"},
+		{"intake handshake too long", "egress:\n  intake_handshake_timeout: 1m", "egress.intake_handshake_timeout"},
+		{"metrics connection cap too small", "metrics:\n  max_conns: 1", "metrics.max_conns"},
+		{"metrics handshake zero", "metrics:\n  handshake_timeout: 0s", "metrics.handshake_timeout"},
 		{"metrics on a public address", "metrics:\n  listen: 192.0.2.1:9464", "allow_remote"},
 		{"metrics on all addresses", "metrics:\n  listen: 0.0.0.0:9464", "not a loopback"},
 		{"metrics on a host name", "metrics:\n  listen: localhost:9464", "metrics.listen"},
@@ -94,6 +101,9 @@ func TestEgressDefaultsAndOverrides(t *testing.T) {
 	}
 	if d := Default().Egress; d.IntakeListen != "" || d.Interval.D() != 30*time.Second {
 		t.Errorf("egress defaults %+v: want no intake and a 30s interval", d)
+	}
+	if d := Default().Egress; d.IntakeMaxConns != 128 || d.IntakeMaxConnsPerIP != 16 || d.IntakeHandshakeTimeout.D() != 3*time.Second {
+		t.Errorf("egress defaults %+v: want the intake's connections bounded at 128, 16 per address, handshakes in 3s", d)
 	}
 }
 

@@ -72,6 +72,14 @@ type Options struct {
 	// SnapshotDownloads bounds the recovery snapshots served at a time;
 	// zero means DefaultSnapshotDownloads.
 	SnapshotDownloads int
+	// SnapshotPerEdge and SnapshotPerOrg are one edge's and one org's
+	// shares of them; zero means DefaultSnapshotPerEdge (1) and
+	// DefaultSnapshotPerOrg (half).
+	SnapshotPerEdge, SnapshotPerOrg int
+	// SnapshotMinRate is the slowest a snapshot download may be on
+	// average, bytes a second (a slower one is cut); zero means
+	// DefaultSnapshotMinRate.
+	SnapshotMinRate int64
 	// MoveTick is how often the move loop looks at the moves under way
 	// (it also runs on every ack and status report); zero means 2s.
 	MoveTick time.Duration
@@ -154,6 +162,12 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if o.SnapshotDir == "" {
 		o.SnapshotDir = os.TempDir()
 	}
+	if o.SnapshotPerEdge <= 0 {
+		o.SnapshotPerEdge = DefaultSnapshotPerEdge
+	}
+	if o.SnapshotMinRate <= 0 {
+		o.SnapshotMinRate = DefaultSnapshotMinRate
+	}
 	if o.SnapshotDownloads <= 0 {
 		o.SnapshotDownloads = DefaultSnapshotDownloads
 	}
@@ -167,7 +181,10 @@ func New(ctx context.Context, o Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1)}
-	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, s.log)
+	if o.SnapshotPerOrg <= 0 {
+		o.SnapshotPerOrg = DefaultSnapshotPerOrg(o.SnapshotDownloads)
+	}
+	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, o.SnapshotPerEdge, o.SnapshotPerOrg, o.SnapshotMinRate, s.log)
 	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})
 	// The store is this server's: it reports its writes and placements here.
 	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement}

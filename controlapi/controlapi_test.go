@@ -97,11 +97,24 @@ func serveOn(t testing.TB, dsn string, key []byte, opts ...func(*controlapi.Opti
 	done := make(chan struct{})
 	go func() { defer close(done); srv.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done })
+	// The listeners Serve runs: bounded, the edge's TLS handshakes run by
+	// its listener (so httptest serves them as plain ones).
 	edge := httptest.NewUnstartedServer(srv.EdgeHandler())
-	edge.TLS = srv.EdgeTLSConfig()
-	edge.StartTLS()
+	edgeLn, edgeTLS, err := srv.ListenEdge(edge.Listener, controlapi.ListenLimits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	edge.Listener, edge.Config.TLSConfig, edge.Config.ConnState = edgeLn, edgeTLS, edgeLn.ConnState
+	edge.Start()
 	t.Cleanup(edge.Close)
-	admin := httptest.NewServer(srv.AdminHandler())
+	edge.URL = "https://" + edgeLn.Addr().String()
+	admin := httptest.NewUnstartedServer(srv.AdminHandler())
+	adminLn, err := srv.ListenAdmin(admin.Listener, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin.Listener, admin.Config.ConnState = adminLn, adminLn.ConnState
+	admin.Start()
 	t.Cleanup(admin.Close)
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
 	if err := os.WriteFile(caFile, []byte(srv.CAPEM()), 0o644); err != nil {

@@ -22,7 +22,7 @@ import (
 	"cellvisor/manifest"
 )
 
-// EdgeHandler serves the edge-control API. Serve it with EdgeTLSConfig.
+// EdgeHandler serves the edge-control API. Serve it on ListenEdge's listener.
 func (s *Server) EdgeHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+edgeapi.PathEnroll, s.handle(s.enroll))

@@ -49,6 +49,10 @@ type Config struct {
 	MoveTick, MoveReadyWithin time.Duration
 	// EgressLease is Options' (zero: DefaultEgressLease).
 	EgressLease time.Duration
+	// EdgeLimits bound the edge-control listener's connections (zero
+	// fields: DefaultEdgeMaxConns, DefaultEdgeMaxPending, no cap per
+	// address, DefaultEdgeHandshakeTimeout).
+	EdgeLimits ListenLimits
 	// Logger, or nil for none.
 	Logger *zap.Logger
 }
@@ -161,27 +165,38 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	if err := os.WriteFile(filepath.Join(c.Data, "ca.pem"), []byte(srv.CAPEM()), 0o644); err != nil {
 		return fmt.Errorf("write CA certificate: %w", err)
 	}
-	edgeLn, err := net.Listen("tcp", c.Listen)
+	rawEdge, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return fmt.Errorf("edge-control listen: %w", err)
 	}
-	adminLn, err := net.Listen("tcp", c.AdminListen)
+	edgeLn, edgeTLS, err := srv.ListenEdge(rawEdge, c.EdgeLimits)
+	if err != nil {
+		rawEdge.Close()
+		return err
+	}
+	rawAdmin, err := net.Listen("tcp", c.AdminListen)
 	if err != nil {
 		edgeLn.Close()
 		return fmt.Errorf("admin listen: %w", err)
 	}
-	edgeHS := &http.Server{Handler: srv.EdgeHandler(), TLSConfig: srv.EdgeTLSConfig(), ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout: 60 * time.Second, WriteTimeout: 5 * time.Minute, IdleTimeout: 5 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("http"))}
-	adminHS := &http.Server{Handler: srv.AdminHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second,
-		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("admin-http"))}
 	adminScheme := "http"
+	var adminTLS *tls.Config
 	if c.AdminTLS {
 		adminScheme = "https"
-		adminHS.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{srv.ServerCertificate()}}
-		adminLn = tls.NewListener(adminLn, adminHS.TLSConfig)
+		adminTLS = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{srv.ServerCertificate()}}
 	}
+	adminLn, err := srv.ListenAdmin(rawAdmin, adminTLS)
+	if err != nil {
+		edgeLn.Close()
+		rawAdmin.Close()
+		return err
+	}
+	edgeHS := &http.Server{Handler: srv.EdgeHandler(), TLSConfig: edgeTLS, ConnState: edgeLn.ConnState, ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout: 60 * time.Second, WriteTimeout: 5 * time.Minute, IdleTimeout: 5 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("http"))}
+	adminHS := &http.Server{Handler: srv.AdminHandler(), TLSConfig: adminTLS, ConnState: adminLn.ConnState, ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout: 60 * time.Second, WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("admin-http"))}
 	errs := make(chan error, 2)
-	go func() { errs <- edgeHS.ServeTLS(edgeLn, "", "") }()
+	go func() { errs <- edgeHS.Serve(edgeLn) }()
 	go func() { errs <- adminHS.Serve(adminLn) }()
 	runCtx, stopRun := context.WithCancel(context.Background())
 	runDone := make(chan struct{})

@@ -22,6 +22,35 @@ import (
 // serves at a time when Options.SnapshotDownloads is zero.
 const DefaultSnapshotDownloads = 16
 
+// Shares of the download slots (issue 32 §3: one edge held all 16 for up
+// to 5 minutes each). An agent downloads one snapshot at a time, so a
+// second download of one edge while its first is served is a retry of a
+// cut one or an abuse; an org gets half the slots, so that a fleet of one
+// org recovering at once leaves the other half to the others. Either
+// refusal is a 429, after which the agent pages the manifest instead.
+// Options.SnapshotPerEdge and SnapshotPerOrg change them (tests that play
+// a fleet with one edge).
+const DefaultSnapshotPerEdge = 1
+
+// DefaultSnapshotPerOrg is an org's share of n slots.
+func DefaultSnapshotPerOrg(n int) int { return max(1, n/2) }
+
+// DefaultSnapshotMinRate is the slowest a snapshot download may be, in
+// bytes a second on average after snapshotGrace, when
+// Options.SnapshotMinRate is zero: 256 KiB/s (2 Mbit/s) moves the largest
+// snapshot (96 MiB) in about 6 minutes, past the edge listener's 5-minute
+// write timeout anyway; a download slower than that holds a slot for
+// nothing, and is cut.
+const DefaultSnapshotMinRate = 256 << 10
+
+// snapshotGrace is the time a download has before its average rate counts
+// (a TCP window opening, a slow start).
+const snapshotGrace = 5 * time.Second
+
+// snapshotMaxTime is the longest a download is served: the edge listener's
+// write timeout (Serve), which the rate's deadlines must not extend.
+const snapshotMaxTime = 5 * time.Minute
+
 // snapshotRetryAfter is what a refused download is told to wait, in
 // seconds.
 const snapshotRetryAfter = "10"
@@ -36,13 +65,19 @@ const snapshotRetryAfter = "10"
 // to come back later (503 with Retry-After), which it does as for any
 // failed poll.
 type snapshots struct {
-	dir   string
-	slots chan struct{}
-	log   *zap.Logger
+	dir     string
+	max     int   // downloads served at a time
+	perEdge int   // of them, one edge's
+	perOrg  int   // one org's
+	minRate int64 // bytes a second
+	log     *zap.Logger
 
-	mu    sync.Mutex // guards the following fields
-	files map[string]*snapshotFile
-	clock uint64 // counts uses, for eviction
+	mu      sync.Mutex // guards the following fields
+	serving int        // downloads under way
+	byEdge  map[string]int
+	byOrg   map[string]int
+	files   map[string]*snapshotFile
+	clock   uint64 // counts uses, for eviction
 }
 
 // snapshotFile is one edge's snapshot at one sequence.
@@ -62,13 +97,44 @@ type snapshotFile struct {
 	used    uint64 // snapshots.clock at its last use; guarded by snapshots.mu
 }
 
-func newSnapshots(dir string, downloads int, log *zap.Logger) *snapshots {
-	return &snapshots{dir: dir, slots: make(chan struct{}, downloads), log: log, files: map[string]*snapshotFile{}}
+func newSnapshots(dir string, downloads, perEdge, perOrg int, minRate int64, log *zap.Logger) *snapshots {
+	return &snapshots{dir: dir, max: downloads, perEdge: perEdge, perOrg: perOrg, minRate: minRate, log: log, files: map[string]*snapshotFile{},
+		byEdge: map[string]int{}, byOrg: map[string]int{}}
 }
 
 // maxFiles bounds the snapshots kept between downloads (each one up to
 // manifest.SnapshotLimit of disk).
-func (ss *snapshots) maxFiles() int { return 2 * cap(ss.slots) }
+func (ss *snapshots) maxFiles() int { return 2 * ss.max }
+
+// take takes a download slot for edge of org, or answers why not: 503
+// when the replica serves as many as it may, 429 when the edge or its org
+// holds its share. release gives the slot back.
+func (ss *snapshots) take(edge, org string) (release func(), _ error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	switch {
+	case ss.serving >= ss.max:
+		return nil, errorf(http.StatusServiceUnavailable, "%d recovery snapshots are being served; retry later, or page the manifest", ss.max)
+	case ss.byEdge[edge] >= ss.perEdge:
+		return nil, errorf(http.StatusTooManyRequests, "edge %s is downloading its snapshot already; page the manifest", edge)
+	case ss.byOrg[org] >= ss.perOrg:
+		return nil, errorf(http.StatusTooManyRequests, "org %s's edges hold %d of the %d snapshot downloads, its share; page the manifest", org, ss.byOrg[org], ss.max)
+	}
+	ss.serving++
+	ss.byEdge[edge]++
+	ss.byOrg[org]++
+	return func() {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		ss.serving--
+		if ss.byEdge[edge]--; ss.byEdge[edge] <= 0 {
+			delete(ss.byEdge, edge)
+		}
+		if ss.byOrg[org]--; ss.byOrg[org] <= 0 {
+			delete(ss.byOrg, org)
+		}
+	}, nil
+}
 
 // acquire returns the edge's snapshot at seq, or a newer one, building it
 // if no download has yet; the caller releases it.
@@ -189,18 +255,23 @@ func (ss *snapshots) close() {
 // snapshot serves the edge's current manifest and every artifact it names
 // as a gzip'd tar (manifest.ReadSnapshot's format), built once per
 // sequence and served from a file; 503 with Retry-After while the replica
-// serves as many as it may.
+// serves as many as it may, 429 while the edge or its org holds its share
+// of them. A download slower than the minimum rate is cut.
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
 	if st.Sequence == 0 {
 		return errorf(http.StatusNotFound, "edge %s has no manifest yet", st.ID)
 	}
-	select {
-	case s.snaps.slots <- struct{}{}:
-		defer func() { <-s.snaps.slots }()
-	default:
-		w.Header().Set("Retry-After", snapshotRetryAfter)
-		return errorf(http.StatusServiceUnavailable, "%d recovery snapshots are being served; retry later", cap(s.snaps.slots))
+	org, err := s.st.EdgeOrg(r.Context(), st.ID)
+	if err != nil {
+		return fmt.Errorf("snapshot: the edge's org: %w", err)
 	}
+	release, err := s.snaps.take(st.ID, org)
+	if err != nil {
+		w.Header().Set("Retry-After", snapshotRetryAfter)
+		s.log.Info("recovery snapshot download refused", zap.String("edge", st.ID), zap.String("org", org), zap.Error(err))
+		return err
+	}
+	defer release()
 	sf, err := s.snaps.acquire(r.Context(), st.ID, st.Sequence, func(f *os.File) (int64, error) {
 		return s.buildSnapshot(context.WithoutCancel(r.Context()), f, st.ID, st.Sequence)
 	})
@@ -215,9 +286,47 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, st store.EdgeS
 	defer s.snaps.release(sf)
 	w.Header().Set("Content-Type", "application/gzip")
 	w.Header().Set("ETag", etag(sf.seq))
-	http.ServeContent(w, r, "", sf.at, io.NewSectionReader(sf.f, 0, sf.size))
+	rw := &rateWriter{ResponseWriter: w, rc: http.NewResponseController(w), start: time.Now(), rate: s.snaps.minRate}
+	http.ServeContent(rw, r, "", sf.at, io.NewSectionReader(sf.f, 0, sf.size))
+	if rw.err != nil && r.Context().Err() == nil {
+		s.log.Warn("recovery snapshot download cut: slower than the minimum rate, or gone", zap.String("edge", st.ID),
+			zap.Int64("sent_bytes", rw.written), zap.Int64("bytes", sf.size), zap.Int64("min_rate_bytes_per_second", s.snaps.minRate),
+			zap.Duration("after", time.Since(rw.start)), zap.Error(rw.err))
+	}
 	return nil
 }
+
+// rateWriter holds a download to a minimum average rate: before each
+// write, the connection's write deadline is when the bytes written so far
+// and these are due at the rate (after the grace), so that a reader slower
+// than it finds the download cut and its slot given back.
+type rateWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController
+	start   time.Time
+	rate    int64 // bytes a second
+	written int64
+	err     error // the first write's failure
+}
+
+func (rw *rateWriter) Write(p []byte) (int, error) {
+	due := rw.start.Add(snapshotGrace + time.Duration(float64(rw.written+int64(len(p)))/float64(rw.rate)*float64(time.Second)))
+	if last := rw.start.Add(snapshotMaxTime); due.After(last) {
+		due = last
+	}
+	if err := rw.rc.SetWriteDeadline(due); err != nil && rw.err == nil {
+		rw.err = fmt.Errorf("set the write deadline: %w", err)
+	}
+	n, err := rw.ResponseWriter.Write(p)
+	rw.written += int64(n)
+	if err != nil && rw.err == nil {
+		rw.err = err
+	}
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (rw *rateWriter) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
 
 // errSnapshotTooBig answers a snapshot over its bounds: the edge pages the
 // manifest instead.

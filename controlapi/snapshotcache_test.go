@@ -17,7 +17,7 @@ import (
 // download it, a newer sequence replaces the older, a failed build is not
 // kept, and past maxFiles the least recently used idle one is closed.
 func TestSnapshotFilesAreBuiltOnceAndEvicted(t *testing.T) {
-	ss := newSnapshots(t.TempDir(), 2, zap.NewNop())
+	ss := newSnapshots(t.TempDir(), 2, 1, 1, DefaultSnapshotMinRate, zap.NewNop())
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	builds := map[string]int{}

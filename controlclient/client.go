@@ -372,7 +372,9 @@ func (c *Client) Ack(ctx context.Context, a manifest.Ack) error {
 
 // Snapshot opens the recovery snapshot; the reader is bounded by
 // manifest.ReadSnapshot. ErrNoChange when the edge has no manifest yet, or
-// one too big for a snapshot (the activation then pages through it).
+// one too big for a snapshot (the activation then pages through it); an
+// error wrapping manifest.ErrSnapshotBusy (and the *HTTPError) when the
+// control API will not serve it now, 503 or 429 (the activation pages).
 func (c *Client) Snapshot(ctx context.Context) (io.ReadCloser, error) {
 	timeout := SnapshotTimeout
 	if dl, ok := ctx.Deadline(); ok {
@@ -387,6 +389,9 @@ func (c *Client) Snapshot(ctx context.Context) (io.ReadCloser, error) {
 		// Too big for one snapshot: page through the manifest instead.
 		c.log.Info("recovery snapshot over its bound; paging the manifest", zap.Error(err))
 		return nil, manifest.ErrNoChange
+	}
+	if errors.As(err, &he) && (he.Status == http.StatusServiceUnavailable || he.Status == http.StatusTooManyRequests) {
+		return nil, fmt.Errorf("%w: %w", manifest.ErrSnapshotBusy, err)
 	}
 	if err != nil {
 		return nil, err

@@ -87,3 +87,29 @@ func TestDecodingIsStrictWhereSignedAndLenientElsewhere(t *testing.T) {
 		t.Errorf("error body: %v; want its message bounded and escaped", err)
 	}
 }
+
+// A snapshot the control API will not serve now (503: its slots; 429: this
+// edge's or its org's share) is ErrSnapshotBusy, for the activation to page
+// the manifest; other failures are not (issue 32 §3).
+func TestSnapshotBusyIsToldApart(t *testing.T) {
+	for _, tc := range []struct {
+		code int
+		busy bool
+	}{{http.StatusServiceUnavailable, true}, {http.StatusTooManyRequests, true}, {http.StatusInternalServerError, false}} {
+		t.Run(http.StatusText(tc.code), func(t *testing.T) {
+			mux := http.NewServeMux()
+			mux.HandleFunc("GET "+edgeapi.PathSnapshot, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Retry-After", "10")
+				http.Error(w, `{"error":"not now"}`, tc.code)
+			})
+			c := fakeControl(t, mux)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := c.Snapshot(ctx)
+			var he *HTTPError
+			if errors.Is(err, manifest.ErrSnapshotBusy) != tc.busy || !errors.As(err, &he) || he.Status != tc.code {
+				t.Errorf("HTTP %d: %v; want busy %v, the HTTP error kept", tc.code, err, tc.busy)
+			}
+		})
+	}
+}

@@ -29,6 +29,11 @@ type Ack struct {
 // active sequence.
 var ErrNoChange = errors.New("no manifest after the active sequence")
 
+// ErrSnapshotBusy is returned by a Source's Snapshot when it will not serve
+// the snapshot now (the control API serves as many as it may, or this
+// edge's or its org's share of them): the edge pages the manifest instead.
+var ErrSnapshotBusy = errors.New("recovery snapshot not served now")
+
 // Source is where an edge gets its manifests and artifacts and sends its
 // acknowledgements: the control API (controlclient) or a directory.
 type Source interface {
@@ -40,6 +45,7 @@ type Source interface {
 	// Ack delivers an acknowledgement; the source de-duplicates by sequence.
 	Ack(ctx context.Context, a Ack) error
 	// Snapshot opens the full recovery snapshot (gzip'd tar, see
-	// ReadSnapshot), or returns ErrNoChange when there is none.
+	// ReadSnapshot), or returns ErrNoChange when there is none, or an
+	// error wrapping ErrSnapshotBusy when it is not served now.
 	Snapshot(ctx context.Context) (io.ReadCloser, error)
 }

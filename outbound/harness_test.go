@@ -42,6 +42,7 @@ type edge struct {
 	identity string
 	journal  *Journal
 	sender   *Sender
+	in       *Intake // nil without an intake
 	intake   string
 	ln       net.Listener
 	stop     func()
@@ -51,6 +52,12 @@ type edgeOpts struct {
 	maxBundles int
 	noIntake   bool
 	state      string // reuse a state directory (a restart)
+	// maxConns, maxConnsPerIP and handshake bound the intake's
+	// connections (zero: the defaults).
+	maxConns, maxConnsPerIP int
+	handshake               time.Duration
+	// wrap, if set, wraps the intake's listener (to watch it).
+	wrap func(net.Listener) net.Listener
 }
 
 func (e *env) startEdge(id, org string, o edgeOpts) *edge {
@@ -63,6 +70,9 @@ func (e *env) startEdge(id, org string, o edgeOpts) *edge {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.wrap != nil {
+		ln = o.wrap(ln)
 	}
 	ed.ln = ln
 	ed.intake = "https://" + ln.Addr().String()
@@ -91,7 +101,8 @@ func (ed *edge) start(t testing.TB, e *env, o edgeOpts) {
 		t.Fatal(err)
 	}
 	ed.sender, err = NewSender(Options{EdgeID: ed.id, Org: ed.org, Control: cc, Journal: ed.journal, TLS: ptls, IntakeURL: ed.intake,
-		ProbeTimeout: time.Second, SendTimeout: 3 * time.Second, MaxRenew: 10 * time.Second, MinRetry: 20 * time.Millisecond, Logger: log})
+		ProbeTimeout: time.Second, SendTimeout: 3 * time.Second, MaxRenew: 10 * time.Second, MinRetry: 20 * time.Millisecond, Logger: log,
+		IntakeConns: IntakeLimits{MaxConns: o.maxConns, MaxConnsPerIP: o.maxConnsPerIP, HandshakeTimeout: o.handshake}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,10 +110,11 @@ func (ed *edge) start(t testing.TB, e *env, o edgeOpts) {
 	wg.Add(1)
 	go func() { defer wg.Done(); ed.sender.Run(ctx) }()
 	if !o.noIntake {
+		ed.in = NewIntake(ed.sender)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := NewIntake(ed.sender).Serve(ctx, ed.ln); err != nil {
+			if err := ed.in.Serve(ctx, ed.ln); err != nil {
 				t.Errorf("intake %s: %v", ed.id, err)
 			}
 		}()

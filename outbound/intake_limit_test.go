@@ -16,9 +16,16 @@ import (
 // largest size hold the intake only up to MaxIntakeInFlight: the next one
 // is answered 503 before its body is read (a sender delivers it itself),
 // so that peers cannot make the agent hold more than that many bundles in
-// memory. Once they are gone a forward is taken again.
+// memory. Once they are gone a forward is taken again. Each peer holds at
+// most its share (TestIntakeFairSharePerPeer), so the slots are filled by
+// as many peers of the org as it takes.
 func TestIntakeBoundsForwardsInFlight(t *testing.T) {
-	_, a, b := twoEdges(t)
+	// Every connection comes from 127.0.0.1: lift the cap per address.
+	e := newEnv(t, time.Minute)
+	a := e.startEdge("edge-a", org, edgeOpts{maxConnsPerIP: 64})
+	a.awaitRoute(t, "metering", edgeapi.RouteDirect)
+	b := e.startEdge("edge-b", org, edgeOpts{noIntake: true})
+	b.awaitRoute(t, "metering", edgeapi.RouteProxy)
 	p := peerTLS(t, b.identity)
 	addr := strings.TrimPrefix(a.intake, "https://")
 	var slow []*tls.Conn
@@ -29,13 +36,18 @@ func TestIntakeBoundsForwardsInFlight(t *testing.T) {
 		slow = nil
 	}
 	t.Cleanup(closeSlow)
-	for range MaxIntakeInFlight {
-		c, err := tls.Dial("tcp", addr, p.ClientConfig(a.id))
-		if err != nil {
-			t.Fatal(err)
+	share := a.in.perPeer()
+	for i := range MaxIntakeInFlight / share {
+		sq := e.startEdge(fmt.Sprintf("edge-s%02d", i), org, edgeOpts{noIntake: true})
+		ps := peerTLS(t, sq.identity)
+		for range share {
+			c, err := tls.Dial("tcp", addr, ps.ClientConfig(a.id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			slow = append(slow, c)
+			fmt.Fprintf(c, "POST %smetering HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", edgeapi.PathIntake, addr, edgeapi.MaxBundleBytes)
 		}
-		slow = append(slow, c)
-		fmt.Fprintf(c, "POST %smetering HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", edgeapi.PathIntake, addr, edgeapi.MaxBundleBytes)
 	}
 	bundle := func() edgeapi.Bundle {
 		bd, err := NewBundle(org, b.id, "metering", time.Now(), []Metering{{Cell: "cell-01", Requests: 1}})

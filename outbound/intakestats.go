@@ -15,17 +15,19 @@ const (
 	IntakeInvalid         = "invalid"         // 400: unreadable, undecodable or invalid bundle, wrong class
 	IntakeTooLarge        = "too_large"       // 413: over edgeapi.MaxBundleBytes
 	IntakeNotHolder       = "not_holder"      // 409: not the holder, a stale lease, a foreign org or origin
-	IntakeFenceFailed     = "fence_failed"    // 503: the lease could not be checked with the control API
+	IntakeFenceFailed     = "fence_failed"    // 503: the lease could not be checked with the control API, or the intake is busy
 	IntakeJournalFull     = "journal_full"    // 507: the journal is at its bound
 	IntakeError           = "error"           // 500: a local error
+	IntakePeerBusy        = "peer_busy"       // 429: the peer has its share of forwards in flight
+	IntakeSlowBody        = "slow_body"       // 408: the bundle was not read within the send timeout
 )
 
 // IntakeResults are the intake results, in the order IntakeCounts returns them.
 var IntakeResults = []string{IntakeAccepted, IntakeUnauthenticated, IntakeUnknownClass, IntakeMethod, IntakeInvalid,
-	IntakeTooLarge, IntakeNotHolder, IntakeFenceFailed, IntakeJournalFull, IntakeError}
+	IntakeTooLarge, IntakeNotHolder, IntakeFenceFailed, IntakeJournalFull, IntakeError, IntakePeerBusy, IntakeSlowBody}
 
 // intakeStats counts the intake's answers since the agent started.
-type intakeStats [10]atomic.Int64
+type intakeStats [12]atomic.Int64
 
 // intakeResult is the result class of an intake answer's status.
 func intakeResult(code int) int {
@@ -48,6 +50,10 @@ func intakeResult(code int) int {
 		return 7
 	case http.StatusInsufficientStorage:
 		return 8
+	case http.StatusTooManyRequests:
+		return 10
+	case http.StatusRequestTimeout:
+		return 11
 	}
 	return 9
 }

@@ -15,7 +15,8 @@ func TestIntakeResultClasses(t *testing.T) {
 		http.StatusAccepted: IntakeAccepted, http.StatusUnauthorized: IntakeUnauthenticated, http.StatusNotFound: IntakeUnknownClass,
 		http.StatusMethodNotAllowed: IntakeMethod, http.StatusBadRequest: IntakeInvalid, http.StatusRequestEntityTooLarge: IntakeTooLarge,
 		http.StatusConflict: IntakeNotHolder, http.StatusServiceUnavailable: IntakeFenceFailed, http.StatusInsufficientStorage: IntakeJournalFull,
-		http.StatusInternalServerError: IntakeError, http.StatusTeapot: IntakeError,
+		http.StatusInternalServerError: IntakeError, http.StatusTeapot: IntakeError, http.StatusTooManyRequests: IntakePeerBusy,
+		http.StatusRequestTimeout: IntakeSlowBody,
 	}
 	if len(IntakeResults) != len(intakeStats{}) {
 		t.Fatalf("%d results, %d counters", len(IntakeResults), len(intakeStats{}))

@@ -63,6 +63,9 @@ type Options struct {
 	// when shorter); zero means 1m. Failures retry with backoff from
 	// MinRetry (zero: 200ms) up to MaxRenew.
 	MaxRenew, MinRetry time.Duration
+	// IntakeConns bounds the intake's connections (IntakeLimits); zero
+	// fields take their defaults.
+	IntakeConns IntakeLimits
 	// Logger, or nil for none.
 	Logger *zap.Logger
 }

@@ -95,6 +95,14 @@ its variable. The systemd unit reads them from /etc/cellvisor/control.env.`,
 	f.StringVar(&c.MetricsTokenFile, "metrics-token-file", "", "the token that reads /metrics on the admin listener (and nothing else), created when absent; empty for <data>/metrics.token")
 	f.DurationVar(&c.EgressLease, "egress-lease", controlapi.DefaultEgressLease,
 		fmt.Sprintf("how long an egress lease lasts unless renewed (renewed every third of it), %s–%s", controlapi.MinEgressLease, controlapi.MaxEgressLease))
+	f.IntVar(&c.EdgeLimits.MaxConns, "edge-max-conns", controlapi.DefaultEdgeMaxConns,
+		"connections the edge-control listener holds at once (keep it under the unit's LimitNOFILE, about 80 KiB of memory each)")
+	f.IntVar(&c.EdgeLimits.MaxPending, "edge-max-pending", controlapi.DefaultEdgeMaxPending,
+		"of those, connections without a verified client certificate yet (mid-handshake, enrolling): at the cap the oldest is dropped for a new one")
+	f.IntVar(&c.EdgeLimits.MaxConnsPerIP, "edge-max-conns-per-ip", 0,
+		"connections one source address may hold on the edge-control listener; 0: no cap (edges may share NAT addresses)")
+	f.DurationVar(&c.EdgeLimits.HandshakeTimeout, "edge-handshake-timeout", controlapi.DefaultEdgeHandshakeTimeout,
+		"a connection to the edge-control listener not through its TLS handshake within it is closed (up to 1m)")
 	f.StringVar(&format, "log-format", "json", "log encoding: json or console (coloured on a terminal)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

@@ -8,13 +8,17 @@ package metrics
 import (
 	"context"
 	"net/http"
+	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"cellvisor/internal/connlimit"
 )
 
 // Listener names, the listener label's values.
@@ -113,6 +117,9 @@ type Metrics struct {
 	placement   prometheus.Histogram
 	writes      *prometheus.CounterVec
 	seenRows    prometheus.Counter
+
+	mu        sync.Mutex // guards listeners
+	listeners map[string]func() connlimit.Stats
 }
 
 // New registers the series, the Go runtime's and the process's on a new
@@ -127,7 +134,7 @@ func New(o Options) *Metrics {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	m := &Metrics{o: o, reg: prometheus.NewRegistry()}
+	m := &Metrics{o: o, reg: prometheus.NewRegistry(), listeners: map[string]func() connlimit.Stats{}}
 	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "cellvisor_control_http_request_duration_seconds",
 		Help: "HTTP requests by listener, route (the mux pattern, never the raw path) and status code: latency; _count counts requests.",
@@ -169,8 +176,69 @@ func New(o Options) *Metrics {
 		Help: "Edges' last-seen times written to the database by the batched flushes (one row each).",
 	})
 	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.placement, m.writes, m.seenRows,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &fleet{m: m})
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &fleet{m: m}, &listenerCollector{m: m})
 	return m
+}
+
+// Listener exports a bounded listener's connection counts under name
+// (Edge, Admin), read at scrape time.
+func (m *Metrics) Listener(name string, stats func() connlimit.Stats) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.listeners[name] = stats
+}
+
+var (
+	listenerConnsDesc = prometheus.NewDesc("cellvisor_control_listener_connections",
+		"Connections the listener holds open, by state: established (a verified client certificate; admin: a first request) or pending (not yet).", []string{"listener", "state"}, nil)
+	listenerMaxDesc = prometheus.NewDesc("cellvisor_control_listener_max_connections",
+		"The listener's cap on connections open at once.", []string{"listener"}, nil)
+	listenerRefusedDesc = prometheus.NewDesc("cellvisor_control_listener_connections_refused_total",
+		"New connections closed at once, every connection they would displace established, by reason: per_ip, full.", []string{"listener", "reason"}, nil)
+	listenerDroppedDesc = prometheus.NewDesc("cellvisor_control_listener_connections_dropped_total",
+		"Pending connections closed, the oldest first, to make room for a new one, by the cap reached: per_ip, pending, full.", []string{"listener", "reason"}, nil)
+	listenerHandshakeDesc = prometheus.NewDesc("cellvisor_control_listener_handshakes_failed_total",
+		"Connections closed before they were established, by reason: timeout (the handshake deadline), failed (a failed TLS handshake).", []string{"listener", "reason"}, nil)
+)
+
+// listenerCollector sends the bounded listeners' counts.
+type listenerCollector struct{ m *Metrics }
+
+func (c *listenerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{listenerConnsDesc, listenerMaxDesc, listenerRefusedDesc, listenerDroppedDesc, listenerHandshakeDesc} {
+		ch <- d
+	}
+}
+
+func (c *listenerCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.Lock()
+	names := make([]string, 0, len(c.m.listeners))
+	for n := range c.m.listeners {
+		names = append(names, n)
+	}
+	stats := make([]connlimit.Stats, 0, len(names))
+	sort.Strings(names)
+	for _, n := range names {
+		stats = append(stats, c.m.listeners[n]())
+	}
+	c.m.mu.Unlock()
+	for i, n := range names {
+		st := stats[i]
+		ch <- prometheus.MustNewConstMetric(listenerConnsDesc, prometheus.GaugeValue, float64(st.Open-st.Pending), n, "established")
+		ch <- prometheus.MustNewConstMetric(listenerConnsDesc, prometheus.GaugeValue, float64(st.Pending), n, "pending")
+		ch <- prometheus.MustNewConstMetric(listenerMaxDesc, prometheus.GaugeValue, float64(st.Max), n)
+		for _, v := range []struct {
+			d      *prometheus.Desc
+			reason string
+			n      uint64
+		}{
+			{listenerRefusedDesc, "per_ip", st.RefusedPerIP}, {listenerRefusedDesc, "full", st.RefusedFull},
+			{listenerDroppedDesc, "per_ip", st.DroppedPerIP}, {listenerDroppedDesc, "pending", st.DroppedPending}, {listenerDroppedDesc, "full", st.DroppedFull},
+			{listenerHandshakeDesc, "timeout", st.HandshakeTimeouts}, {listenerHandshakeDesc, "failed", st.HandshakeFailures},
+		} {
+			ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), n, v.reason)
+		}
+	}
 }
 
 // Handler serves the series in the Prometheus exposition formats.

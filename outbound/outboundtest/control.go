@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"cellvisor/edgeapi"
+	"cellvisor/egress"
 )
 
 // Control speaks the egress part of the edge-control API (elect,
@@ -195,11 +196,13 @@ func (f *Control) decideFence(w http.ResponseWriter, r *http.Request) {
 	reason := ""
 	switch {
 	case h == nil || !time.Now().Before(h.ExpiresAt):
-		reason = "no current lease"
+		reason = egress.FenceNoLease
 	case h.EdgeID != me.id || h.Epoch != req.Epoch:
-		reason = "stale epoch"
-	case req.Peer != "" && !slices.ContainsFunc(f.edges, func(e *Edge) bool { return e.id == req.Peer && e.org == me.org && e.live }):
-		reason = "peer is not a live edge of the org"
+		reason = egress.FenceStaleEpoch
+	case req.Peer != "" && !slices.ContainsFunc(f.edges, func(e *Edge) bool { return e.id == req.Peer && e.org == me.org }):
+		reason = egress.FencePeerNotInOrg
+	case req.Peer != "" && !slices.ContainsFunc(f.edges, func(e *Edge) bool { return e.id == req.Peer && e.live }):
+		reason = egress.FencePeerNotLive
 	}
 	if reason != "" {
 		w.WriteHeader(http.StatusConflict)
