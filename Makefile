@@ -94,7 +94,7 @@ WITH_PG = \
 	fi; \
 	set -x;
 
-.PHONY: help deps tools build packages packages-test test test-short lint units-check bench demo demo-check clean
+.PHONY: help deps tools build packages packages-test test test-short test-vm vm-deps lint units-check bench demo demo-check clean
 
 help: ## show this list of targets
 	@echo 'usage: make TARGET'
@@ -162,6 +162,30 @@ packages-test: deps ## build both formats, check them with dpkg-deb and rpm -qp,
 test: deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
 	promtool check rules docs/alerts/cellvisor.rules.yml
 	@$(WITH_PG) $(GO) test -race -count=1 -timeout 30m ./...
+
+# The VM test (scripts/vm/README.md): what it needs from Debian, beside deps'.
+VM_DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap e2fsprogs
+
+vm-deps: ## install what the VM test needs (qemu, qemu-utils, debootstrap, e2fsprogs)
+	@missing=""; \
+	for p in $(VM_DEB_PACKAGES); do \
+	  [ "$$(dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null)" = "install ok installed" ] || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "vm-deps: installing$$missing"; \
+	  $(SUDO) apt-get update; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	else \
+	  echo "vm-deps: present: $(VM_DEB_PACKAGES)"; \
+	fi
+
+# As root: builds the packages and a cached Debian bookworm image
+# (debootstrap from this host's apt sources), boots it with qemu (KVM when it
+# works, TCG otherwise), installs the .debs and runs the checks of
+# scripts/vm/README.md, each printed PASS or FAIL. About 15-25 minutes under
+# TCG; VM_ARGS="--only a,b" runs a subset.
+test-vm: deps vm-deps ## as root: install the packages on a Debian 12 VM with systemd and cgroup v2 (qemu) and check limits, restarts, upgrades, reboots, purge
+	$(SUDO) scripts/vm/run $(VM_ARGS)
 
 test-short: deps ## run the tests in -short mode (the quick ones), with a PostgreSQL as for test
 	@$(WITH_PG) $(GO) test -race -short -count=1 -timeout 10m ./...
