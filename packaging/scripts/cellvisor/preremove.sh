@@ -10,6 +10,7 @@ set -e
 name=cellvisor
 unit=cellvisor.service
 scope=cellvisor-cells.scope
+slice=cellvisor.slice
 
 case "$1" in
 	remove | 0) ;;
@@ -28,6 +29,11 @@ systemctl stop $unit || echo "$name: systemctl stop $unit failed (ignored)" >&2
 if systemctl is-active --quiet $scope; then
 	echo "$name: stopping $scope (cells left running without an agent)"
 	systemctl stop $scope || echo "$name: systemctl stop $scope failed (ignored)" >&2
+fi
+# The unit's slice (cellvisor.slice) is not stopped with the unit: stop it,
+# so that no cgroup of cellvisor's stays behind the package.
+if systemctl is-active --quiet $slice; then
+	systemctl stop $slice || echo "$name: systemctl stop $slice failed (ignored)" >&2
 fi
 systemctl --no-reload disable $unit || echo "$name: systemctl disable $unit failed (ignored)" >&2
 exit 0
