@@ -183,6 +183,11 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	} else if n > 0 {
 		s.log.Info("signed the headers of manifests written before headers existed", zap.Int("edges", n))
 	}
+	if n, err := s.st.FirstManifests(ctx, s.sign); err != nil {
+		return nil, fmt.Errorf("first manifests: %w", err)
+	} else if n > 0 {
+		s.log.Info("gave edges still at sequence 0 their first manifest, empty", zap.Int("edges", n))
+	}
 	s.clients = x509.NewCertPool()
 	s.clients.AddCert(s.ca.Cert)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

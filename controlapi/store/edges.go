@@ -93,8 +93,12 @@ func scanEdge(r scanner) (Edge, error) {
 	return e, err
 }
 
-// CreateEdge creates an edge with its cell assignments and, when its pools
-// already hold domains, its first manifest (sequence 1), signed by sign.
+// CreateEdge creates an edge with its cell assignments and its first
+// manifest (sequence 1), signed by sign: the domains its pools already
+// hold, or none. An empty manifest is a manifest all the same: its signed
+// header carries the cell assignments, and an agent activates it (its
+// assigned cells start, serving no domain) instead of waiting at sequence
+// 0 for a first publish.
 func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, error) {
 	now := ms(s.Now())
 	err := s.tx(ctx, func(tx *sql.Tx) error {
@@ -137,9 +141,6 @@ func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, e
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return err
-		}
-		if len(names) == 0 {
-			return nil
 		}
 		byName := map[string]Pool{}
 		for i, d := range names {
