@@ -170,7 +170,10 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, s.log)
 	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})
 	// The store is this server's: it reports its writes and placements here.
-	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement}
+	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement, Retried: func(err error) {
+		s.metrics.Retry()
+		s.log.Debug("database write run again: the database could not serialize it at once", zap.Error(err))
+	}}
 	var err error
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err

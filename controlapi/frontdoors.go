@@ -268,14 +268,15 @@ func validGateways(gws []edgeapi.Gateway) error {
 }
 
 // syncGateways stores an agent's reported gateways (never a front door).
-func (s *Server) syncGateways(ctx context.Context, edgeID string, gws []edgeapi.Gateway) error {
+// gatewayRows are a status report's gateways as the store syncs them.
+func gatewayRows(gws []edgeapi.Gateway) []store.Gateway {
 	rows := make([]store.Gateway, 0, len(gws))
 	for _, g := range gws {
 		rows = append(rows, store.Gateway{Service: g.Service, Protocol: g.Protocol, Host: g.Host, Port: g.Port, TLS: g.TLS,
 			MTLS: g.MTLS, Region: g.Region, Zone: g.Zone, Locality: g.Locality, Priority: g.Priority, CostTier: g.CostTier,
 			Weight: g.Weight, RTT: time.Duration(g.RTTMicros) * time.Microsecond, Healthy: g.Healthy})
 	}
-	return s.st.SyncGateways(ctx, edgeID, rows, s.o.Now())
+	return rows
 }
 
 // SetFrontDoor sets an edge's front door; the answer carries the canonical

@@ -297,9 +297,49 @@ func (s *Store) Touch(ctx context.Context, seen map[string]time.Time) error {
 	})
 }
 
-// PutStatus stores an edge's latest status report.
-func (s *Store) PutStatus(ctx context.Context, id string, status []byte, at time.Time) error {
-	_, err := s.exec(ctx, `UPDATE edges SET status = ?, status_at = ?, last_seen = ? WHERE id = ?`, string(status), ms(at), ms(s.Now()), id)
+// Report is an edge's status report as PutStatus stores it: the agent's
+// status object, its egress part and its gateways.
+type Report struct {
+	// Status is the agent's status object, At when the agent made it.
+	Status []byte
+	At     time.Time
+	// IntakeURL and Reach are the egress part, already checked and put on
+	// this clock by the caller: empty and nil clear the edge's intake and
+	// probes (a report without an egress part).
+	IntakeURL string
+	Reach     map[string]Reach
+	// Gateways are synced as SyncGateways does, seen at GatewaysAt, when
+	// SyncGateways is set; otherwise the gateway rows are left as they are
+	// (a report without a gateways part).
+	Gateways     []Gateway
+	GatewaysAt   time.Time
+	SyncGateways bool
+}
+
+// PutStatus stores an edge's latest status report, its egress part and its
+// gateways with it, in one transaction: one write per report. A write that
+// meets a busy database (another writer holding SQLite's lock past the
+// busy timeout, a PostgreSQL serialization failure or deadlock) waits its
+// turn and runs again for as long as ctx lasts, instead of failing.
+// ErrNotFound: no such edge (deleted meanwhile).
+func (s *Store) PutStatus(ctx context.Context, id string, r Report) error {
+	err := s.retryTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET status = ?, status_at = ?, last_seen = ?, egress_intake = ? WHERE id = ?`),
+			string(r.Status), ms(r.At), ms(s.Now()), r.IntakeURL, id)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("edge %s: %w", id, ErrNotFound)
+		}
+		if err := s.putReach(ctx, tx, id, r.Reach); err != nil {
+			return err
+		}
+		if r.SyncGateways {
+			return s.syncGateways(ctx, tx, id, r.Gateways, r.GatewaysAt)
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("status of edge %s: %w", id, err)
 	}

@@ -62,57 +62,60 @@ func b2i(b bool) int {
 // which is kept and marked unhealthy. The front-door URL is never written
 // here: it survives every sync.
 func (s *Store) SyncGateways(ctx context.Context, edgeID string, gws []Gateway, at time.Time) error {
-	return s.tx(ctx, func(tx *sql.Tx) error {
-		reported := map[string]bool{}
-		for _, g := range gws {
-			reported[g.Service] = true
-			_, err := tx.ExecContext(ctx, s.q(`INSERT INTO gateways (edge_id, service, protocol, host, port, tls, mtls, region, zone, locality,
-				priority, cost_tier, weight, rtt_us, healthy, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-				ON CONFLICT (edge_id, service) DO UPDATE SET protocol = excluded.protocol, host = excluded.host, port = excluded.port,
-				tls = excluded.tls, mtls = excluded.mtls, region = excluded.region, zone = excluded.zone, locality = excluded.locality,
-				priority = excluded.priority, cost_tier = excluded.cost_tier, weight = excluded.weight, rtt_us = excluded.rtt_us,
-				healthy = excluded.healthy, last_seen = excluded.last_seen`),
-				edgeID, g.Service, g.Protocol, g.Host, g.Port, b2i(g.TLS), b2i(g.MTLS), g.Region, g.Zone, g.Locality,
-				g.Priority, g.CostTier, g.Weight, g.RTT.Microseconds(), b2i(g.Healthy), ms(at))
-			if err != nil {
-				return fmt.Errorf("sync gateway %s of edge %s: %w", g.Service, edgeID, err)
-			}
-		}
-		rows, err := tx.QueryContext(ctx, s.q(`SELECT service, front_door_url FROM gateways WHERE edge_id = ?`), edgeID)
+	return s.tx(ctx, func(tx *sql.Tx) error { return s.syncGateways(ctx, tx, edgeID, gws, at) })
+}
+
+// syncGateways is SyncGateways inside tx.
+func (s *Store) syncGateways(ctx context.Context, tx *sql.Tx, edgeID string, gws []Gateway, at time.Time) error {
+	reported := map[string]bool{}
+	for _, g := range gws {
+		reported[g.Service] = true
+		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO gateways (edge_id, service, protocol, host, port, tls, mtls, region, zone, locality,
+			priority, cost_tier, weight, rtt_us, healthy, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (edge_id, service) DO UPDATE SET protocol = excluded.protocol, host = excluded.host, port = excluded.port,
+			tls = excluded.tls, mtls = excluded.mtls, region = excluded.region, zone = excluded.zone, locality = excluded.locality,
+			priority = excluded.priority, cost_tier = excluded.cost_tier, weight = excluded.weight, rtt_us = excluded.rtt_us,
+			healthy = excluded.healthy, last_seen = excluded.last_seen`),
+			edgeID, g.Service, g.Protocol, g.Host, g.Port, b2i(g.TLS), b2i(g.MTLS), g.Region, g.Zone, g.Locality,
+			g.Priority, g.CostTier, g.Weight, g.RTT.Microseconds(), b2i(g.Healthy), ms(at))
 		if err != nil {
+			return fmt.Errorf("sync gateway %s of edge %s: %w", g.Service, edgeID, err)
+		}
+	}
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT service, front_door_url FROM gateways WHERE edge_id = ?`), edgeID)
+	if err != nil {
+		return fmt.Errorf("sync gateways of edge %s: %w", edgeID, err)
+	}
+	var gone, stale []string
+	for rows.Next() {
+		var svc, url string
+		if err := rows.Scan(&svc, &url); err != nil {
+			rows.Close()
 			return fmt.Errorf("sync gateways of edge %s: %w", edgeID, err)
 		}
-		var gone, stale []string
-		for rows.Next() {
-			var svc, url string
-			if err := rows.Scan(&svc, &url); err != nil {
-				rows.Close()
-				return fmt.Errorf("sync gateways of edge %s: %w", edgeID, err)
-			}
-			if !reported[svc] {
-				if url == "" {
-					gone = append(gone, svc)
-				} else {
-					stale = append(stale, svc)
-				}
+		if !reported[svc] {
+			if url == "" {
+				gone = append(gone, svc)
+			} else {
+				stale = append(stale, svc)
 			}
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("sync gateways of edge %s: %w", edgeID, err)
+	}
+	for _, svc := range gone {
+		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM gateways WHERE edge_id = ? AND service = ?`), edgeID, svc); err != nil {
 			return fmt.Errorf("sync gateways of edge %s: %w", edgeID, err)
 		}
-		for _, svc := range gone {
-			if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM gateways WHERE edge_id = ? AND service = ?`), edgeID, svc); err != nil {
-				return fmt.Errorf("sync gateways of edge %s: %w", edgeID, err)
-			}
+	}
+	for _, svc := range stale {
+		if _, err := tx.ExecContext(ctx, s.q(`UPDATE gateways SET healthy = 0 WHERE edge_id = ? AND service = ?`), edgeID, svc); err != nil {
+			return fmt.Errorf("sync gateways of edge %s: %w", edgeID, err)
 		}
-		for _, svc := range stale {
-			if _, err := tx.ExecContext(ctx, s.q(`UPDATE gateways SET healthy = 0 WHERE edge_id = ? AND service = ?`), edgeID, svc); err != nil {
-				return fmt.Errorf("sync gateways of edge %s: %w", edgeID, err)
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // SetFrontDoor makes url (canonical: the caller normalizes it) the front
