@@ -119,21 +119,13 @@ func (s *Server) setFrontDoor(w http.ResponseWriter, r *http.Request) error {
 	if !frontdoor.ValidEdge(id) {
 		return errorf(http.StatusBadRequest, "edge id %q is not one the resolver accepts", id)
 	}
-	if err := s.st.SetFrontDoor(r.Context(), id, req.Service, canon); err != nil {
-		return err
-	}
-	s.log.Info("front door set", zap.String("edge", id), zap.String("service", req.Service), zap.String("url", canon))
-	gws, err := s.st.Gateways(r.Context(), id)
+	g, err := s.st.SetFrontDoor(r.Context(), id, req.Service, canon)
 	if err != nil {
 		return err
 	}
-	for _, g := range gws {
-		if g.FrontDoorURL == canon {
-			writeJSON(w, http.StatusOK, frontDoorView(g))
-			return nil
-		}
-	}
-	return errors.New("front door set but not read back")
+	s.log.Info("front door set", zap.String("edge", id), zap.String("service", req.Service), zap.String("url", canon))
+	writeJSON(w, http.StatusOK, frontDoorView(g))
+	return nil
 }
 
 func (s *Server) clearFrontDoor(w http.ResponseWriter, r *http.Request) error {
