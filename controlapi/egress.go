@@ -285,7 +285,10 @@ func (s *Server) Fence(ctx context.Context, caller string, req edgeapi.FenceRequ
 	if at := s.cache.lastSeen(p.ID); at.After(seen) {
 		seen = at
 	}
-	if !p.Enrolled() || seen.Before(now.Add(-s.o.EgressLease)) {
+	if !p.Enrolled() {
+		return egress.FencePeerNotEnrolled, h, nil
+	}
+	if seen.Before(now.Add(-s.o.EgressLease)) {
 		return egress.FencePeerNotLive, h, nil
 	}
 	return "", nil, nil

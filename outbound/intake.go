@@ -14,7 +14,9 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
+	"cellvisor/egress"
 )
 
 // Intake is a lease holder's intake: peers of its org forward their
@@ -160,6 +162,16 @@ func (in *Intake) accept(r *http.Request) (peer, class string, _ error) {
 	ctx, cancel := context.WithTimeout(r.Context(), in.s.o.SendTimeout)
 	defer cancel()
 	err = in.s.o.Control.Fence(ctx, edgeapi.FenceRequest{Class: class, Epoch: rt.epoch, Peer: peer})
+	var fe *controlclient.FenceError
+	if errors.As(err, &fe) && (fe.Refusal.Reason == egress.FencePeerNotInOrg || fe.Refusal.Reason == egress.FencePeerNotEnrolled) {
+		// The lease is this edge's, the peer is what the control API
+		// refuses (deleted, of another org, its identity rotated away):
+		// 403, which its sender does not answer with a direct send.
+		return peer, class, refuse(http.StatusForbidden, "peer %s refused by the control API: %s", peer, fe.Refusal.Reason)
+	}
+	if identityRefused(err) {
+		in.s.refusedIdentity(class, err)
+	}
 	if errors.Is(err, ErrStale) {
 		in.s.Wake(class) // its own sends will find the lease stale and elect
 		return peer, class, refuse(http.StatusConflict, "lease not current at epoch %d or peer refused: %v", rt.epoch, err)

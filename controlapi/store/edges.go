@@ -253,8 +253,8 @@ func (s *Store) Enroll(ctx context.Context, id, tokenHash, csrHash, certPEM, ser
 }
 
 // Rotate replaces the edge's bootstrap token (expiring at expiresAt, zero
-// for never) and invalidates its certificate, a pending renewed one too:
-// the edge must enroll again with the new token.
+// for never), invalidates its certificate, a pending renewed one too, and
+// ends its egress leases: the edge must enroll again with the new token.
 func (s *Store) Rotate(ctx context.Context, id, tokenHash string, expiresAt time.Time) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		gen, err := s.next(ctx, tx, "gen")
@@ -270,8 +270,19 @@ func (s *Store) Rotate(ctx context.Context, id, tokenHash string, expiresAt time
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("rotate edge %s: %w", id, ErrNotFound)
 		}
-		return nil
+		return s.endLeases(ctx, tx, id)
 	})
+}
+
+// endLeases ends every active egress lease the edge holds, inside tx: an
+// edge deleted or rotated away is refused by the control API, so it can
+// neither renew nor fence, and its org's next holder must not wait for
+// the lease to run out.
+func (s *Store) endLeases(ctx context.Context, tx *sql.Tx, id string) error {
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE egress_leases SET active = 0, ended_at = ? WHERE holder = ? AND active = 1`), ms(s.Now()), id); err != nil {
+		return fmt.Errorf("end the egress leases of edge %s: %w", id, err)
+	}
+	return nil
 }
 
 // Touch records when edges were last seen; it never moves a time back.
@@ -426,8 +437,8 @@ func (s *Store) EdgeStates(ctx context.Context, since int64) (states []EdgeState
 }
 
 // DeleteEdge removes an edge with everything of its own (assignments,
-// manifests, acks, tasks): its certificate is refused from then on, and
-// its name may be used again.
+// manifests, acks, tasks) and ends its egress leases: its certificate is
+// refused from then on, and its name may be used again.
 func (s *Store) DeleteEdge(ctx context.Context, id string) error {
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		gen, err := s.next(ctx, tx, "gen")
@@ -441,8 +452,10 @@ func (s *Store) DeleteEdge(ctx context.Context, id string) error {
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("edge %s: %w", id, ErrNotFound)
 		}
-		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO deleted_edges (id, gen) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET gen = excluded.gen`), id, gen)
-		return err
+		if _, err = tx.ExecContext(ctx, s.q(`INSERT INTO deleted_edges (id, gen) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET gen = excluded.gen`), id, gen); err != nil {
+			return err
+		}
+		return s.endLeases(ctx, tx, id)
 	})
 	if err != nil {
 		return fmt.Errorf("delete edge %s: %w", id, err)
