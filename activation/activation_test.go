@@ -582,3 +582,54 @@ func TestSnapshotRefusedPagesTheManifest(t *testing.T) {
 		t.Errorf("ack %+v, want 3 applied", a)
 	}
 }
+
+// A first manifest with no entries (an edge whose pools hold no domains
+// yet) is activated like any other, by pages and by a recovery snapshot:
+// every assigned cell gets a release serving no domain (and so becomes
+// ready rather than degraded for a missing runtime), the unassigned one
+// none, and it is acknowledged as applied.
+func TestEmptyManifestIsActivated(t *testing.T) {
+	asg := &manifest.Assignments{
+		Cells: map[string]string{"cell-01": domain.PoolSharedDefault, "cell-02": domain.PoolQuarantineDefault},
+		Pools: map[string]manifest.PoolPolicy{domain.PoolSharedDefault: {Class: "shared"}, domain.PoolQuarantineDefault: {Class: "quarantine"}},
+	}
+	check := func(t *testing.T, r *rig) {
+		t.Helper()
+		if a := r.lastAck(); a.Sequence != 1 || a.Status != manifest.AckApplied || r.a.Active() != 1 {
+			t.Fatalf("ack %+v, active %d; want sequence 1 applied", a, r.a.Active())
+		}
+		for _, c := range []string{"cell-01", "cell-02"} {
+			m, err := runtime.Current(r.slot(c))
+			if err != nil || m.Sequence != 1 {
+				t.Fatalf("%s: release %+v, %v; want sequence 1", c, m, err)
+			}
+			if got, running, _ := r.cells.Loaded(context.Background(), c); !running || got != 1 {
+				t.Errorf("%s loaded %d (running %v), want 1", c, got, running)
+			}
+			if !strings.Contains(r.poolJSON(c), `"hosts":{}`) {
+				t.Errorf("%s pool JSON %s, want no domains", c, r.poolJSON(c))
+			}
+		}
+		if _, err := runtime.Current(r.slot("cell-03")); !errors.Is(err, runtime.ErrNoRelease) {
+			t.Errorf("cell-03 (unassigned) has a release: %v", err)
+		}
+	}
+	t.Run("pages", func(t *testing.T) {
+		r := newRig(t)
+		r.serve(1, asg)
+		r.poll()
+		check(t, r)
+	})
+	t.Run("snapshot", func(t *testing.T) {
+		r := newRig(t)
+		r.serve(1, asg)
+		var buf bytes.Buffer
+		if err := manifest.WriteSnapshot(&buf, manifest.Snapshot{Manifest: r.signed(), Artifacts: map[string][]byte{}}); err != nil {
+			t.Fatal(err)
+		}
+		r.src.snapshot = buf.Bytes()
+		r.src.m = manifest.Manifest{} // no pages: only the snapshot
+		r.poll()
+		check(t, r)
+	})
+}

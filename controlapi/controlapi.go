@@ -187,7 +187,10 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, o.SnapshotPerEdge, o.SnapshotPerOrg, o.SnapshotMinRate, s.log)
 	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})
 	// The store is this server's: it reports its writes and placements here.
-	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement}
+	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement, Retried: func(err error) {
+		s.metrics.Retry()
+		s.log.Debug("database write run again: the database could not serialize it at once", zap.Error(err))
+	}}
 	var err error
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
@@ -199,6 +202,11 @@ func New(ctx context.Context, o Options) (*Server, error) {
 		return nil, fmt.Errorf("sign manifest headers: %w", err)
 	} else if n > 0 {
 		s.log.Info("signed the headers of manifests written before headers existed", zap.Int("edges", n))
+	}
+	if n, err := s.st.FirstManifests(ctx, s.sign); err != nil {
+		return nil, fmt.Errorf("first manifests: %w", err)
+	} else if n > 0 {
+		s.log.Info("gave edges still at sequence 0 their first manifest, empty", zap.Int("edges", n))
 	}
 	s.clients = x509.NewCertPool()
 	s.clients.AddCert(s.ca.Cert)

@@ -237,7 +237,7 @@ func TestRotationRefusesTheOldIdentity(t *testing.T) {
 		if id.EdgeID != created.Edge.ID {
 			t.Fatalf("identity %+v", id)
 		}
-		if _, err := c.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+		if _, err := c.Page(ctx(t), 1, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatalf("first poll: %v, want no change", err)
 		}
 		// Enrolling again without --replace is refused, changing nothing.
@@ -249,7 +249,7 @@ func TestRotationRefusesTheOldIdentity(t *testing.T) {
 		if err != nil || rotated.Token == created.Token || rotated.Edge.Enrollment != controlapi.EnrollmentPending {
 			t.Fatalf("rotate: %+v, %v", rotated, err)
 		}
-		_, err = c.Page(ctx(t), 0, "")
+		_, err = c.Page(ctx(t), 1, "")
 		var he *controlclient.HTTPError
 		if !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
 			t.Fatalf("poll with the rotated certificate: %v, want 401", err)
@@ -263,7 +263,7 @@ func TestRotationRefusesTheOldIdentity(t *testing.T) {
 			Dir: filepath.Join(dir, "identity"), IdentityFile: filepath.Join(dir, "identity.json"), Replace: true}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+		if _, err := c.Page(ctx(t), 1, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatalf("poll after re-enrollment: %v", err)
 		}
 		v, _ := e.admin.Edge(ctx(t), created.Edge.ID)
@@ -376,12 +376,13 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 		ca, ida, _ := e.enroll(t, a.Token)
 		cb, idb, _ := e.enroll(t, b.Token)
 		p := publish(t, e, "shop.example.test", "v1")
-		if p.Domain.Revision != 1 || p.Edges[a.Edge.ID] != 1 || p.Edges[b.Edge.ID] != 1 {
+		// Sequence 1 is each edge's first manifest, empty.
+		if p.Domain.Revision != 1 || p.Edges[a.Edge.ID] != 2 || p.Edges[b.Edge.ID] != 2 {
 			t.Fatalf("published %+v", p)
 		}
 		pub, _ := base64.StdEncoding.DecodeString(ida.ControlPublicKey)
 		m, err := manifest.Collect(ctx(t), ca.Page, ida.EdgeID, 0)
-		if err != nil || m.Sequence != 1 || len(m.Entries) != 1 {
+		if err != nil || m.Sequence != 2 || len(m.Entries) != 1 {
 			t.Fatalf("collect: %+v, %v", m, err)
 		}
 		art, err := ca.Artifact(ctx(t), m.Entries[0].SHA256)
@@ -395,7 +396,7 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 		if err := m.Entries[0].Verify(ed25519.PublicKey(pub), idb.EdgeID, art); !errors.Is(err, manifest.ErrSignature) {
 			t.Fatalf("a's entry verified for b: %v", err)
 		}
-		if _, err := ca.Page(ctx(t), 1, ""); !errors.Is(err, manifest.ErrNoChange) {
+		if _, err := ca.Page(ctx(t), 2, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatalf("poll at the current sequence: %v, want no change", err)
 		}
 		rc, err := cb.Snapshot(ctx(t))
@@ -411,7 +412,7 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 			t.Fatalf("snapshot artifact: %v", err)
 		}
 		snap.Close()
-		if err := ca.Ack(ctx(t), manifest.Ack{Sequence: 1, Status: manifest.AckApplied, At: time.Now()}); err != nil {
+		if err := ca.Ack(ctx(t), manifest.Ack{Sequence: 2, Status: manifest.AckApplied, At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 		if err := ca.Ack(ctx(t), manifest.Ack{Sequence: 1, Status: "bogus"}); err == nil {
@@ -423,7 +424,7 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 			t.Fatalf("refusal of sequence 0: %v", err)
 		}
 		v, _ := e.admin.Edge(ctx(t), a.Edge.ID)
-		if v.ActiveSequence != 1 || len(v.Acks) != 1 || v.LastSeen == nil {
+		if v.ActiveSequence != 2 || len(v.Acks) != 1 || v.LastSeen == nil {
 			t.Fatalf("edge after ack %+v", v)
 		}
 		// An edge without the domain's pool gets neither entry nor artifact.
@@ -440,7 +441,7 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
 			t.Fatalf("bad config: %v", err)
 		}
-		if v, _ := e.admin.Edge(ctx(t), a.Edge.ID); v.Sequence != 1 {
+		if v, _ := e.admin.Edge(ctx(t), a.Edge.ID); v.Sequence != 2 {
 			t.Fatalf("a refused publish advanced the sequence to %d", v.Sequence)
 		}
 		// A status report shows up in the admin view, cells and security events.
@@ -474,7 +475,8 @@ func TestPagesOf500(t *testing.T) {
 		}
 		return p, err
 	}, id.EdgeID, 0)
-	if err != nil || len(m.Entries) != manifest.MaxEntries+3 || pages != 2 || m.Sequence != manifest.MaxEntries+3 {
+	// Sequence 1 is the edge's first manifest, empty.
+	if err != nil || len(m.Entries) != manifest.MaxEntries+3 || pages != 2 || m.Sequence != manifest.MaxEntries+4 {
 		t.Fatalf("collected %d entries in %d pages at sequence %d, %v", len(m.Entries), pages, m.Sequence, err)
 	}
 }
@@ -490,7 +492,7 @@ func TestTasksAreDeliveredByPolling(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := c.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+		if _, err := c.Page(ctx(t), 1, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatal(err)
 		}
 		select {
@@ -584,7 +586,7 @@ func TestReplicasShareOneDatabase(t *testing.T) {
 		// Enrolled through replica a, polling replica b.
 		_, id, dir := a.enroll(t, created.Token)
 		cb := b.client(t, dir)
-		if _, err := cb.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+		if _, err := cb.Page(ctx(t), 1, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatalf("poll through the other replica: %v", err)
 		}
 		publish(t, a, "shop.example.test", "v1")
@@ -593,7 +595,7 @@ func TestReplicasShareOneDatabase(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if m.Sequence != 1 {
+			if m.Sequence != 2 {
 				return fmt.Errorf("sequence %d", m.Sequence)
 			}
 			return nil
@@ -631,7 +633,7 @@ func TestDeletedEdgeIsRefused(t *testing.T) {
 		created := a.createEdge(t, "fra-1")
 		_, _, dir := a.enroll(t, created.Token)
 		cb := b.client(t, dir)
-		if _, err := cb.Page(ctx(t), 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+		if _, err := cb.Page(ctx(t), 1, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatalf("poll before the delete: %v", err)
 		}
 		if v, err := a.admin.DeleteEdge(ctx(t), created.Edge.ID); err != nil || v.ID != created.Edge.ID {
@@ -642,7 +644,7 @@ func TestDeletedEdgeIsRefused(t *testing.T) {
 			t.Fatalf("show a deleted edge: %v", err)
 		}
 		testutil.Eventually(t, 10*time.Second, func() error {
-			_, err := cb.Page(ctx(t), 0, "")
+			_, err := cb.Page(ctx(t), 1, "")
 			var he *controlclient.HTTPError
 			if !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
 				return fmt.Errorf("poll on the other replica: %v", err)
@@ -652,5 +654,40 @@ func TestDeletedEdgeIsRefused(t *testing.T) {
 		if _, err := a.admin.DeleteEdge(ctx(t), created.Edge.ID); !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
 			t.Fatalf("delete twice: %v", err)
 		}
+	})
+}
+
+// An enrolled edge whose pools hold no domains gets its first manifest at
+// once: sequence 1, no entries, its header and assignments signed for it,
+// by pages and by a recovery snapshot, so that its agent activates it (its
+// assigned cells start, serving nothing) instead of waiting at sequence 0.
+func TestEmptyFirstManifestIsServed(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		created := e.createEdge(t, "empty")
+		if created.Edge.Sequence != 1 {
+			t.Fatalf("new edge at sequence %d, want 1", created.Edge.Sequence)
+		}
+		c, id, _ := e.enroll(t, created.Token)
+		pub, _ := base64.StdEncoding.DecodeString(id.ControlPublicKey)
+		m, err := manifest.Collect(ctx(t), c.Page, id.EdgeID, 0)
+		if err != nil || m.Sequence != 1 || len(m.Entries) != 0 {
+			t.Fatalf("collect: %+v, %v; want sequence 1, empty", m, err)
+		}
+		if _, err := m.VerifyHeader(ed25519.PublicKey(pub), id.EdgeID); err != nil {
+			t.Fatalf("header: %v", err)
+		}
+		if m.Assignments == nil || m.Assignments.Cells["cell-01"] != "shared-default" {
+			t.Fatalf("signed assignments %+v", m.Assignments)
+		}
+		rc, err := c.Snapshot(ctx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap, err := manifest.ReadSnapshot(ctx(t), rc, manifest.SnapshotLimit, t.TempDir())
+		rc.Close()
+		if err != nil || snap.Manifest.Sequence != 1 || len(snap.Manifest.Entries) != 0 {
+			t.Fatalf("snapshot %+v, %v", snap, err)
+		}
+		snap.Close()
 	})
 }

@@ -319,19 +319,16 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
-	if err := s.st.PutStatus(r.Context(), st.ID, rep.Status, rep.At); err != nil {
-		s.cache.wroteStatus(st.ID, digest, now, true)
-		return err
-	}
-	if err := s.putEgressReport(r.Context(), st.ID, sum.Egress, rep.At); err != nil {
-		s.cache.wroteStatus(st.ID, digest, now, true)
-		return err
-	}
+	// One transaction for the whole report: the status object, its egress
+	// part (cleared when absent) and its gateways (left when absent).
+	rec := store.Report{Status: rep.Status, At: rep.At}
+	rec.IntakeURL, rec.Reach = s.egressReport(st.ID, sum.Egress, rep.At)
 	if rep.Gateways != nil {
-		if err := s.syncGateways(r.Context(), st.ID, rep.Gateways); err != nil {
-			s.cache.wroteStatus(st.ID, digest, now, true)
-			return err
-		}
+		rec.Gateways, rec.GatewaysAt, rec.SyncGateways = gatewayRows(rep.Gateways), now, true
+	}
+	if err := s.st.PutStatus(r.Context(), st.ID, rec); err != nil {
+		s.cache.wroteStatus(st.ID, digest, now, true)
+		return err
 	}
 	s.cache.wroteStatus(st.ID, digest, now, false)
 	s.metrics.Status(metrics.StatusWritten)

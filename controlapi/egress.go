@@ -285,21 +285,24 @@ func (s *Server) Fence(ctx context.Context, caller string, req edgeapi.FenceRequ
 	if at := s.cache.lastSeen(p.ID); at.After(seen) {
 		seen = at
 	}
-	if !p.Enrolled() || seen.Before(now.Add(-s.o.EgressLease)) {
+	if !p.Enrolled() {
+		return egress.FencePeerNotEnrolled, h, nil
+	}
+	if seen.Before(now.Add(-s.o.EgressLease)) {
 		return egress.FencePeerNotLive, h, nil
 	}
 	return "", nil, nil
 }
 
-// putEgressReport stores the egress part of a status report, checked:
+// egressReport is the egress part of a status report as stored, checked:
 // an intake URL that is not https is dropped, probes of unknown classes
 // or with oversized destinations are dropped, and each probe's time is
 // moved onto this clock (its age on the agent's clock, at the report's
 // time, subtracted from now), so that an agent whose clock is off neither
 // ages nor freshens its probes. A report without an egress part clears it.
-func (s *Server) putEgressReport(ctx context.Context, id string, rep *edgeapi.EgressReport, at time.Time) error {
+func (s *Server) egressReport(id string, rep *edgeapi.EgressReport, at time.Time) (string, map[string]store.Reach) {
 	if rep == nil {
-		return s.st.PutEgressReport(ctx, id, "", nil)
+		return "", nil
 	}
 	now := s.o.Now()
 	intake := ""
@@ -322,7 +325,7 @@ func (s *Server) putEgressReport(ctx context.Context, id string, rep *edgeapi.Eg
 		}
 		reach[class] = store.Reach{Destination: rr.Destination, Reachable: rr.Reachable, CheckedAt: checked}
 	}
-	return s.st.PutEgressReport(ctx, id, intake, reach)
+	return intake, reach
 }
 
 func trunc(s string) string {

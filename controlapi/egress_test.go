@@ -372,3 +372,72 @@ func TestEgressAdmin(t *testing.T) {
 		t.Fatalf("bad region at creation: %v", err)
 	}
 }
+
+// Deleting or rotating the holder's edge ends its leases at once: the
+// lease list no longer shows it, its successor acquires at its next call
+// (not after the expiry), and the removed identity is refused (401).
+func TestRemovedHolderLosesItsLeaseAtOnce(t *testing.T) {
+	for _, how := range []string{"delete", "rotate"} {
+		t.Run(how, func(t *testing.T) {
+			eachStore(t, func(t *testing.T, e *env) {
+				clk := newClock()
+				e = serveOn(t, e.dsn, e.sealKey, egressOpts(clk))
+				if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "siem_forwarding", controlapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
+					t.Fatal(err)
+				}
+				a := e.egressEdge(t, "eu-1", "acme", "eu")
+				b := e.egressEdge(t, "eu-2", "acme", "eu")
+				low := 200 // b ranks below a: a holds both classes
+				if _, err := e.admin.UpdateEdge(ctx(t), b.id, controlapi.EdgeUpdateRequest{Priority: &low}); err != nil {
+					t.Fatal(err)
+				}
+				now := clk.Now()
+				a.report(t, now, reaches(now, "https://127.0.0.1:7001/", egress.Metering, egress.SIEMForwarding))
+				b.report(t, now, reaches(now, "https://127.0.0.1:7002/", egress.Metering, egress.SIEMForwarding))
+				for _, c := range []egress.Class{egress.Metering, egress.SIEMForwarding} {
+					if r := a.elect(t, c, true); r.Outcome != edgeapi.OutcomeElected || r.Holder.EdgeID != a.id {
+						t.Fatalf("%s: %+v", c, r)
+					}
+					if r := b.elect(t, c, true); r.Outcome != edgeapi.OutcomeDeferred || r.Holder == nil || r.Holder.EdgeID != a.id {
+						t.Fatalf("%s, the holder's peer: %+v", c, r)
+					}
+				}
+				switch how {
+				case "delete":
+					if _, err := e.admin.DeleteEdge(ctx(t), a.id); err != nil {
+						t.Fatal(err)
+					}
+				case "rotate":
+					if _, err := e.admin.Rotate(ctx(t), a.id); err != nil {
+						t.Fatal(err)
+					}
+				}
+				// No time passes: the lease would still run for 2 s.
+				leases, err := e.admin.Leases(ctx(t), "acme")
+				if err != nil || len(leases) != 0 {
+					t.Fatalf("leases after the %s: %+v, %v; want none", how, leases, err)
+				}
+				for _, c := range []egress.Class{egress.Metering, egress.SIEMForwarding} {
+					r := b.elect(t, c, true)
+					want(t, "successor", r, edgeapi.OutcomeElected, edgeapi.StageSingle, egress.ReasonAlone)
+					if r.Holder == nil || r.Holder.EdgeID != b.id || r.Holder.Epoch != 2 {
+						t.Fatalf("%s successor: %+v", c, r.Holder)
+					}
+				}
+				code, _, _ := post(t, a.hc, e.edgeURL+edgeapi.PathEgressElect, edgeapi.ElectRequest{Class: "metering", Reachable: true})
+				if code != http.StatusUnauthorized {
+					t.Fatalf("the removed edge's election: HTTP %d, want 401", code)
+				}
+				// As a peer forwarding to the new holder's intake, the
+				// removed edge is refused by the fence's peer check.
+				why := map[string]string{"delete": egress.FencePeerNotInOrg, "rotate": egress.FencePeerNotEnrolled}[how]
+				if code, reason := b.fence(t, edgeapi.FenceRequest{Class: "metering", Epoch: 2, Peer: a.id}); code != http.StatusConflict || reason != why {
+					t.Fatalf("fence naming the removed edge as peer: %d %q, want 409 %q", code, reason, why)
+				}
+			})
+		})
+	}
+}

@@ -44,7 +44,7 @@ func BenchmarkFleetPage10000(b *testing.B) {
 		if err := e.st.Enroll(ctx(b), id, "tok-"+id, "csr", "cert", "serial-"+id); err != nil {
 			b.Fatal(err)
 		}
-		if err := e.st.PutStatus(ctx(b), id, report, time.Now()); err != nil {
+		if err := e.st.PutStatus(ctx(b), id, store.Report{Status: report, At: time.Now()}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -119,21 +119,13 @@ func (s *Server) setFrontDoor(w http.ResponseWriter, r *http.Request) error {
 	if !frontdoor.ValidEdge(id) {
 		return errorf(http.StatusBadRequest, "edge id %q is not one the resolver accepts", id)
 	}
-	if err := s.st.SetFrontDoor(r.Context(), id, req.Service, canon); err != nil {
-		return err
-	}
-	s.log.Info("front door set", zap.String("edge", id), zap.String("service", req.Service), zap.String("url", canon))
-	gws, err := s.st.Gateways(r.Context(), id)
+	g, err := s.st.SetFrontDoor(r.Context(), id, req.Service, canon)
 	if err != nil {
 		return err
 	}
-	for _, g := range gws {
-		if g.FrontDoorURL == canon {
-			writeJSON(w, http.StatusOK, frontDoorView(g))
-			return nil
-		}
-	}
-	return errors.New("front door set but not read back")
+	s.log.Info("front door set", zap.String("edge", id), zap.String("service", req.Service), zap.String("url", canon))
+	writeJSON(w, http.StatusOK, frontDoorView(g))
+	return nil
 }
 
 func (s *Server) clearFrontDoor(w http.ResponseWriter, r *http.Request) error {
@@ -268,14 +260,15 @@ func validGateways(gws []edgeapi.Gateway) error {
 }
 
 // syncGateways stores an agent's reported gateways (never a front door).
-func (s *Server) syncGateways(ctx context.Context, edgeID string, gws []edgeapi.Gateway) error {
+// gatewayRows are a status report's gateways as the store syncs them.
+func gatewayRows(gws []edgeapi.Gateway) []store.Gateway {
 	rows := make([]store.Gateway, 0, len(gws))
 	for _, g := range gws {
 		rows = append(rows, store.Gateway{Service: g.Service, Protocol: g.Protocol, Host: g.Host, Port: g.Port, TLS: g.TLS,
 			MTLS: g.MTLS, Region: g.Region, Zone: g.Zone, Locality: g.Locality, Priority: g.Priority, CostTier: g.CostTier,
 			Weight: g.Weight, RTT: time.Duration(g.RTTMicros) * time.Microsecond, Healthy: g.Healthy})
 	}
-	return s.st.SyncGateways(ctx, edgeID, rows, s.o.Now())
+	return rows
 }
 
 // SetFrontDoor sets an edge's front door; the answer carries the canonical

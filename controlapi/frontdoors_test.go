@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -230,4 +231,78 @@ func BenchmarkFrontDoorPoll304(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestConcurrentFrontDoorSets: operators setting front doors at once, on
+// the same edge (other URLs, other services) and the same URLs on other
+// edges: every call answers 200 with the row as it set it, or 409 naming
+// the edge that holds the URL; never 500 (a deadlock on PostgreSQL, "set
+// but not read back" on SQLite before). The rules hold after: one URL to
+// one edge, one front door per edge.
+func TestConcurrentFrontDoorSets(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		edges := []controlapi.CreatedEdge{e.createEdge(t, "fra-1"), e.createEdge(t, "fra-2"), e.createEdge(t, "fra-3")}
+		names := map[string]string{}
+		for _, c := range edges {
+			names[c.Edge.ID] = c.Edge.Name
+		}
+		const calls = 120
+		type outcome struct {
+			edge, url string
+			view      controlapi.FrontDoorView
+			err       error
+		}
+		out := make(chan outcome, calls)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range calls {
+			edge := edges[i%len(edges)].Edge.ID
+			url := fmt.Sprintf("https://door-%d.example.com:443", (i/len(edges))%4)
+			svc := []string{"https", "http", "api"}[(i/7)%3]
+			wg.Go(func() {
+				<-start
+				v, err := e.admin.SetFrontDoor(ctx(t), edge, controlapi.FrontDoorRequest{URL: url, Service: svc})
+				out <- outcome{edge: edge, url: url, view: v, err: err}
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(out)
+		set, refused := 0, 0
+		for o := range out {
+			var ae *controlapi.AdminError
+			switch {
+			case o.err == nil:
+				set++
+				if o.view.EdgeID != o.edge || o.view.URL != o.url {
+					t.Errorf("set %s on %s answered %+v", o.url, o.edge, o.view)
+				}
+			case errors.As(o.err, &ae) && ae.Status == http.StatusConflict:
+				refused++
+				named := false
+				for id, name := range names {
+					if id != o.edge && strings.Contains(ae.Message, "edge "+id+" ("+name+") holds it") {
+						named = true
+					}
+				}
+				if !named {
+					t.Errorf("409 for %s on %s does not name the edge holding it: %s", o.url, o.edge, ae.Message)
+				}
+			default:
+				t.Errorf("set %s on %s: %v", o.url, o.edge, o.err)
+			}
+		}
+		t.Logf("%d set, %d refused (409, holder named)", set, refused)
+		list, err := e.admin.FrontDoors(ctx(t), "")
+		if err != nil || len(list) == 0 || len(list) > len(edges) {
+			t.Fatalf("front doors after: %+v, %v", list, err)
+		}
+		urls, per := map[string]bool{}, map[string]bool{}
+		for _, v := range list {
+			if urls[v.URL] || per[v.EdgeID] {
+				t.Errorf("a URL or an edge twice: %+v", list)
+			}
+			urls[v.URL], per[v.EdgeID] = true, true
+		}
+	})
 }

@@ -106,8 +106,8 @@ func (e *env) status(t *testing.T, hc *http.Client) int {
 // cheapPoll is the answer to a poll the cache answers.
 func (e *env) cheapPoll(t *testing.T, hc *http.Client) int {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, e.edgeURL+edgeapi.PathManifest+"?after=0", nil)
-	req.Header.Set("If-None-Match", `"0"`)
+	req, _ := http.NewRequest(http.MethodGet, e.edgeURL+edgeapi.PathManifest+"?after=1", nil) // an edge's first manifest is 1
+	req.Header.Set("If-None-Match", `"1"`)
 	resp, err := hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +275,7 @@ func TestRenewalLoopKeepsEveryPollWorking(t *testing.T) {
 		case <-tick.C:
 		}
 		polls++
-		if _, err := c.Page(rctx, 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+		if _, err := c.Page(rctx, 1, ""); !errors.Is(err, manifest.ErrNoChange) {
 			t.Fatalf("poll %d: %v", polls, err)
 		}
 		if polls%5 == 0 {
@@ -310,7 +310,7 @@ func TestRenewalLoopKeepsEveryPollWorking(t *testing.T) {
 			// The switch is complete: the next request presents the new
 			// certificate, and that use revokes the enrolled one, refused
 			// from then on while still within its lifetime.
-			if _, err := c.Page(rctx, 0, ""); !errors.Is(err, manifest.ErrNoChange) {
+			if _, err := c.Page(rctx, 1, ""); !errors.Is(err, manifest.ErrNoChange) {
 				t.Fatalf("poll after the switch: %v", err)
 			}
 			if code := e.status(t, old); code != http.StatusUnauthorized {

@@ -306,5 +306,8 @@ const (
 	FenceLeaseExpired = "lease_expired"   // the caller's lease ran out
 	FencePeerNotInOrg = "peer_not_in_org" // the forwarding peer is unknown or of another org
 	FencePeerNotLive  = "peer_not_live"   // the forwarding peer is not a live edge
-	FenceUnknownClass = "unknown_class"   // not one of the eight classes
+	// FencePeerNotEnrolled: the forwarding peer's identity was rotated away
+	// and it has not enrolled again (the control API refuses it).
+	FencePeerNotEnrolled = "peer_not_enrolled"
+	FenceUnknownClass    = "unknown_class" // not one of the eight classes
 )

@@ -221,7 +221,7 @@ func (in *Intake) accept(w http.ResponseWriter, r *http.Request) (peer, class st
 		return peer, class, refuse(http.StatusMethodNotAllowed, "POST a bundle")
 	}
 	if fp, ok := in.foreignPeer(peer); ok {
-		return peer, class, refuse(http.StatusConflict, "edge %s refused: %s, as the control API answered (asked again after %s)",
+		return peer, class, refuse(peerRefusalStatus(fp.reason), "edge %s refused: %s, as the control API answered (asked again after %s)",
 			peer, fp.reason, fp.until.Format(time.RFC3339))
 	}
 	release, ok := in.takePeer(peer)
@@ -240,9 +240,12 @@ func (in *Intake) accept(w http.ResponseWriter, r *http.Request) (peer, class st
 	defer cancel()
 	err := in.s.o.Control.Fence(ctx, edgeapi.FenceRequest{Class: class, Epoch: rt.epoch, Peer: peer})
 	var fe *controlclient.FenceError
-	if errors.As(err, &fe) && (fe.Refusal.Reason == egress.FencePeerNotInOrg || fe.Refusal.Reason == egress.FencePeerNotLive) {
+	if errors.As(err, &fe) && (fe.Refusal.Reason == egress.FencePeerNotInOrg || fe.Refusal.Reason == egress.FencePeerNotEnrolled || fe.Refusal.Reason == egress.FencePeerNotLive) {
 		in.markForeign(peer, fe.Refusal.Reason)
-		return peer, class, refuse(http.StatusConflict, "edge %s refused: %v", peer, err)
+		return peer, class, refuse(peerRefusalStatus(fe.Refusal.Reason), "edge %s refused: %v", peer, err)
+	}
+	if identityRefused(err) {
+		in.s.refusedIdentity(class, err)
 	}
 	if errors.Is(err, ErrStale) {
 		in.s.Wake(class) // its own sends will find the lease stale and elect
@@ -302,6 +305,17 @@ func (in *Intake) accept(w http.ResponseWriter, r *http.Request) (peer, class st
 
 // perPeer is a peer's share of the intake: one forward per routed class
 // in flight, as its sender has at most (one loop per class).
+// peerRefusalStatus is the answer to a peer the control API refused: 403
+// where it refuses the peer itself (deleted, of another org, its identity
+// rotated away), which its sender never answers with a direct send; 409
+// where it has not seen the peer lately (not live), which goes direct.
+func peerRefusalStatus(reason string) int {
+	if reason == egress.FencePeerNotInOrg || reason == egress.FencePeerNotEnrolled {
+		return http.StatusForbidden
+	}
+	return http.StatusConflict
+}
+
 func (in *Intake) perPeer() int { return max(1, len(in.s.o.Classes)) }
 
 // takePeer takes one of peer's forwards in flight, or reports it holds

@@ -163,7 +163,9 @@ func TestIntakeRefuses(t *testing.T) {
 		{"holder accepts its org's peer", a, b, org, http.StatusAccepted},
 		{"non-holder refuses", b, a, org, http.StatusConflict},
 		{"another org's edge is refused", a, other, "globex", http.StatusConflict},
-		{"another org's edge naming this org is refused", a, other, org, http.StatusConflict},
+		// Its bundle passes the intake's own checks; the control API's fence
+		// refuses the peer: 403, which its sender never answers by a direct send.
+		{"another org's edge naming this org is refused", a, other, org, http.StatusForbidden},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -410,5 +412,67 @@ func TestHolderCutOffStopsClaimingAnExpiredLease(t *testing.T) {
 	}
 	if cur := a.route("metering"); cur.Route == edgeapi.RouteDirect || !strings.Contains(cur.Reason, "lease expired") {
 		t.Errorf("route %+v after its lease expired at %s: want unknown with the reason", cur, expiry)
+	}
+}
+
+// pending reports whether ed's journal still holds bundle id.
+func (ed *edge) pending(class, id string) bool {
+	for _, b := range ed.journal.Pending(class) {
+		if b.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// A holder whose edge the control API deleted (its certificate refused,
+// 401) sends nothing more: its fence is refused, its route turns refused
+// (stage identity) and its bundles stay journaled.
+func TestRefusedHolderStopsSending(t *testing.T) {
+	e, a, _ := twoEdges(t)
+	e.control.Remove("edge-a")
+	id := a.submit(t, "metering")
+	r := a.awaitRoute(t, "metering", edgeapi.RouteRefused)
+	if r.Stage != stageIdentity || r.Reason != reasonEdgeRefused || !strings.Contains(r.LastError, "401") {
+		t.Fatalf("route %+v: want refused at %s: %s, with the 401", r, stageIdentity, reasonEdgeRefused)
+	}
+	if !a.pending("metering", id) {
+		t.Fatalf("bundle %s left the journal of a refused edge", id)
+	}
+	if _, ok := e.ingest.Bundle(id); ok || len(e.ingest.ByKey()) != 0 {
+		t.Fatalf("a refused edge delivered: %+v", e.ingest.ByKey())
+	}
+}
+
+// A peer whose edge the control API deleted does not fall back to sending
+// direct when the holder's intake refuses it (403: the control API does
+// not know it as an edge of the org): it asks the control API, is refused
+// (401), and keeps its bundles journaled. Before, it sent them straight to
+// the destination with epoch 0.
+func TestRefusedPeerDoesNotFallBackDirect(t *testing.T) {
+	e, a, b := twoEdges(t)
+	e.control.Remove("edge-b")
+	id := b.submit(t, "metering")
+	r := b.awaitRoute(t, "metering", edgeapi.RouteRefused)
+	if r.Stage != stageIdentity || r.Reason != reasonEdgeRefused || r.Fallback != 0 || r.Forwarded != 0 {
+		t.Fatalf("route %+v: want refused at %s: %s, nothing forwarded or sent direct", r, stageIdentity, reasonEdgeRefused)
+	}
+	if !b.pending("metering", id) {
+		t.Fatalf("bundle %s left the journal of a refused edge", id)
+	}
+	if _, ok := e.ingest.Bundle(id); ok || len(e.ingest.ByKey()) != 0 {
+		t.Fatalf("a refused edge's bundle was delivered: %+v", e.ingest.ByKey())
+	}
+	// The holder answered the forward 403 and took nothing.
+	if n := len(a.journal.Pending("metering")); n != 0 {
+		t.Fatalf("the holder journaled %d bundles of a refused peer", n)
+	}
+	bd, err := NewBundle(org, b.id, "metering", time.Now(), []Metering{{Cell: "cell-01", Requests: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, reason, err := postIntake(t, a, b.id, bd, peerTLS(t, b.identity))
+	if err != nil || code != http.StatusForbidden || !strings.Contains(reason, "peer_not_in_org") {
+		t.Fatalf("forward of a deleted edge: HTTP %d %q, %v; want 403 peer_not_in_org", code, reason, err)
 	}
 }

@@ -254,6 +254,37 @@ func (s *Sender) fail(class string, err error) {
 	s.mu.Unlock()
 }
 
+// The route of an edge whose identity the control API refuses (401, 403:
+// the edge was deleted, or its identity rotated away): refused, at this
+// stage, for this reason. It sends nothing, not even direct: its bundles
+// stay journaled until the control API takes it again (re-enrolled).
+const (
+	stageIdentity     = "identity"
+	reasonEdgeRefused = "edge_refused"
+)
+
+// identityRefused reports a control API answer that refuses this edge's
+// identity itself: 401 or 403.
+func identityRefused(err error) bool {
+	var he *controlclient.HTTPError
+	return errors.As(err, &he) && (he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden)
+}
+
+// refusedIdentity turns class's route refused after err, an answer of the
+// control API refusing this edge's identity.
+func (s *Sender) refusedIdentity(class string, err error) {
+	s.mu.Lock()
+	cs := s.routes[class]
+	prev := cs.route
+	cs.route = route{mode: edgeapi.RouteRefused, stage: stageIdentity, reason: reasonEdgeRefused, destination: prev.destination, at: time.Now(), renew: prev.renew}
+	cs.lastErr = err.Error()
+	s.mu.Unlock()
+	if prev.mode != edgeapi.RouteRefused || prev.stage != stageIdentity {
+		s.log.Error("the control API refuses this edge's identity (deleted, or rotated away): sending nothing of the class until it takes it again",
+			zap.String("class", class), zap.String("was", prev.mode), zap.Error(err))
+	}
+}
+
 // errReelect asks the class's loop to elect again at once: the lease this
 // edge sent under is stale, or the holder it forwarded to failed.
 var errReelect = errors.New("route changed: elect again")
@@ -281,6 +312,9 @@ func (s *Sender) elect(ctx context.Context, class string) (time.Duration, error)
 		var err error
 		asked := time.Now()
 		resp, err = s.o.Control.Elect(ctx, edgeapi.ElectRequest{Class: class, Reachable: reachable})
+		if identityRefused(err) {
+			s.refusedIdentity(class, err)
+		}
 		if err != nil {
 			return 0, fmt.Errorf("elect %s: %w", class, err)
 		}
@@ -378,7 +412,19 @@ func (s *Sender) deliver(ctx context.Context, class string, due time.Time) error
 			how, path = &s.routes[class].direct, "direct"
 		case edgeapi.RouteProxy:
 			how, path = &s.routes[class].forwarded, "forwarded"
-			if ferr := s.forward(ctx, rt, b); ferr != nil {
+			ferr := s.forward(ctx, rt, b)
+			var ie *intakeError
+			if errors.As(ferr, &ie) && ie.code == http.StatusForbidden {
+				// The control API refused this edge as the holder's peer
+				// (deleted, rotated away): not a failure of the holder, so
+				// no direct send; the bundle stays journaled and the next
+				// election says what this edge may do.
+				s.mu.Lock()
+				s.reelect[class] = true
+				s.mu.Unlock()
+				return fmt.Errorf("forward %s bundle %s: this edge refused as a peer: %w", class, b.ID, ferr)
+			}
+			if ferr != nil {
 				// The holder is unreachable or refused (stale lease, not
 				// holder): deliver it ourselves rather than lose it, and
 				// elect again for the next bundles.
@@ -452,6 +498,10 @@ func (s *Sender) fence(ctx context.Context, rt route, b edgeapi.Bundle) error {
 				zap.Duration("took", time.Since(asked)), zap.Duration("fresh", fresh))
 			continue
 		}
+		if identityRefused(err) {
+			s.refusedIdentity(b.Class, err)
+			return fmt.Errorf("fence %s epoch %d: %w", b.Class, rt.epoch, err)
+		}
 		if errors.Is(err, ErrStale) {
 			s.mu.Lock()
 			if cs := s.routes[b.Class]; cs.route.epoch == rt.epoch {
@@ -497,9 +547,20 @@ func (s *Sender) forward(ctx context.Context, rt route, b edgeapi.Bundle) error 
 		return fmt.Errorf("forward to %s: %w", rt.holder, err)
 	}
 	if code != http.StatusAccepted {
-		return fmt.Errorf("forward to %s: HTTP %d: %s", rt.holder, code, msg)
+		return &intakeError{holder: rt.holder, code: code, msg: msg}
 	}
 	return nil
+}
+
+// intakeError is an intake's answer other than 202.
+type intakeError struct {
+	holder string
+	code   int
+	msg    string
+}
+
+func (e *intakeError) Error() string {
+	return fmt.Sprintf("forward to %s: HTTP %d: %s", e.holder, e.code, e.msg)
 }
 
 func (s *Sender) forwarder(holder string) *http.Client {

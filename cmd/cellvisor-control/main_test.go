@@ -150,7 +150,7 @@ func TestEdgeCreateListShow(t *testing.T) {
 	}
 	text := mustCtl(t, ep, "edge", "show", e.ID)
 	for _, want := range []string{"edge fra-1 (" + e.ID + ")\n", "org acme, DE/EU, 8 slots, management 192.0.2.10\n",
-		"enrollment: pending, 0 rotation(s), last seen never\n", "manifests: sequence 0, active (acked) 0\n",
+		"enrollment: pending, 0 rotation(s), last seen never\n", "manifests: sequence 1, active (acked) 0\n",
 		"assignments: cell-01 shared-default, cell-02 quarantine-default\n"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("edge show printed:\n%s\nwant it to contain %q", text, want)
@@ -231,13 +231,14 @@ func TestDomainPublish(t *testing.T) {
 	for rev := int64(1); rev <= 2; rev++ {
 		p := decodeJSON[controlapi.PublishedView](t, mustCtl(t, ep, "domain", "publish", "shop.example.test",
 			"--pool", "shared-default", "--file", file, "-o", "json"))
-		if p.Domain.Revision != rev || p.Domain.Pool != "shared-default" || p.Edges[edge.Edge.ID] != rev {
-			t.Errorf("publish %d: %+v, want revision %d advancing %s to sequence %d", rev, p, rev, edge.Edge.ID, rev)
+		// Sequence 1 is the edge's first manifest, empty.
+		if p.Domain.Revision != rev || p.Domain.Pool != "shared-default" || p.Edges[edge.Edge.ID] != rev+1 {
+			t.Errorf("publish %d: %+v, want revision %d advancing %s to sequence %d", rev, p, rev, edge.Edge.ID, rev+1)
 		}
 	}
 	shown := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "show", edge.Edge.ID, "-o", "json"))
-	if shown.Sequence != 2 {
-		t.Errorf("edge show after two publishes: sequence %d, want 2", shown.Sequence)
+	if shown.Sequence != 3 {
+		t.Errorf("edge show after two publishes: sequence %d, want 3", shown.Sequence)
 	}
 	ds := decodeJSON[[]controlapi.DomainView](t, mustCtl(t, ep, "domain", "list", "-o", "json"))
 	if len(ds) != 1 || ds[0].Name != "shop.example.test" || ds[0].Revision != 2 {
@@ -250,16 +251,16 @@ func TestDomainPublish(t *testing.T) {
 	text := mustCtl(t, ep, "domain", "publish", "shop.example.test", "--pool", "shared-default", "--file", file)
 	want := "published shop.example.test revision 3 to shared-default ("
 	if !strings.HasPrefix(text, want) || !strings.Contains(text, " bytes, sha256 ") || !strings.Contains(text, "1 edge manifest(s) advanced") ||
-		!strings.Contains(text, "  "+edge.Edge.ID+"  sequence 3\n") {
-		t.Errorf("domain publish printed:\n%s\nwant %q… and %s at sequence 3", text, want, edge.Edge.ID)
+		!strings.Contains(text, "  "+edge.Edge.ID+"  sequence 4\n") {
+		t.Errorf("domain publish printed:\n%s\nwant %q… and %s at sequence 4", text, want, edge.Edge.ID)
 	}
 
 	_, err := ctl(t, ep, "domain", "publish", "shop.example.test", "--pool", "bogus", "--file", file)
 	wantAdminError(t, err, http.StatusBadRequest, "pool")
 
 	deleted := decodeJSON[controlapi.PublishedView](t, mustCtl(t, ep, "domain", "delete", "shop.example.test"))
-	if deleted.Edges[edge.Edge.ID] != 4 {
-		t.Errorf("domain delete: %+v, want %s advanced to sequence 4", deleted, edge.Edge.ID)
+	if deleted.Edges[edge.Edge.ID] != 5 {
+		t.Errorf("domain delete: %+v, want %s advanced to sequence 5", deleted, edge.Edge.ID)
 	}
 }
 

@@ -241,7 +241,7 @@ func (e *env) steps(ctx context.Context) error {
 	err := poll(wait, func() error {
 		var err error
 		view, err = e.admin.Edge(wait, e.edgeID)
-		if err == nil && view.ActiveSequence < 1 {
+		if err == nil && (view.ActiveSequence < 1 || view.ActiveSequence < view.Sequence) {
 			err = fmt.Errorf("active sequence %d", view.ActiveSequence)
 		}
 		return err

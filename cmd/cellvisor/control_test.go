@@ -141,18 +141,19 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	a, st := startAgent(t, bin, cfgPath, cfg)
 	port := st.Slots[0].HTTPPort
 	awaitBody(t, port, "v1")
-	c.awaitEdge(t, created.Edge.ID, "sequence 1 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 1 })
+	// Sequence 1 is the edge's first manifest, empty; v1 is sequence 2.
+	c.awaitEdge(t, created.Edge.ID, "sequence 2 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 2 })
 	out, err = runCLI(t, bin, "--config", cfgPath, "status")
 	if err != nil || !strings.Contains(out, "enrolled as "+created.Edge.ID) {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
 
 	// A new revision reaches the cell and is acknowledged.
-	if p := c.publish(t, "v2"); p.Edges[created.Edge.ID] != 2 {
+	if p := c.publish(t, "v2"); p.Edges[created.Edge.ID] != 3 {
 		t.Fatalf("publish v2: %+v", p)
 	}
 	awaitBody(t, port, "v2")
-	c.awaitEdge(t, created.Edge.ID, "sequence 2 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 2 })
+	c.awaitEdge(t, created.Edge.ID, "sequence 3 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 3 })
 
 	// A drain task created in the admin API drains the cell.
 	task, err := c.admin.CreateTask(ctxT(t), created.Edge.ID, controlapi.TaskRequest{Cell: "cell-01", Action: "drain"})
@@ -192,7 +193,7 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	c = startControl(t, c.data, c.listen)
 	c.publish(t, "v3")
 	awaitBody(t, port, "v3")
-	c.awaitEdge(t, created.Edge.ID, "sequence 3 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 3 })
+	c.awaitEdge(t, created.Edge.ID, "sequence 4 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 4 })
 	if ctl := mustStatus(t, cfg).Control; ctl.Enrollment != agent.EnrollmentEnrolled || ctl.EdgeID != created.Edge.ID || ctl.LastSuccess == nil {
 		t.Fatalf("control status %+v", ctl)
 	}
@@ -211,7 +212,7 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	c.publish(t, "v4")
 	a, _ = startAgent(t, bin, cfgPath, cfg)
 	awaitBody(t, port, "v4")
-	c.awaitEdge(t, created.Edge.ID, "sequence 4 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 4 })
+	c.awaitEdge(t, created.Edge.ID, "sequence 5 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 5 })
 	if code := a.stop(t); code != 0 {
 		t.Fatalf("agent exit %d", code)
 	}
@@ -225,8 +226,8 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 		t.Fatalf("run with domains_dir on an enrolled edge: %v\n%s", err, out)
 	}
 	topo := runtime.Plan(runtime.Layout{Slots: 2, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase, StateDir: cfg.StateDir, RunDir: cfg.RunDir})
-	if cur, err := runtime.Current(topo.Slots[0]); err != nil || cur.Sequence != 4 {
-		t.Fatalf("after the refused start cell-01's release is %+v, %v; want sequence 4", cur, err)
+	if cur, err := runtime.Current(topo.Slots[0]); err != nil || cur.Sequence != 5 {
+		t.Fatalf("after the refused start cell-01's release is %+v, %v; want sequence 5", cur, err)
 	}
 
 	// Damaged identity files do not take the cells down: they serve their

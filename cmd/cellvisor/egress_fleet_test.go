@@ -631,8 +631,10 @@ func TestEgressFleet(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, func() error {
 		code, reason := forward(ctxT(t), peerClient(t, beta, mh.id), beta, orgA, mh, "metering")
 		switch {
-		case code != http.StatusConflict:
-			t.Fatalf("holder's intake to org B's edge with a forged org: %d %q, want 409 (%s)", code, reason, egressFencePeerNotInOrg)
+		case code == http.StatusConflict:
+			return fmt.Errorf("forged forward refused for another reason: %d %s", code, reason)
+		case code != http.StatusForbidden:
+			t.Fatalf("holder's intake to org B's edge with a forged org: %d %q, want 403 (%s)", code, reason, egressFencePeerNotInOrg)
 		case !strings.Contains(reason, egressFencePeerNotInOrg):
 			return fmt.Errorf("forged forward refused for another reason: %s", reason)
 		}

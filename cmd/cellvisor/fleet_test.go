@@ -126,7 +126,7 @@ func TestFleetPageInChromium(t *testing.T) {
 	id := created.Edge.ID
 	c.publish(t, "v1")
 	startAgent(t, bin, cfgPath, cfg)
-	c.awaitEdge(t, id, "sequence 1 applied and 3 cells reported", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 1 && len(v.Cells) == 3 })
+	c.awaitEdge(t, id, "sequence 2 applied and 3 cells reported", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 2 && len(v.Cells) == 3 })
 
 	// Signed out, the page sends the browser to the sign-in form.
 	fleetURL := c.ep.AdminURL + controlapi.FleetPath

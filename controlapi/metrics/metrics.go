@@ -116,6 +116,7 @@ type Metrics struct {
 	publish     prometheus.Histogram
 	placement   prometheus.Histogram
 	writes      *prometheus.CounterVec
+	retries     prometheus.Counter
 	seenRows    prometheus.Counter
 
 	mu        sync.Mutex // guards listeners
@@ -171,11 +172,15 @@ func New(o Options) *Metrics {
 		Name: "cellvisor_control_db_writes_total",
 		Help: "Committed database writes (a transaction, or one statement outside one) by kind: the store method that wrote.",
 	}, []string{"kind"})
+	m.retries = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "cellvisor_control_db_retries_total",
+		Help: "Database writes run again because the database could not serialize them at once (SQLite busy past its busy timeout, a PostgreSQL serialization failure or deadlock).",
+	})
 	m.seenRows = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "cellvisor_control_last_seen_rows_written_total",
 		Help: "Edges' last-seen times written to the database by the batched flushes (one row each).",
 	})
-	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.placement, m.writes, m.seenRows,
+	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.placement, m.writes, m.retries, m.seenRows,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &fleet{m: m}, &listenerCollector{m: m})
 	return m
 }
@@ -274,6 +279,9 @@ func (m *Metrics) Placement(d time.Duration) { m.placement.Observe(d.Seconds()) 
 
 // Write records one committed database write.
 func (m *Metrics) Write(kind string) { m.writes.WithLabelValues(kind).Inc() }
+
+// Retry records a database write run again.
+func (m *Metrics) Retry() { m.retries.Inc() }
 
 // LastSeenRows records last-seen rows written by a flush.
 func (m *Metrics) LastSeenRows(n int) { m.seenRows.Add(float64(n)) }

@@ -93,8 +93,12 @@ func scanEdge(r scanner) (Edge, error) {
 	return e, err
 }
 
-// CreateEdge creates an edge with its cell assignments and, when its pools
-// already hold domains, its first manifest (sequence 1), signed by sign.
+// CreateEdge creates an edge with its cell assignments and its first
+// manifest (sequence 1), signed by sign: the domains its pools already
+// hold, or none. An empty manifest is a manifest all the same: its signed
+// header carries the cell assignments, and an agent activates it (its
+// assigned cells start, serving no domain) instead of waiting at sequence
+// 0 for a first publish.
 func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, error) {
 	now := ms(s.Now())
 	err := s.tx(ctx, func(tx *sql.Tx) error {
@@ -137,9 +141,6 @@ func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, e
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return err
-		}
-		if len(names) == 0 {
-			return nil
 		}
 		byName := map[string]Pool{}
 		for i, d := range names {
@@ -252,8 +253,8 @@ func (s *Store) Enroll(ctx context.Context, id, tokenHash, csrHash, certPEM, ser
 }
 
 // Rotate replaces the edge's bootstrap token (expiring at expiresAt, zero
-// for never) and invalidates its certificate, a pending renewed one too:
-// the edge must enroll again with the new token.
+// for never), invalidates its certificate, a pending renewed one too, and
+// ends its egress leases: the edge must enroll again with the new token.
 func (s *Store) Rotate(ctx context.Context, id, tokenHash string, expiresAt time.Time) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		gen, err := s.next(ctx, tx, "gen")
@@ -269,8 +270,19 @@ func (s *Store) Rotate(ctx context.Context, id, tokenHash string, expiresAt time
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("rotate edge %s: %w", id, ErrNotFound)
 		}
-		return nil
+		return s.endLeases(ctx, tx, id)
 	})
+}
+
+// endLeases ends every active egress lease the edge holds, inside tx: an
+// edge deleted or rotated away is refused by the control API, so it can
+// neither renew nor fence, and its org's next holder must not wait for
+// the lease to run out.
+func (s *Store) endLeases(ctx context.Context, tx *sql.Tx, id string) error {
+	if _, err := tx.ExecContext(ctx, s.q(`UPDATE egress_leases SET active = 0, ended_at = ? WHERE holder = ? AND active = 1`), ms(s.Now()), id); err != nil {
+		return fmt.Errorf("end the egress leases of edge %s: %w", id, err)
+	}
+	return nil
 }
 
 // Touch records when edges were last seen; it never moves a time back.
@@ -296,9 +308,49 @@ func (s *Store) Touch(ctx context.Context, seen map[string]time.Time) error {
 	})
 }
 
-// PutStatus stores an edge's latest status report.
-func (s *Store) PutStatus(ctx context.Context, id string, status []byte, at time.Time) error {
-	_, err := s.exec(ctx, `UPDATE edges SET status = ?, status_at = ?, last_seen = ? WHERE id = ?`, string(status), ms(at), ms(s.Now()), id)
+// Report is an edge's status report as PutStatus stores it: the agent's
+// status object, its egress part and its gateways.
+type Report struct {
+	// Status is the agent's status object, At when the agent made it.
+	Status []byte
+	At     time.Time
+	// IntakeURL and Reach are the egress part, already checked and put on
+	// this clock by the caller: empty and nil clear the edge's intake and
+	// probes (a report without an egress part).
+	IntakeURL string
+	Reach     map[string]Reach
+	// Gateways are synced as SyncGateways does, seen at GatewaysAt, when
+	// SyncGateways is set; otherwise the gateway rows are left as they are
+	// (a report without a gateways part).
+	Gateways     []Gateway
+	GatewaysAt   time.Time
+	SyncGateways bool
+}
+
+// PutStatus stores an edge's latest status report, its egress part and its
+// gateways with it, in one transaction: one write per report. A write that
+// meets a busy database (another writer holding SQLite's lock past the
+// busy timeout, a PostgreSQL serialization failure or deadlock) waits its
+// turn and runs again for as long as ctx lasts, instead of failing.
+// ErrNotFound: no such edge (deleted meanwhile).
+func (s *Store) PutStatus(ctx context.Context, id string, r Report) error {
+	err := s.retryTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET status = ?, status_at = ?, last_seen = ?, egress_intake = ? WHERE id = ?`),
+			string(r.Status), ms(r.At), ms(s.Now()), r.IntakeURL, id)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("edge %s: %w", id, ErrNotFound)
+		}
+		if err := s.putReach(ctx, tx, id, r.Reach); err != nil {
+			return err
+		}
+		if r.SyncGateways {
+			return s.syncGateways(ctx, tx, id, r.Gateways, r.GatewaysAt)
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("status of edge %s: %w", id, err)
 	}
@@ -385,8 +437,8 @@ func (s *Store) EdgeStates(ctx context.Context, since int64) (states []EdgeState
 }
 
 // DeleteEdge removes an edge with everything of its own (assignments,
-// manifests, acks, tasks): its certificate is refused from then on, and
-// its name may be used again.
+// manifests, acks, tasks) and ends its egress leases: its certificate is
+// refused from then on, and its name may be used again.
 func (s *Store) DeleteEdge(ctx context.Context, id string) error {
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		gen, err := s.next(ctx, tx, "gen")
@@ -400,8 +452,10 @@ func (s *Store) DeleteEdge(ctx context.Context, id string) error {
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("edge %s: %w", id, ErrNotFound)
 		}
-		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO deleted_edges (id, gen) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET gen = excluded.gen`), id, gen)
-		return err
+		if _, err = tx.ExecContext(ctx, s.q(`INSERT INTO deleted_edges (id, gen) VALUES (?, ?) ON CONFLICT (id) DO UPDATE SET gen = excluded.gen`), id, gen); err != nil {
+			return err
+		}
+		return s.endLeases(ctx, tx, id)
 	})
 	if err != nil {
 		return fmt.Errorf("delete edge %s: %w", id, err)

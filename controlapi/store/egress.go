@@ -63,23 +63,24 @@ func (s *Store) PutEgressReport(ctx context.Context, id, intakeURL string, reach
 		if _, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET egress_intake = ? WHERE id = ?`), intakeURL, id); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM edge_reach WHERE edge_id = ?`), id); err != nil {
-			return err
-		}
-		for class, r := range reach {
-			ok := 0
-			if r.Reachable {
-				ok = 1
-			}
-			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO edge_reach (edge_id, class, destination, reachable, checked_at) VALUES (?, ?, ?, ?, ?)`),
-				id, class, r.Destination, ok, ms(r.CheckedAt)); err != nil {
-				return err
-			}
-		}
-		return nil
+		return s.putReach(ctx, tx, id, reach)
 	})
 	if err != nil {
 		return fmt.Errorf("egress report of edge %s: %w", id, err)
+	}
+	return nil
+}
+
+// putReach replaces an edge's probes by reach, inside tx.
+func (s *Store) putReach(ctx context.Context, tx *sql.Tx, id string, reach map[string]Reach) error {
+	if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM edge_reach WHERE edge_id = ?`), id); err != nil {
+		return fmt.Errorf("egress probes of edge %s: %w", id, err)
+	}
+	for class, r := range reach {
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO edge_reach (edge_id, class, destination, reachable, checked_at) VALUES (?, ?, ?, ?, ?)`),
+			id, class, r.Destination, b2i(r.Reachable), ms(r.CheckedAt)); err != nil {
+			return fmt.Errorf("egress probe %s of edge %s: %w", class, id, err)
+		}
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ func TestSyncNeverTouchesFrontDoor(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "fra-1")
 		url := "https://shop.example.com:443"
-		if err := s.SetFrontDoor(ctx(t), e.ID, "https", url); err != nil {
+		if _, err := s.SetFrontDoor(ctx(t), e.ID, "https", url); err != nil {
 			t.Fatal(err)
 		}
 		at := time.UnixMilli(1_700_000_000_000)
@@ -58,10 +58,10 @@ func TestFrontDoorUniqueness(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		a, b := newEdge(t, s, "fra-1"), newEdge(t, s, "fra-2")
 		url := "https://shop.example.com:443"
-		if err := s.SetFrontDoor(ctx(t), a.ID, "https", url); err != nil {
+		if _, err := s.SetFrontDoor(ctx(t), a.ID, "https", url); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.SetFrontDoor(ctx(t), b.ID, "https", url); !errors.Is(err, ErrConflict) {
+		if _, err := s.SetFrontDoor(ctx(t), b.ID, "https", url); !errors.Is(err, ErrConflict) {
 			t.Fatalf("second edge took %s: %v", url, err)
 		}
 		// The index itself, not only SetFrontDoor, refuses a second row.
@@ -70,7 +70,7 @@ func TestFrontDoorUniqueness(t *testing.T) {
 		}
 		// One front door per edge: setting another URL on another service
 		// moves it.
-		if err := s.SetFrontDoor(ctx(t), a.ID, "http", "http://shop.example.com:80"); err != nil {
+		if _, err := s.SetFrontDoor(ctx(t), a.ID, "http", "http://shop.example.com:80"); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.db.ExecContext(ctx(t), s.q(`UPDATE gateways SET front_door_url = ? WHERE edge_id = ? AND service = 'https'`), url, a.ID); !isUnique(err) {
@@ -81,7 +81,7 @@ func TestFrontDoorUniqueness(t *testing.T) {
 			t.Fatalf("front doors %+v, %v", fds, err)
 		}
 		// Now free: the other edge takes it.
-		if err := s.SetFrontDoor(ctx(t), b.ID, "https", url); err != nil {
+		if _, err := s.SetFrontDoor(ctx(t), b.ID, "https", url); err != nil {
 			t.Fatal(err)
 		}
 		if ok, err := s.ClearFrontDoor(ctx(t), a.ID); !ok || err != nil {
@@ -93,7 +93,7 @@ func TestFrontDoorUniqueness(t *testing.T) {
 		if fds, err := s.FrontDoors(ctx(t), "other-org"); err != nil || len(fds) != 0 {
 			t.Fatalf("another org's front doors %+v, %v", fds, err)
 		}
-		if err := s.SetFrontDoor(ctx(t), "no-such-edge", "https", "https://x.example.com:443"); !errors.Is(err, ErrNotFound) {
+		if _, err := s.SetFrontDoor(ctx(t), "no-such-edge", "https", "https://x.example.com:443"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("unknown edge: %v", err)
 		}
 	})
@@ -115,7 +115,7 @@ func TestFrontDoorRace(t *testing.T) {
 			wg.Add(1)
 			go func(i int) {
 				defer wg.Done()
-				errs[i] = s.SetFrontDoor(ctx(t), edges[i].ID, "https", url)
+				_, errs[i] = s.SetFrontDoor(ctx(t), edges[i].ID, "https", url)
 			}(i)
 		}
 		wg.Wait()

@@ -20,6 +20,10 @@ type Hooks struct {
 	// edge's pool took (placement.Place and its reads of the pool's cells
 	// and placements).
 	Placed func(d time.Duration)
+	// Retried is called when a write the database could not serialize
+	// (busy, locked, a serialization failure, a deadlock) is run again:
+	// err is why.
+	Retried func(err error)
 }
 
 // kinds caches the write kind of each call stack (a helper called by

@@ -203,7 +203,7 @@ func TestPlacementRefusals(t *testing.T) {
 			t.Fatal(err)
 		}
 		status, _ := json.Marshal(map[string]any{"slots": []map[string]any{{"name": "cell-01", "pool": "shared-default", "state": "degraded"}}})
-		if err := s.PutStatus(ctx(t), a.ID, status, time.Now()); err != nil {
+		if err := s.PutStatus(ctx(t), a.ID, Report{Status: status, At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n")), fakeSign); !errors.Is(err, ErrUnavailable) {
@@ -220,7 +220,7 @@ func TestPlacementRefusals(t *testing.T) {
 			t.Fatalf("one edge below its minimum: %+v, %v", p, err)
 		}
 		status, _ = json.Marshal(map[string]any{"slots": []map[string]any{{"name": "cell-01", "pool": "shared-default", "state": "ready"}}})
-		if err := s.PutStatus(ctx(t), a.ID, status, time.Now()); err != nil {
+		if err := s.PutStatus(ctx(t), a.ID, Report{Status: status, At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
 		if p, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n2")), fakeSign); err != nil || len(p.Edges) != 2 || len(p.Skipped) != 0 {
@@ -296,7 +296,7 @@ func report(t *testing.T, s *Store, edge string, cells ...string) int64 {
 		slots = append(slots, map[string]any{"name": c, "pool": "x", "state": "ready", "sequence": seq, "http_port": 8000 + i})
 	}
 	status, _ := json.Marshal(map[string]any{"slots": slots})
-	if err := s.PutStatus(ctx(t), edge, status, time.Now()); err != nil {
+	if err := s.PutStatus(ctx(t), edge, Report{Status: status, At: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	return seq

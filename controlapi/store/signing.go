@@ -222,6 +222,35 @@ func (s *Store) SignMissingHeaders(ctx context.Context, open Signer) (int, error
 	return n, err
 }
 
+// FirstManifests gives every edge still at sequence 0 (created by a
+// control API that gave a manifest only to an edge whose pools held
+// domains) its first manifest: sequence 1, empty, its header signed with
+// the edge's assignments. It returns how many it gave one.
+func (s *Store) FirstManifests(ctx context.Context, open Signer) (int, error) {
+	n := 0
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		gen, err := s.next(ctx, tx, "gen") // orders it with every signing write
+		if err != nil {
+			return err
+		}
+		ids, err := s.strings(ctx, tx, `SELECT id FROM edges WHERE sequence = 0 ORDER BY id`)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids { // in id order: see Touch
+			if _, err := s.reemitEdge(ctx, tx, gen, id, nil, open); err != nil {
+				return err
+			}
+		}
+		n = len(ids)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("first manifests: %w", err)
+	}
+	return n, nil
+}
+
 // Rotated is the outcome of a key rotation.
 type Rotated struct {
 	Rotation manifest.Rotation

@@ -23,6 +23,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
 	"modernc.org/sqlite"               // registers "sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
+
+	"cellvisor/internal/backoff"
 )
 
 // Errors.
@@ -71,7 +73,7 @@ func Open(ctx context.Context, dsn string) (*Store, error) {
 		}
 		// WAL lets readers run beside the writer; immediate transactions take
 		// the write lock up front instead of failing on an upgrade.
-		s.db, err = sql.Open("sqlite", "file:"+dsn+"?_txlock=immediate&_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)")
+		s.db, err = sql.Open("sqlite", "file:"+dsn+"?_txlock=immediate&_pragma=busy_timeout("+strconv.FormatInt(sqliteBusyTimeout.Milliseconds(), 10)+")&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)")
 		if err == nil {
 			s.db.SetMaxOpenConns(8)
 			s.db.SetMaxIdleConns(8)
@@ -173,6 +175,49 @@ func (s *Store) tx(ctx context.Context, f func(*sql.Tx) error) error {
 	}
 	s.wrote()
 	return nil
+}
+
+// sqliteBusyTimeout is how long SQLite itself waits for the write lock
+// before a statement fails with SQLITE_BUSY (retryTx then waits on).
+var sqliteBusyTimeout = 10 * time.Second
+
+// retryTx runs f in a transaction like tx, and runs it again, after a
+// short jittered backoff, for as long as ctx lasts, when the database
+// answered that it could not serialize it: SQLite busy or locked (another
+// writer held the lock past the busy timeout), a PostgreSQL serialization
+// failure or deadlock (the transaction was rolled back and may simply be
+// retried). f must be safe to run again: it must reset what it hands out
+// at its start. ctx's end stops the waiting with the last error.
+func (s *Store) retryTx(ctx context.Context, f func(*sql.Tx) error) error {
+	b := &backoff.Backoff{Initial: 5 * time.Millisecond, Max: 250 * time.Millisecond}
+	for {
+		err := s.tx(ctx, f)
+		if err == nil || !Retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		if s.Hooks.Retried != nil {
+			s.Hooks.Retried(err)
+		}
+		if b.Wait(ctx) != nil {
+			return err
+		}
+	}
+}
+
+// Retryable reports an error by which the database refused to serialize a
+// transaction, which may simply run again: SQLite busy or locked, a
+// PostgreSQL serialization failure (40001) or deadlock (40P01).
+func Retryable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		code := se.Code() & 0xff // the primary code of an extended one
+		return code == sqlite3.SQLITE_BUSY || code == sqlite3.SQLITE_LOCKED
+	}
+	return false
 }
 
 // migrate applies the migrations the database lacks. On PostgreSQL an

@@ -100,7 +100,7 @@ func TestMigrationsAreIdempotent(t *testing.T) {
 func TestEdgeLifecycle(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "fra-1")
-		if e.Enrolled() || e.Sequence != 0 || e.Slots != 8 || e.Country != "DE" {
+		if e.Enrolled() || e.Sequence != 1 || e.Slots != 8 || e.Country != "DE" {
 			t.Fatalf("new edge %+v", e)
 		}
 		if _, err := s.CreateEdge(ctx(t), NewEdge{ID: "other", Name: "fra-1", Slots: 1, TokenHash: "x"}, fakeSign); !errors.Is(err, ErrConflict) {
@@ -163,7 +163,10 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 			t.Fatalf("published %+v", p)
 		}
 		for _, id := range []string{a.ID, b.ID} {
-			es, err := s.Entries(ctx(t), id, 1, "", 500)
+			if got := mustEdge(t, s, id); got.Sequence != 2 {
+				t.Fatalf("edge %s at sequence %d, want 2 (1 is its first, empty)", id, got.Sequence)
+			}
+			es, err := s.Entries(ctx(t), id, 2, "", 500)
 			if err != nil || len(es) != 1 || !signedFor(id, es[0]) {
 				t.Fatalf("edge %s entries %+v, %v", id, es, err)
 			}
@@ -171,18 +174,18 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 				t.Fatalf("artifact for %s: %q, %v", id, data, err)
 			}
 		}
-		if got, _ := s.Edge(ctx(t), c.ID); got.Sequence != 0 {
+		if got, _ := s.Edge(ctx(t), c.ID); got.Sequence != 1 {
 			t.Fatalf("edge c advanced to %d", got.Sequence)
 		}
 		if _, err := s.Artifact(ctx(t), c.ID, p.Domain.SHA256); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("artifact for an edge not in its pool: %v, want ErrNotFound", err)
 		}
-		// Revision 2 moves the edges to sequence 2; sequence 1 stays readable.
+		// Revision 2 moves the edges to sequence 3; sequence 2 stays readable.
 		if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte(`{"v":2}`)), fakeSign); err != nil {
 			t.Fatal(err)
 		}
-		old, _ := s.Entries(ctx(t), a.ID, 1, "", 500)
-		cur, _ := s.Entries(ctx(t), a.ID, 2, "", 500)
+		old, _ := s.Entries(ctx(t), a.ID, 2, "", 500)
+		cur, _ := s.Entries(ctx(t), a.ID, 3, "", 500)
 		if len(old) != 1 || old[0].Revision != 1 || len(cur) != 1 || cur[0].Revision != 2 {
 			t.Fatalf("seq 1 %+v, seq 2 %+v", old, cur)
 		}
@@ -201,10 +204,10 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 		if err != nil || len(del.Edges) != 3 {
 			t.Fatalf("delete: %+v, %v", del, err)
 		}
-		if es, _ := s.Entries(ctx(t), a.ID, 3, "", 500); len(es) != 0 {
+		if es, _ := s.Entries(ctx(t), a.ID, 4, "", 500); len(es) != 0 {
 			t.Fatalf("entries after delete: %+v", es)
 		}
-		if _, err := s.Entries(ctx(t), a.ID, 4, "", 500); !errors.Is(err, ErrNotFound) {
+		if _, err := s.Entries(ctx(t), a.ID, 5, "", 500); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("future sequence: %v", err)
 		}
 		if p, _ := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes(art), fakeSign); p.Domain.Revision != 3 {
@@ -224,7 +227,7 @@ func TestPagingAndPruning(t *testing.T) {
 		var got []string
 		after := ""
 		for {
-			es, err := s.Entries(ctx(t), e.ID, 7, after, 3)
+			es, err := s.Entries(ctx(t), e.ID, 8, after, 3) // 1 is its first, empty
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -342,8 +345,8 @@ func TestConcurrentPublishes(t *testing.T) {
 		}
 		got, _ := s.Edge(ctx(t), e.ID)
 		es, _ := s.Entries(ctx(t), e.ID, got.Sequence, "", 100)
-		if got.Sequence != 8 || len(es) != 8 {
-			t.Fatalf("sequence %d with %d entries, want 8 and 8", got.Sequence, len(es))
+		if got.Sequence != 9 || len(es) != 8 {
+			t.Fatalf("sequence %d with %d entries, want 9 (1 is its first, empty) and 8", got.Sequence, len(es))
 		}
 	})
 }
@@ -359,7 +362,7 @@ func TestHostnamesAreClaimedOnce(t *testing.T) {
 		if _, err := s.PublishDomain(ctx(t), "b.example", "quarantine-default", []string{"b.example", "www.example"}, bytes([]byte("b")), fakeSign); !errors.Is(err, ErrConflict) {
 			t.Fatalf("a claimed hostname: %v, want ErrConflict", err)
 		}
-		if got, _ := s.Edge(ctx(t), e.ID); got.Sequence != 1 {
+		if got, _ := s.Edge(ctx(t), e.ID); got.Sequence != 2 {
 			t.Fatalf("a refused publish moved the sequence to %d", got.Sequence)
 		}
 		// The owner may republish with it; once it lets go, another may claim it.
@@ -505,7 +508,7 @@ func TestDeleteEdge(t *testing.T) {
 		if err != nil || len(states) != 0 || len(deleted) != 1 || deleted[0] != e.ID {
 			t.Fatalf("changes after the delete: %+v %v, %v", states, deleted, err)
 		}
-		if es, err := s.Entries(ctx(t), keep.ID, 1, "", 10); err != nil || len(es) != 1 {
+		if es, err := s.Entries(ctx(t), keep.ID, 2, "", 10); err != nil || len(es) != 1 {
 			t.Fatalf("the other edge's entries: %+v, %v", es, err)
 		}
 		// The name is free again.

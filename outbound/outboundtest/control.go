@@ -130,6 +130,10 @@ func (f *Control) decide(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	me := f.edge(caller(r))
+	if me == nil {
+		http.Error(w, "client certificate is not a current edge identity", http.StatusUnauthorized)
+		return
+	}
 	me.reachable = req.Reachable
 	resp := edgeapi.ElectResponse{Class: req.Class, Destination: f.dest, Renew: f.lease / 3}
 	key := [2]string{me.org, req.Class}
@@ -192,12 +196,18 @@ func (f *Control) decideFence(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	me := f.edge(caller(r))
+	if me == nil {
+		http.Error(w, "client certificate is not a current edge identity", http.StatusUnauthorized)
+		return
+	}
 	h := f.leases[[2]string{me.org, req.Class}]
 	reason := ""
 	switch {
 	case h == nil || !time.Now().Before(h.ExpiresAt):
 		reason = egress.FenceNoLease
-	case h.EdgeID != me.id || h.Epoch != req.Epoch:
+	case h.EdgeID != me.id:
+		reason = egress.FenceNotHolder
+	case h.Epoch != req.Epoch:
 		reason = egress.FenceStaleEpoch
 	case req.Peer != "" && !slices.ContainsFunc(f.edges, func(e *Edge) bool { return e.id == req.Peer && e.org == me.org }):
 		reason = egress.FencePeerNotInOrg
@@ -210,6 +220,20 @@ func (f *Control) decideFence(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// Remove forgets edge id, as deleting it does on the control API: its
+// leases end, its calls are answered 401, and a fence naming it as a peer
+// is refused (peer_not_in_org).
+func (f *Control) Remove(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.edges = slices.DeleteFunc(f.edges, func(e *Edge) bool { return e.id == id })
+	for k, h := range f.leases {
+		if h.EdgeID == id {
+			delete(f.leases, k)
+		}
+	}
 }
 
 // Known reports whether id is registered.
