@@ -56,7 +56,7 @@ func TestIntakeNotSquattedByAnotherOrg(t *testing.T) {
 	// The squatters have reached the handler: they hold every slot
 	// (before), or they were refused (now).
 	testutil.Eventually(t, 10*time.Second, func() error {
-		if held, refused := len(a.in.inFlight), a.sender.IntakeCounts()[IntakeNotHolder]; held < MaxIntakeInFlight && refused < MaxIntakeInFlight {
+		if held, refused := len(a.in.inFlight), a.sender.IntakeCounts()[IntakePeerRefused]; held < MaxIntakeInFlight && refused < MaxIntakeInFlight {
 			return fmt.Errorf("%d slots held, %d refused", held, refused)
 		}
 		return nil

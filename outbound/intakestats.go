@@ -20,14 +20,15 @@ const (
 	IntakeError           = "error"           // 500: a local error
 	IntakePeerBusy        = "peer_busy"       // 429: the peer has its share of forwards in flight
 	IntakeSlowBody        = "slow_body"       // 408: the bundle was not read within the send timeout
+	IntakePeerRefused     = "peer_refused"    // 403: the control API refuses the peer (another org's, deleted, rotated away)
 )
 
 // IntakeResults are the intake results, in the order IntakeCounts returns them.
 var IntakeResults = []string{IntakeAccepted, IntakeUnauthenticated, IntakeUnknownClass, IntakeMethod, IntakeInvalid,
-	IntakeTooLarge, IntakeNotHolder, IntakeFenceFailed, IntakeJournalFull, IntakeError, IntakePeerBusy, IntakeSlowBody}
+	IntakeTooLarge, IntakeNotHolder, IntakeFenceFailed, IntakeJournalFull, IntakeError, IntakePeerBusy, IntakeSlowBody, IntakePeerRefused}
 
 // intakeStats counts the intake's answers since the agent started.
-type intakeStats [12]atomic.Int64
+type intakeStats [13]atomic.Int64
 
 // intakeResult is the result class of an intake answer's status.
 func intakeResult(code int) int {
@@ -54,6 +55,8 @@ func intakeResult(code int) int {
 		return 10
 	case http.StatusRequestTimeout:
 		return 11
+	case http.StatusForbidden:
+		return 12
 	}
 	return 9
 }

@@ -16,7 +16,7 @@ func TestIntakeResultClasses(t *testing.T) {
 		http.StatusMethodNotAllowed: IntakeMethod, http.StatusBadRequest: IntakeInvalid, http.StatusRequestEntityTooLarge: IntakeTooLarge,
 		http.StatusConflict: IntakeNotHolder, http.StatusServiceUnavailable: IntakeFenceFailed, http.StatusInsufficientStorage: IntakeJournalFull,
 		http.StatusInternalServerError: IntakeError, http.StatusTeapot: IntakeError, http.StatusTooManyRequests: IntakePeerBusy,
-		http.StatusRequestTimeout: IntakeSlowBody,
+		http.StatusRequestTimeout: IntakeSlowBody, http.StatusForbidden: IntakePeerRefused,
 	}
 	if len(IntakeResults) != len(intakeStats{}) {
 		t.Fatalf("%d results, %d counters", len(IntakeResults), len(intakeStats{}))

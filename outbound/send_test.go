@@ -162,7 +162,7 @@ func TestIntakeRefuses(t *testing.T) {
 	}{
 		{"holder accepts its org's peer", a, b, org, http.StatusAccepted},
 		{"non-holder refuses", b, a, org, http.StatusConflict},
-		{"another org's edge is refused", a, other, "globex", http.StatusConflict},
+		{"another org's edge is refused", a, other, "globex", http.StatusForbidden},
 		// Its bundle passes the intake's own checks; the control API's fence
 		// refuses the peer: 403, which its sender never answers by a direct send.
 		{"another org's edge naming this org is refused", a, other, org, http.StatusForbidden},

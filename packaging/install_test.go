@@ -183,7 +183,8 @@ func debLifecycle(t *testing.T, older, newer map[string]string, systemdUp bool) 
 	if systemdUp {
 		wantCalls(t, calls, "daemon-reload", "daemon-reload",
 			"daemon-reload", "try-restart cellvisor.service", "daemon-reload", "try-restart cellvisor-control.service",
-			"stop cellvisor.service", "is-active --quiet cellvisor-cells.scope", "is-active --quiet cellvisor.slice", "--no-reload disable cellvisor.service", "daemon-reload",
+			"stop cellvisor.service", "is-active --quiet cellvisor-cells.scope", "is-active --quiet cellvisor.slice", "--no-reload disable cellvisor.service",
+			"is-active --quiet cellvisor.service", "is-active --quiet cellvisor-cells.scope", "is-active --quiet cellvisor.slice", "daemon-reload",
 			"stop cellvisor-control.service", "--no-reload disable cellvisor-control.service", "daemon-reload")
 	}
 }

@@ -20,6 +20,16 @@ fi
 case "$1" in
 	remove | 0)
 		if [ -d /run/systemd/system ]; then
+			# The pre-removal script stops the agent, its cells and its
+			# slice; where it did not run (a failed upgrade left the
+			# package half-configured, then it was purged), nothing of
+			# cellvisor's may go on running from removed files.
+			for u in cellvisor.service cellvisor-cells.scope cellvisor.slice; do
+				if systemctl is-active --quiet "$u"; then
+					echo "$name: stopping $u"
+					systemctl stop "$u" || echo "$name: systemctl stop $u failed (ignored)" >&2
+				fi
+			done
 			systemctl daemon-reload || echo "$name: systemctl daemon-reload failed (ignored)" >&2
 		fi
 		;;
