@@ -174,6 +174,10 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	counter(emit, cellRestarts, float64(s.Restarts), cell, pool, "crash")
 	counter(emit, cellRestarts, float64(s.OperatorRestarts), cell, pool, "operator")
 	gauge(emit, cellSequence, float64(s.Sequence), cell, pool)
+	if l := s.Liveness; l != nil {
+		gauge(emit, cellOverloaded, b2f(l.Overloaded), cell, pool)
+		counter(emit, cellOverloads, float64(l.Overloads), cell, pool)
+	}
 	if s.Limits.MemoryBytes > 0 {
 		gauge(emit, cellMemoryLimit, float64(s.Limits.MemoryBytes), cell, pool)
 	}

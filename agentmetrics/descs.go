@@ -41,6 +41,8 @@ var (
 	cellCPULimit         = desc("cell_cpu_limit_cpus", "The cell's CPU limit, in CPUs (quota / period).", cellLabels...)
 	cellThrottled        = desc("cell_cpu_throttled_seconds_total", "Time the cell's tasks were throttled by its CPU limit.", cellLabels...)
 	cellThrottledPeriods = desc("cell_cpu_throttled_periods_total", "CPU periods in which the cell was throttled.", cellLabels...)
+	cellOverloaded       = desc("cell_overloaded", "1 when the cell's last liveness check found it alive but taking no more connections (every one it can hold is held): it is not restarted for it.", cellLabels...)
+	cellOverloads        = desc("cell_overloaded_checks_total", "Liveness checks that found the cell overloaded, since it started.", cellLabels...)
 	cellPIDs             = desc("cell_pids", "Tasks in the cell's cgroup.", cellLabels...)
 	cellPIDsLimit        = desc("cell_pids_limit", "The cell's task limit.", cellLabels...)
 	cellPIDsRefused      = desc("cell_pids_refused_total", "Forks the cell's task limit refused.", cellLabels...)
@@ -59,7 +61,7 @@ var (
 		activationLastDuration, activationLastTime, activationLastSequence, activationLastOutcome, activations, refusals,
 		cellInfo, cellState, cellReady, cellDrained, cellUp, cellRestarts, cellSequence, cellMemory, cellMemoryLimit,
 		cellCPU, cellCPULimit, cellThrottled, cellThrottledPeriods, cellPIDs, cellPIDsLimit, cellPIDsRefused, cellOOM,
-		cellLogBytes, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity,
+		cellLogBytes, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity, cellOverloaded, cellOverloads,
 	}
 )
 

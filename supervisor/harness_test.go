@@ -55,6 +55,8 @@ type harnessOpts struct {
 	// authWindow is the private endpoint's timestamp window in seconds;
 	// 0 means the shipped one.
 	authWindow int
+	// workerConns is each cell's worker_connections; 0 means the shipped one.
+	workerConns int
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -109,6 +111,9 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	cfg.Ports.HTTPBase = testutil.PortBase(t, 2*o.slots)
 	cfg.Ports.HTTPSBase = cfg.Ports.HTTPBase + o.slots
 	cfg.OpenResty.Binary, cfg.OpenResty.Modules = bin, mods
+	if o.workerConns != 0 {
+		cfg.OpenResty.WorkerConnections = o.workerConns
+	}
 	topo, _, err := runtime.LoadOrCreate(runtime.Layout{Slots: o.slots, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase,
 		Address: "127.0.0.1", StateDir: cfg.StateDir, RunDir: cfg.RunDir})
 	if err != nil {

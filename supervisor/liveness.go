@@ -2,12 +2,17 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
+
+	"cellvisor/internal/sockstat"
 )
 
 // LivenessPolicy is how a ready cell is checked for being alive, like a
@@ -53,7 +58,23 @@ type LivenessStatus struct {
 	Checks int64 `json:"checks"`
 	// LastError is why the last check failed ("" when it answered).
 	LastError string `json:"last_error,omitempty"`
+	// Overloaded says the last check found the cell alive but taking no
+	// more connections: it accepted the check's and closed it at once
+	// (every connection it can hold is held, by clients).
+	Overloaded bool `json:"overloaded,omitempty"`
+	// Overloads counts the checks that found it so.
+	Overloads int64 `json:"overloads,omitempty"`
+	// Sockets are the public port's TCP sockets by state, read from the
+	// kernel when the cell was last found overloaded.
+	Sockets *sockstat.Counts `json:"sockets,omitempty"`
 }
+
+// errOverloaded is a check whose connection the cell accepted and closed
+// before any answer, well within the timeout: nginx does that when every
+// connection it may hold (worker_connections) is taken. The cell is alive
+// and busy: that is no reason to restart it (which would cut every
+// tenant's requests), but it is shown, counted and logged.
+var errOverloaded = errors.New("the cell accepts connections and closes them at once: every connection it can hold is taken")
 
 // livenessEvent is the machine's event after a check moved the count of
 // consecutive failures from before to after, if any: pure.
@@ -95,6 +116,11 @@ func (c *slot) startLiveness(ctx context.Context) (<-chan error, func()) {
 			case <-t.C():
 			}
 			err := checkAlive(ctx, addr, p.Timeout)
+			if errors.Is(err, errOverloaded) {
+				if n, serr := sockstat.Port("", c.spec.HTTPPort); serr == nil {
+					err = &overload{n}
+				}
+			}
 			select {
 			case results <- err:
 			case <-ctx.Done():
@@ -111,8 +137,18 @@ func (c *slot) startLiveness(ctx context.Context) (<-chan error, func()) {
 func checkAlive(ctx context.Context, addr string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return askReady(ctx, addr)
+	err := askReady(ctx, addr)
+	if err != nil && ctx.Err() == nil && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+		return fmt.Errorf("%w (%v)", errOverloaded, err)
+	}
+	return err
 }
+
+// overload is errOverloaded with the port's sockets by state.
+type overload struct{ n sockstat.Counts }
+
+func (o *overload) Error() string { return errOverloaded.Error() + ": " + o.n.String() }
+func (o *overload) Unwrap() error { return errOverloaded }
 
 // onLiveness records a check's result and executes the machine's decision:
 // it returns why the agent stops the cell when it is to be restarted.
@@ -121,6 +157,29 @@ func (c *slot) onLiveness(err error) (restartWhy string) {
 	c.mu.Lock()
 	before := c.live.Failures
 	c.live.Checks++
+	wasOverloaded := c.live.Overloaded
+	c.live.Overloaded = errors.Is(err, errOverloaded)
+	if c.live.Overloaded {
+		// Alive: the failures so far were not a hang either.
+		c.live.Overloads++
+		var o *overload
+		if errors.As(err, &o) {
+			n := o.n
+			c.live.Sockets = &n
+		}
+		c.live.Failures, c.live.LastError = 0, err.Error()
+		c.mu.Unlock()
+		if !wasOverloaded {
+			c.log.Warn("cell overloaded: it is alive but takes no more connections; not restarting it", zap.Error(err))
+		}
+		if before >= p.FailureThreshold {
+			c.on(evResponsive, "")
+		}
+		return ""
+	}
+	if wasOverloaded {
+		c.log.Info("cell takes connections again", zap.Int64("overloaded_checks", c.live.Overloads))
+	}
 	if err == nil {
 		c.live.Failures, c.live.LastError = 0, ""
 	} else {

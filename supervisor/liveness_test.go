@@ -3,6 +3,8 @@ package supervisor_test
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -210,4 +212,51 @@ func TestKeptDrainReachesTheCellWhenItAnswers(t *testing.T) {
 	if code := readiness(t, before.HTTPPort); code != 503 {
 		t.Errorf("readiness: %d, want 503", code)
 	}
+}
+
+// A cell whose every connection is held by slow clients (headers that never
+// end) is alive: its liveness checks are accepted and closed at once. It is
+// shown overloaded, with its port's sockets, and never restarted for it
+// (which cut every tenant's requests in flight); its neighbour serves on.
+func TestOverloadedCellIsNotRestarted(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 2, liveness: fastLiveness, workerConns: 32})
+	before := h.waitReady("cell-01", 0)
+	other := h.waitReady("cell-02", 0)
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	for range 1000 { // past worker_connections
+		c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(before.HTTPPort)), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nX-Slow: ", testHost) // never ends
+	}
+	st := h.waitFor("cell-01", 20*time.Second, "overloaded", func(s supervisor.SlotStatus) bool {
+		return s.Liveness != nil && s.Liveness.Overloaded
+	})
+	if st.Liveness.Sockets == nil || st.Liveness.Sockets.Established < 16 {
+		t.Errorf("sockets of an overloaded cell: %+v, want the held connections counted", st.Liveness.Sockets)
+	}
+	// Twice as many checks as it takes to restart a hung cell.
+	h.waitFor("cell-01", 20*time.Second, "overloaded for many checks", func(s supervisor.SlotStatus) bool {
+		return s.Liveness != nil && s.Liveness.Overloads >= int64(2*fastLiveness.RestartThreshold)
+	})
+	if now := h.slot("cell-01"); now.PID != before.PID || now.Restarts != before.Restarts || now.State != supervisor.StateReady {
+		t.Errorf("an overloaded cell was restarted or degraded: %+v", now)
+	}
+	if code := readiness(t, other.HTTPPort); code != 200 {
+		t.Errorf("the neighbour's readiness: %d", code)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	conns = nil
+	h.waitFor("cell-01", 20*time.Second, "taking connections again", func(s supervisor.SlotStatus) bool {
+		return s.Liveness != nil && !s.Liveness.Overloaded && s.Liveness.Checks > 0
+	})
 }

@@ -81,3 +81,43 @@ func TestAskReady(t *testing.T) {
 		})
 	}
 }
+
+// A liveness check tells an overloaded cell (it accepts and closes at once)
+// from a hung one (it does not answer within the timeout) and from one that
+// does not listen.
+func TestCheckAliveTellsOverloadFromAHang(t *testing.T) {
+	serve := func(t *testing.T, handle func(net.Conn)) string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go handle(c)
+			}
+		}()
+		return ln.Addr().String()
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	closes := serve(t, func(c net.Conn) { c.Close() })
+	silent := serve(t, func(c net.Conn) { <-done; c.Close() })
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	nobody := ln.Addr().String()
+	ln.Close()
+	ctx := context.Background()
+	if err := checkAlive(ctx, closes, time.Second); !errors.Is(err, errOverloaded) {
+		t.Errorf("accepted and closed at once: %v, want overloaded", err)
+	}
+	if err := checkAlive(ctx, silent, 200*time.Millisecond); err == nil || errors.Is(err, errOverloaded) {
+		t.Errorf("accepted, no answer: %v, want a failure that is not overload", err)
+	}
+	if err := checkAlive(ctx, nobody, time.Second); err == nil || errors.Is(err, errOverloaded) {
+		t.Errorf("nothing listening: %v, want a failure that is not overload", err)
+	}
+}
