@@ -182,8 +182,9 @@ vm-deps: ## install what the VM test needs (qemu, qemu-utils, debootstrap, e2fsp
 # As root: builds the packages and a cached Debian bookworm image
 # (debootstrap from this host's apt sources), boots it with qemu (KVM when it
 # works, TCG otherwise), installs the .debs and runs the checks of
-# scripts/vm/README.md, each printed PASS or FAIL. About 15-25 minutes under
-# TCG; VM_ARGS="--only a,b" runs a subset.
+# scripts/vm/README.md, each printed PASS or FAIL. About 9-12 minutes under
+# TCG on 2 cores, plus about 6.5 minutes the first time, for the image;
+# VM_ARGS="--only a,b" runs a subset.
 test-vm: deps vm-deps ## as root: install the packages on a Debian 12 VM with systemd and cgroup v2 (qemu) and check limits, restarts, upgrades, reboots, purge
 	$(SUDO) scripts/vm/run $(VM_ARGS)
 
