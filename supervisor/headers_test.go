@@ -1,0 +1,72 @@
+package supervisor_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// What the origin learns about the client is what the edge saw: a client's
+// own X-Forwarded-*, X-Real-IP and Forwarded are replaced, and headers that
+// make common origins rewrite the request (X-Original-URL, X-Rewrite-URL,
+// X-HTTP-Method-Override) never reach it. Before, all of them reached the
+// origin as the client sent them, and an answer built from
+// X-Forwarded-Host: evil.test was cached and served to the next client.
+func TestOriginSeesTheEdgesForwardedHeaders(t *testing.T) {
+	seen := make(chan http.Header, 1)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case seen <- r.Header.Clone():
+		default:
+		}
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(origin.Close)
+	h := newHarness(t, harnessOpts{slots: 1, domains: originDomain(origin.URL)})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+"/x", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = testHost
+	spoofed := map[string]string{
+		"X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.9", "X-Forwarded-Host": "evil.test",
+		"X-Forwarded-Proto": "https", "Forwarded": "for=203.0.113.9;host=evil.test",
+		"X-Original-URL": "/admin", "X-Rewrite-URL": "/admin", "X-HTTP-Method-Override": "DELETE",
+	}
+	for k, v := range spoofed {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("through the cell: %s", resp.Status)
+	}
+	var got http.Header
+	select {
+	case got = <-seen:
+	case <-ctx.Done():
+		t.Fatal("the origin saw no request")
+	}
+	want := map[string]string{
+		"X-Forwarded-For": "127.0.0.1", "X-Real-Ip": "127.0.0.1", "X-Forwarded-Host": testHost, "X-Forwarded-Proto": "http",
+		"Forwarded": "", "X-Original-Url": "", "X-Rewrite-Url": "", "X-Http-Method-Override": "",
+	}
+	for k, v := range want {
+		if g := got.Get(k); g != v {
+			b, _ := json.Marshal(got)
+			t.Errorf("origin saw %s %q, want %q (all: %s)", k, g, v, b)
+		}
+	}
+}
