@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"syscall"
 	"os/user"
 	"path/filepath"
 	"strings"
@@ -180,6 +181,18 @@ func writeInputs(s runtime.Slot, rec, recorded inputsRecord, log *zap.Logger) {
 	}
 }
 
+// workerNofile is a cell worker's open file limit: two descriptors per
+// connection (a client's and an origin's), within the hard limit the agent
+// itself has (its unit's LimitNOFILE), which the cells inherit; 0 where it
+// cannot be read (none rendered).
+func workerNofile(conns int) int {
+	var r syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &r); err != nil {
+		return 0
+	}
+	return int(min(uint64(2*conns+64), r.Max))
+}
+
 // RenderParams are the render inputs for a slot from the configuration.
 func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runtime.RenderParams {
 	p := runtime.RenderParams{
@@ -190,6 +203,10 @@ func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runt
 		Modules:               cfg.OpenResty.Modules,
 		WorkerConnections:     cfg.OpenResty.WorkerConnections,
 		WorkerShutdownTimeout: int(cfg.OpenResty.WorkerShutdownTimeout.D().Seconds()),
+		WorkerNofile:          workerNofile(cfg.OpenResty.WorkerConnections),
+		ClientHeaderTimeout:   int(cfg.OpenResty.ClientHeaderTimeout.D().Seconds()),
+		ClientBodyTimeout:     int(cfg.OpenResty.ClientBodyTimeout.D().Seconds()),
+		SendTimeout:           int(cfg.OpenResty.SendTimeout.D().Seconds()),
 		CacheMaxBytes:         int64(cfg.Limits.Cache),
 		RequestMaxBytes:       int64(cfg.Limits.RequestTmp),
 		FrontDoorFile:         FrontDoorFile(cfg.StateDir),

@@ -172,6 +172,15 @@ type OpenResty struct {
 	WorkerShutdownTimeout Duration `yaml:"worker_shutdown_timeout"`
 	// WorkerConnections is each cell worker's connection limit.
 	WorkerConnections int `yaml:"worker_connections"`
+	// ClientHeaderTimeout bounds the whole of a request's head (nginx's
+	// client_header_timeout): a client trickling its headers is closed.
+	ClientHeaderTimeout Duration `yaml:"client_header_timeout"`
+	// ClientBodyTimeout bounds each read of a request body
+	// (client_body_timeout).
+	ClientBodyTimeout Duration `yaml:"client_body_timeout"`
+	// SendTimeout bounds each write to a client that does not read
+	// (send_timeout).
+	SendTimeout Duration `yaml:"send_timeout"`
 }
 
 // Ports configures the per-slot listeners. Slot i (1-based) listens on
@@ -271,7 +280,10 @@ func Default() Agent {
 			ReadyTimeout:          Duration(10 * time.Second),
 			StopTimeout:           Duration(10 * time.Second),
 			WorkerShutdownTimeout: Duration(30 * time.Second),
-			WorkerConnections:     1024,
+			WorkerConnections:     4096,
+			ClientHeaderTimeout:   Duration(10 * time.Second),
+			ClientBodyTimeout:     Duration(10 * time.Second),
+			SendTimeout:           Duration(10 * time.Second),
 		},
 		Ports: Ports{HTTPBase: 10080, HTTPSBase: 10443},
 		Limits: Limits{
@@ -454,6 +466,14 @@ func (c Agent) Validate() error {
 	}
 	if n := c.OpenResty.WorkerConnections; n < 16 || n > 65536 {
 		bad("openresty.worker_connections", "must be 16–65536, got %d", n)
+	}
+	for _, t := range []struct {
+		name string
+		d    Duration
+	}{{"client_header_timeout", c.OpenResty.ClientHeaderTimeout}, {"client_body_timeout", c.OpenResty.ClientBodyTimeout}, {"send_timeout", c.OpenResty.SendTimeout}} {
+		if d := t.d.D(); d < time.Second || d > 5*time.Minute {
+			bad("openresty."+t.name, "must be 1s–5m, got %s", d)
+		}
 	}
 	c.validatePorts(bad)
 	if m := c.Limits.Memory; m < 16*MiB {

@@ -119,6 +119,12 @@ type RenderParams struct {
 	User                  string
 	WorkerConnections     int
 	WorkerShutdownTimeout int // seconds
+	// WorkerNofile is the worker's open file limit (worker_rlimit_nofile);
+	// 0 renders none.
+	WorkerNofile int
+	// ClientHeaderTimeout, ClientBodyTimeout and SendTimeout are nginx's
+	// timeouts with clients, in seconds; 0 means 10.
+	ClientHeaderTimeout, ClientBodyTimeout, SendTimeout int
 	CacheMaxBytes         int64
 	RequestMaxBytes       int64
 	// Limits are the slot's pool limits the cell enforces; zero values
@@ -155,6 +161,18 @@ func (p RenderParams) AuthWindowSeconds() int {
 		return DefaultAuthWindow
 	}
 	return p.AuthWindow
+}
+
+// ClientTimeouts are the client timeouts with their defaults: header, body,
+// send, in seconds.
+func (p RenderParams) ClientTimeouts() [3]int {
+	t := [3]int{p.ClientHeaderTimeout, p.ClientBodyTimeout, p.SendTimeout}
+	for i := range t {
+		if t[i] <= 0 {
+			t[i] = 10
+		}
+	}
+	return t
 }
 
 // Listen is the listen argument for a port.
