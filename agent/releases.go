@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 	"os/user"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 
 	"go.uber.org/zap"
 

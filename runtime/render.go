@@ -125,8 +125,8 @@ type RenderParams struct {
 	// ClientHeaderTimeout, ClientBodyTimeout and SendTimeout are nginx's
 	// timeouts with clients, in seconds; 0 means 10.
 	ClientHeaderTimeout, ClientBodyTimeout, SendTimeout int
-	CacheMaxBytes         int64
-	RequestMaxBytes       int64
+	CacheMaxBytes                                       int64
+	RequestMaxBytes                                     int64
 	// Limits are the slot's pool limits the cell enforces; zero values
 	// mean none.
 	Limits PoolLimits
