@@ -276,7 +276,7 @@ func (c *slot) recover(ctx context.Context, g cgroup.Group) {
 		p, reason := c.adopt(ctx, g, members)
 		if p != nil {
 			c.mu.Lock()
-			c.adopted, c.group, c.pid = p, g, p.pid
+			c.adopted, c.group, c.pid, c.answered = p, g, p.pid, true
 			c.mu.Unlock()
 			c.log.Info("adopted running cell", zap.Int("pid", p.pid))
 			return

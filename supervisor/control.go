@@ -239,8 +239,7 @@ func (s *Supervisor) Reload(name string) error {
 	}
 	c.mu.Lock()
 	c.seq = meta.Sequence
-	pid, st := c.pid, c.state
-	answered := st == StateReady || st == StateDrained
+	pid, answered := c.pid, c.answered
 	if pid != 0 && !answered {
 		// A master that has not answered its readiness probe yet may not
 		// have installed nginx's signal handlers: a SIGHUP then kills it

@@ -100,7 +100,7 @@ func (c *slot) start() (*proc, error) {
 		close(p.done)
 	}()
 	c.mu.Lock()
-	c.pid = p.pid
+	c.pid, c.answered = p.pid, false
 	c.mu.Unlock()
 	c.log.Debug("cell started", zap.Int("pid", p.pid), zap.Bool("standby", spared), zap.Duration("took", time.Since(t0)))
 	return p, nil

@@ -25,6 +25,7 @@ func (c *slot) onReady() {
 	c.on(evReady, "")
 	c.firstOutcome()
 	c.mu.Lock()
+	c.answered = true
 	pid, pending := c.pid, c.reloadPending
 	c.mu.Unlock()
 	if pending && pid != 0 {

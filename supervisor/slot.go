@@ -55,6 +55,9 @@ type slot struct {
 	// reloadPending is a reload asked for while the master had not
 	// answered its readiness probe yet: sent once it does (onReady).
 	reloadPending bool
+	// answered says the running master has answered a readiness probe
+	// once (or was adopted running): nginx has its signal handlers.
+	answered bool
 	// adopted is the running master of a previous agent, verified and
 	// watched, that the slot's routine supervises instead of starting one.
 	adopted *proc
