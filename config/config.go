@@ -181,6 +181,10 @@ type OpenResty struct {
 	// SendTimeout bounds each write to a client that does not read
 	// (send_timeout).
 	SendTimeout Duration `yaml:"send_timeout"`
+	// ExposeCell adds X-Cellvisor-Cell (the cell's name) to the answers
+	// the cell makes itself: for debugging; off, the public sees nothing
+	// of the host's topology.
+	ExposeCell bool `yaml:"expose_cell"`
 }
 
 // Ports configures the per-slot listeners. Slot i (1-based) listens on

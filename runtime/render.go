@@ -122,6 +122,8 @@ type RenderParams struct {
 	// WorkerNofile is the worker's open file limit (worker_rlimit_nofile);
 	// 0 renders none.
 	WorkerNofile int
+	// ExposeCell adds X-Cellvisor-Cell to the cell's own answers.
+	ExposeCell bool
 	// ClientHeaderTimeout, ClientBodyTimeout and SendTimeout are nginx's
 	// timeouts with clients, in seconds; 0 means 10.
 	ClientHeaderTimeout, ClientBodyTimeout, SendTimeout int

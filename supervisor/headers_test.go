@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -67,6 +68,32 @@ func TestOriginSeesTheEdgesForwardedHeaders(t *testing.T) {
 		if g := got.Get(k); g != v {
 			b, _ := json.Marshal(got)
 			t.Errorf("origin saw %s %q, want %q (all: %s)", k, g, v, b)
+		}
+	}
+}
+
+// Nothing of the host's topology reaches the public by default: no cell
+// name in a header, nor in the answer to an unknown host.
+func TestCellNameNotDisclosed(t *testing.T) {
+	h := newHarness(t, harnessOpts{slots: 1})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	for _, host := range []string{testHost, "unknown.example"} {
+		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+"/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if v := resp.Header.Get("X-Cellvisor-Cell"); v != "" {
+			t.Errorf("%s: X-Cellvisor-Cell %q", host, v)
+		}
+		if strings.Contains(string(body), "cell-") {
+			t.Errorf("%s: the answer names the cell: %q", host, body)
 		}
 	}
 }

@@ -43,6 +43,7 @@ end
 function _M.init(opts)
     _M.cell, _M.pool, _M.sequence = opts.cell, opts.pool or "", opts.sequence or 0
     auth_window = tonumber(opts.auth_window) or 30
+    _M.expose_cell = opts.expose_cell == true
     _M.limits = opts.limits or _M.limits
     -- Sequences are 1 … 2^53-1, exact in a double; anything else is not
     -- one the agent wrote, and is reported as 0 rather than rounded.
@@ -95,7 +96,7 @@ function _M.serve()
     if not d then
         ngx.status = 404
         ngx.header["Content-Type"] = "text/plain"
-        ngx.say("no such domain on ", _M.cell)
+        ngx.say("no such domain")
         return ngx.exit(404)
     end
     local uri = ngx.var.uri
@@ -110,7 +111,9 @@ function _M.serve()
         ngx.say("no route")
         return ngx.exit(404)
     end
-    ngx.header["X-Cellvisor-Cell"] = _M.cell
+    if _M.expose_cell then
+        ngx.header["X-Cellvisor-Cell"] = _M.cell
+    end
     if best.respond then
         ngx.status = best.respond.status
         ngx.header["Content-Type"] = best.respond.content_type or "text/plain"
