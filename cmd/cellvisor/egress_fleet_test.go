@@ -621,8 +621,8 @@ func TestEgressFleet(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, func() error {
 		code, reason := forward(ctxT(t), peerClient(t, beta, mh.id), beta, orgB, mh, "metering")
 		switch {
-		case code != http.StatusConflict:
-			t.Fatalf("holder's intake to org B's bundle: %d %q, want 409 (%s)", code, reason, egressFencePeerNotInOrg)
+		case code != http.StatusForbidden:
+			t.Fatalf("holder's intake to org B's bundle: %d %q, want 403 (%s)", code, reason, egressFencePeerNotInOrg)
 		case !strings.Contains(reason, egressFencePeerNotInOrg):
 			return fmt.Errorf("org B's forward refused for another reason: %s", reason)
 		}
