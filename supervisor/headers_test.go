@@ -3,9 +3,13 @@ package supervisor_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -95,5 +99,55 @@ func TestCellNameNotDisclosed(t *testing.T) {
 		if strings.Contains(string(body), "cell-") {
 			t.Errorf("%s: the answer names the cell: %q", host, body)
 		}
+	}
+}
+
+// A client that stops reading a large proxied answer never makes the cell
+// write it to disk: past its in-memory buffers the cell stops reading from
+// the origin. Before, nginx buffered up to 1 GiB per response in unlinked
+// files under the slot's tmp/proxy, counted by no budget.
+func TestSlowReaderBuffersNothingOnDisk(t *testing.T) {
+	const size = 64 << 20
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		chunk := make([]byte, 64<<10)
+		for n := 0; n < size; n += len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(origin.Close)
+	h := newHarness(t, harnessOpts{slots: 1, domains: originDomain(origin.URL)})
+	st := h.waitReady("cell-01", 0)
+	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(st.HTTPPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetReadBuffer(4096) // a reader that takes almost nothing
+	}
+	fmt.Fprintf(c, "GET /big HTTP/1.1\r\nHost: %s\r\n\r\n", testHost)
+	buf := make([]byte, 4096)
+	if _, err := c.Read(buf); err != nil { // the answer has begun
+		t.Fatal(err)
+	}
+	// The cell has read from the origin what its socket and buffers hold;
+	// whatever it would write to disk is written by now, or soon: look
+	// while the client still reads nothing, for as long as a buffered
+	// response of this size would take to appear.
+	tmp := filepath.Join(h.slotSpec("cell-01").TmpDir(), "proxy")
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, pid := range cellProcs(t, h, "cell-01") {
+			fds, _ := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+			for _, fd := range fds {
+				if l, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/" + fd.Name()); err == nil && strings.HasPrefix(l, tmp) {
+					t.Fatalf("the cell buffers a slow reader's answer on disk: %s", l)
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
