@@ -12,8 +12,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"cellvisor/domain"
 )
 
 // What the origin learns about the client is what the edge saw: a client's
@@ -149,5 +152,56 @@ func TestSlowReaderBuffersNothingOnDisk(t *testing.T) {
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A cached route stores no answer that says private or no-store on any
+// of its Cache-Control lines (nginx reads only the first), and neither
+// reads nor fills the cache for a request with cookies. Before, an answer
+// of "Cache-Control: public" then "Cache-Control: private" was cached, and
+// so was one personalised from a request's cookie.
+func TestCacheKeepsOutPrivateAnswersAndCookies(t *testing.T) {
+	var hits atomic.Int64
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := hits.Add(1)
+		if r.URL.Path == "/private" {
+			w.Header().Add("Cache-Control", "public, max-age=60")
+			w.Header().Add("Cache-Control", "private")
+		}
+		fmt.Fprintf(w, "answer %d for %s", n, r.Header.Get("Cookie"))
+	}))
+	t.Cleanup(origin.Close)
+	doms := originDomain(origin.URL)
+	doms[0].Cache = &domain.Cache{TTLSeconds: 60}
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	fetch := func(path, cookie string) string {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = testHost
+		if cookie != "" {
+			req.Header.Set("Cookie", cookie)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	// The control: a plain answer is cached.
+	if a, b := fetch("/public", ""), fetch("/public", ""); a != b {
+		t.Fatalf("a cacheable answer was not cached: %q then %q", a, b)
+	}
+	if a, b := fetch("/private", ""), fetch("/private", ""); a == b {
+		t.Errorf("an answer with private on its second Cache-Control line was cached: %q twice", a)
+	}
+	personal := fetch("/me", "session=alice")
+	if other := fetch("/me", ""); other == personal {
+		t.Errorf("an answer to a request with a cookie was served to another client: %q", other)
 	}
 }

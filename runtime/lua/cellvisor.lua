@@ -91,6 +91,24 @@ function _M.ready()
     ngx.say("ready ", _M.cell, " sequence ", seqstr())
 end
 
+-- cache_headers runs in the header filter of cached routes: an answer
+-- with private, no-store or no-cache in any of its Cache-Control lines is
+-- not stored (nginx's own check reads only the first line).
+function _M.cache_headers()
+    local cc = ngx.resp.get_headers(100)["Cache-Control"]
+    if type(cc) == "table" then
+        cc = table.concat(cc, ",")
+    end
+    if type(cc) ~= "string" then
+        return
+    end
+    cc = string.lower(cc)
+    if string.find(cc, "private", 1, true) or string.find(cc, "no-store", 1, true)
+        or string.find(cc, "no-cache", 1, true) then
+        ngx.var.cv_private = "1"
+    end
+end
+
 function _M.serve()
     local d = lookup(ngx.var.host)
     if not d then
