@@ -1,6 +1,7 @@
 package supervisor_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -203,5 +204,54 @@ func TestCacheKeepsOutPrivateAnswersAndCookies(t *testing.T) {
 	personal := fetch("/me", "session=alice")
 	if other := fetch("/me", ""); other == personal {
 		t.Errorf("an answer to a request with a cookie was served to another client: %q", other)
+	}
+}
+
+// Routes match the path as the origin will read it: an edge rule on
+// /admin is not passed by encodings, path parameters, backslashes or extra
+// slashes, and the origin receives the normalised path (the query as sent).
+// Before, /;/admin, /x/..%5cadmin and /%2561dmin reached the origin.
+func TestRoutesMatchTheNormalisedPath(t *testing.T) {
+	seen := make(chan string, 16)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.URL.RequestURI()
+		io.WriteString(w, "origin")
+	}))
+	t.Cleanup(origin.Close)
+	doms := originDomain(origin.URL)
+	doms[0].Routes = append(doms[0].Routes, domain.Route{Prefix: "/admin", Respond: &domain.Response{Status: 403, Body: "blocked"}})
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	raw := func(target string) (int, string) {
+		t.Helper()
+		c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", target, testHost)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for _, target := range []string{"/admin", "/admin/x", "/x/../admin", "//admin", "/%2561dmin", "/;/admin", "/x/..%5cadmin", "/adm%69n/"} {
+		if code, body := raw(target); code != 403 || body != "blocked" {
+			t.Errorf("%s: %d %q, want the /admin rule's 403", target, code, body)
+		}
+	}
+	if code, _ := raw("/%2525252561dmin"); code != 400 {
+		t.Errorf("a path still encoded after three decodings: %d, want 400", code)
+	}
+	for target, want := range map[string]string{"/a%20b/./c?x=1&y=%2F": "/a%20b/c?x=1&y=%2F", "/p;jsessionid=1/q": "/p/q"} {
+		if code, body := raw(target); code != 200 || body != "origin" {
+			t.Fatalf("%s: %d %q", target, code, body)
+		}
+		if got := <-seen; got != want {
+			t.Errorf("%s reached the origin as %s, want %s", target, got, want)
+		}
 	}
 }

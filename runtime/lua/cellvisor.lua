@@ -91,6 +91,48 @@ function _M.ready()
     ngx.say("ready ", _M.cell, " sequence ", seqstr())
 end
 
+-- normalize is the path routes are matched on and the origin receives:
+-- nginx's $uri (decoded once, dot segments resolved, slashes merged)
+-- decoded again until nothing is encoded (at most three rounds: "%2561"
+-- is "a" to an origin that decodes twice), backslashes as slashes (they
+-- are to some origins), path parameters (";...") dropped, and dot segments
+-- and repeated slashes resolved once more. So an edge rule on /admin is not
+-- passed by /%2561dmin, /;/admin, /x/..%5cadmin or //admin. nil for a path
+-- still encoded after three rounds, or holding a control character.
+local function normalize(path)
+    local p = path
+    for _ = 1, 3 do
+        local q = string.gsub(p, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
+        if q == p then break end
+        p = q
+    end
+    if string.find(p, "%%%x%x") or string.find(p, "%c") then
+        return nil
+    end
+    p = string.gsub(p, "\\", "/")
+    p = string.gsub(p, ";[^/]*", "")
+    local out = {}
+    for seg in string.gmatch(p, "[^/]+") do
+        if seg == ".." then
+            out[#out] = nil
+        elseif seg ~= "." then
+            out[#out + 1] = seg
+        end
+    end
+    local n = "/" .. table.concat(out, "/")
+    if #out > 0 and string.sub(p, -1) == "/" then
+        n = n .. "/"
+    end
+    return n
+end
+
+-- escape_path percent-encodes what may not stand as it is in a path.
+local function escape_path(p)
+    return (string.gsub(p, "[^%w%-%._~/!%$&'%(%)%*%+,=:@]", function(c)
+        return string.format("%%%02X", string.byte(c))
+    end))
+end
+
 -- cache_headers runs in the header filter of cached routes: an answer
 -- with private, no-store or no-cache in any of its Cache-Control lines is
 -- not stored (nginx's own check reads only the first line).
@@ -117,7 +159,14 @@ function _M.serve()
         ngx.say("no such domain")
         return ngx.exit(404)
     end
-    local uri = ngx.var.uri
+    local uri = normalize(ngx.var.uri)
+    if not uri then
+        ngx.status = 400
+        ngx.header["Content-Type"] = "text/plain"
+        ngx.say("ambiguous path")
+        return ngx.exit(400)
+    end
+    ngx.var.cv_path = escape_path(uri)
     local best
     for _, r in ipairs(d.routes or {}) do
         if string.sub(uri, 1, #r.prefix) == r.prefix and (not best or #r.prefix > #best.prefix) then
