@@ -74,16 +74,7 @@ func sliceForTest(t *testing.T) (root, slice string) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create cgroups and hand them over")
 	}
-	for _, r := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
-		var st unix.Statfs_t
-		if unix.Statfs(r, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-			root = r
-			break
-		}
-	}
-	if root == "" {
-		t.Skip("no cgroup2 mount on this host")
-	}
+	root = cgroup2Mount(t)
 	b := make([]byte, 4)
 	rand.Read(b)
 	slice = "/cvtest-" + hex.EncodeToString(b) + ".slice"

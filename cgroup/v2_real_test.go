@@ -24,17 +24,7 @@ func unifiedForTest(t *testing.T) *v2 {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create cgroups")
 	}
-	var root string
-	for _, r := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
-		var st unix.Statfs_t
-		if unix.Statfs(r, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-			root = r
-			break
-		}
-	}
-	if root == "" {
-		t.Skip("no cgroup2 mount on this host")
-	}
+	root := cgroup2Mount(t)
 	if _, err := os.Stat(root + "/cgroup.kill"); err != nil {
 		if _, err := os.Stat(root + "/cgroup.procs"); err != nil {
 			t.Skipf("cgroup2 mount unusable: %v", err)
@@ -57,6 +47,20 @@ func unifiedForTest(t *testing.T) *v2 {
 // A cell starts inside its group both ways: cloned into it, and (where
 // clone3 is refused: systemd's RestrictNamespaces=) through the join helper,
 // which writes "0" to the group's cgroup.procs before it execs the cell.
+// cgroup2Mount is this host's cgroup2 mount (a hybrid host's unified one
+// will do where controllers are not needed), or skips the test.
+func cgroup2Mount(t *testing.T) string {
+	t.Helper()
+	for _, r := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"} {
+		var st unix.Statfs_t
+		if unix.Statfs(r, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return r
+		}
+	}
+	t.Skip("no cgroup2 mount on this host")
+	return ""
+}
+
 func TestV2CloneIntoCgroupAndKill(t *testing.T) {
 	for _, join := range []bool{false, true} {
 		t.Run(map[bool]string{false: "clone3", true: "join helper"}[join], func(t *testing.T) {

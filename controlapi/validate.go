@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"cellvisor/controlapi/store"
+	"cellvisor/domain"
 )
 
 // EdgeRequest creates an edge.
@@ -52,20 +53,9 @@ SV SX SY SZ TC TD TF TG TH TJ TK TL TM TN TO TR TT TV TW TZ UA UG UM US UY UZ VA
 	return m
 }()
 
-// validName reports 1–63 lowercase letters, digits and inner hyphens or
-// dots: a name that reads well in a table and a log line.
-func validName(s string, max int) bool {
-	if s == "" || len(s) > max || s[0] == '-' || s[0] == '.' || s[len(s)-1] == '-' || s[len(s)-1] == '.' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
+// validName reports 1–max lowercase letters, digits and inner hyphens or
+// dots (domain.ValidName): a name that reads well in a table and a log line.
+func validName(s string, max int) bool { return domain.ValidName(s, max) }
 
 // Validate checks every field and fills the defaults, naming the field it
 // refuses.

@@ -43,8 +43,13 @@ func PoolClass(pool string) (string, bool) {
 // ValidPoolName reports 1–64 lowercase letters, digits and inner hyphens or
 // dots: the control plane's rule for pool names. Nothing in such a name is
 // special to Lua, nginx, a shell or a path (no slash, no leading dot).
-func ValidPoolName(s string) bool {
-	if s == "" || len(s) > MaxPoolName || s[0] == '-' || s[0] == '.' || s[len(s)-1] == '-' || s[len(s)-1] == '.' {
+func ValidPoolName(s string) bool { return ValidName(s, MaxPoolName) }
+
+// ValidName reports 1–max lowercase letters, digits and inner hyphens or
+// dots: the control plane's names (pools, orgs, edges), which read well in
+// a table and a log line.
+func ValidName(s string, max int) bool {
+	if s == "" || len(s) > max || s[0] == '-' || s[0] == '.' || s[len(s)-1] == '-' || s[len(s)-1] == '.' {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
