@@ -154,6 +154,30 @@ type PoolLimits struct {
 	Burst    int `json:"burst"`
 }
 
+// MinSharedConns is the smallest MaxConns that is shared out: below it a
+// pool's limit is the cell's alone (a share of a handful of connections
+// would refuse ordinary clients).
+const MinSharedConns = 16
+
+// HostShare is the most connections one of the cell's domains may hold of
+// MaxConns: three quarters, so that clients of one tenant (an attack on it
+// included) leave a quarter to the others; 0 where not shared.
+func (l PoolLimits) HostShare() int {
+	if l.MaxConns < MinSharedConns {
+		return 0
+	}
+	return l.MaxConns - l.MaxConns/4
+}
+
+// AddrShare is the most connections one client address may hold of
+// MaxConns: an eighth; 0 where not shared.
+func (l PoolLimits) AddrShare() int {
+	if l.MaxConns < MinSharedConns {
+		return 0
+	}
+	return l.MaxConns / 8
+}
+
 // DefaultAuthWindow is the private endpoint's timestamp window, in seconds.
 const DefaultAuthWindow = 30
 

@@ -57,6 +57,8 @@ type harnessOpts struct {
 	authWindow int
 	// workerConns is each cell's worker_connections; 0 means the shipped one.
 	workerConns int
+	// limits are every pool's limits (the signed assignments' policy).
+	limits runtime.PoolLimits
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -140,6 +142,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 			}
 			p := agent.RenderParams(cfg, s, pool, seq)
 			p.AuthWindow = o.authWindow
+			p.Limits = o.limits
 			r, err := runtime.BuildRelease(p, pools[pool])
 			if err != nil {
 				t.Fatal(err)

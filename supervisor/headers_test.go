@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"cellvisor/domain"
+	"cellvisor/runtime"
 )
 
 // What the origin learns about the client is what the edge saw: a client's
@@ -253,5 +254,67 @@ func TestRoutesMatchTheNormalisedPath(t *testing.T) {
 		if got := <-seen; got != want {
 			t.Errorf("%s reached the origin as %s, want %s", target, got, want)
 		}
+	}
+}
+
+// A pool's connection limit is shared out: one domain's clients (an attack
+// on it from several addresses included) hold at most three quarters of it,
+// one address an eighth, and another tenant of the cell is still served.
+// Before, the whole limit was one key: slow requests to one domain locked
+// every other domain of the cell out with 503.
+func TestPoolConnectionLimitIsSharedOut(t *testing.T) {
+	origin := newGateOrigin(t)
+	doms := originDomain(origin.URL)
+	const neighbour = "neighbour.cellvisor.test"
+	doms = append(doms, domain.Domain{Domain: neighbour, Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{neighbour},
+		Routes: []domain.Route{{Prefix: "/", Respond: &domain.Response{Status: 200, Body: "neighbour"}}}})
+	limits := runtime.PoolLimits{MaxConns: 16}
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms, limits: limits})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	get := func(from, host string) int {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		tr := &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}
+		defer tr.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+"/held", nil)
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		req.Host = host
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			return 0
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// 8 addresses, 3 requests each, to one domain: held at its origin.
+	codes := make(chan int, 24)
+	for i := range 24 {
+		go func() { codes <- get(fmt.Sprintf("127.0.0.%d", 2+i%8), testHost) }()
+	}
+	// The ones over a share are refused at once; the rest are held.
+	refused := 0
+	for held := 0; held+refused < 24; {
+		select {
+		case <-origin.entered:
+			held++
+		case c := <-codes:
+			if c != http.StatusServiceUnavailable {
+				t.Fatalf("a request over the shares answered %d, want 503", c)
+			}
+			refused++
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d held, %d refused of 24", held, refused)
+		}
+	}
+	if held := 24 - refused; held != limits.HostShare() {
+		t.Errorf("%d requests to one domain held, want its share %d", held, limits.HostShare())
+	}
+	if c := get("127.0.0.20", neighbour); c != 200 {
+		t.Errorf("the neighbour domain while another holds its share: %d, want 200", c)
 	}
 }
