@@ -428,6 +428,9 @@ func TestCLIControls(t *testing.T) {
 		if (err == nil) != tc.ok || !strings.Contains(out, tc.message) {
 			t.Errorf("cellvisor %v: %v\n%s\nwant ok=%v and %q", tc.args, err, out, tc.ok, tc.message)
 		}
+		if op := strings.Join(tc.args, " ") + ":"; len(tc.args) == 2 && strings.Count(out, op) > 1 {
+			t.Errorf("cellvisor %v names the operation more than once: %s", tc.args, out)
+		}
 	}
 	// -o json prints the cell's status, the admin socket's shape.
 	for _, tc := range []struct {
