@@ -167,17 +167,7 @@ test: deps ## run every test with -race, on a PostgreSQL started for the run; te
 VM_DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap e2fsprogs
 
 vm-deps: ## install what the VM test needs (qemu, qemu-utils, debootstrap, e2fsprogs)
-	@missing=""; \
-	for p in $(VM_DEB_PACKAGES); do \
-	  [ "$$(dpkg-query -W -f='$${Status}' "$$p" 2>/dev/null)" = "install ok installed" ] || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  echo "vm-deps: installing$$missing"; \
-	  $(SUDO) apt-get update; \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
-	else \
-	  echo "vm-deps: present: $(VM_DEB_PACKAGES)"; \
-	fi
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(VM_DEB_PACKAGES)"
 
 # As root: builds the packages and a cached Debian bookworm image
 # (debootstrap from this host's apt sources), boots it with qemu (KVM when it

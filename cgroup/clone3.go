@@ -9,7 +9,9 @@ import (
 // clone3Probe caches whether clone3 can be called: the kernel has it (5.3+)
 // and no seccomp filter answers it. systemd's RestrictNamespaces= (any value
 // but "no") answers every clone3 with ENOSYS, because a seccomp filter cannot
-// read clone3's flags: they are in a struct in memory.
+// read clone3's flags: they are in a struct in memory. Where it can, v2
+// cells are cloned straight into their cgroup; where not, they start
+// through the join helper, as on v1.
 var clone3Probe = sync.OnceValue(func() bool {
 	// A size below the first version of struct clone_args makes the kernel
 	// refuse with EINVAL before it creates anything; a filter, or a kernel
@@ -17,15 +19,6 @@ var clone3Probe = sync.OnceValue(func() bool {
 	_, _, errno := unix.RawSyscall(unix.SYS_CLONE3, 0, 0, 0)
 	return errno == unix.EINVAL
 })
-
-// forceJoin, set by tests, starts v2 cells through the join helper as if
-// clone3 were unavailable.
-var forceJoin bool
-
-// cloneIntoCgroup reports whether v2 cells can be cloned straight into
-// their cgroup (clone3 with CLONE_INTO_CGROUP); where they cannot, they
-// start through the join helper, as on v1.
-func cloneIntoCgroup() bool { return !forceJoin && clone3Probe() }
 
 // JoinsCells reports whether m starts cells through the join helper: on v1,
 // and on v2 where clone3 is refused.

@@ -146,9 +146,26 @@ func HandOverScope(o PrepareOptions, cg string) ([]string, error) {
 	return dirs, nil
 }
 
-// chownTree chowns dir and files after checking dir is a directory on a
-// filesystem of type magic. Nothing is followed.
+// chownTree chowns dir and files after checking dir (checkCgroupDir).
+// Nothing is followed.
 func chownTree(dir string, magic int64, files []string, uid, gid int) error {
+	if err := checkCgroupDir(dir, magic); err != nil {
+		return err
+	}
+	if err := os.Lchown(dir, uid, gid); err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := os.Lchown(join(dir, f), uid, gid); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkCgroupDir refuses dir unless it is a directory (not a link) on a
+// filesystem of type magic.
+func checkCgroupDir(dir string, magic int64) error {
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return err
@@ -166,14 +183,6 @@ func chownTree(dir string, magic int64, files []string, uid, gid int) error {
 			kind = "cgroup v2"
 		}
 		return fmt.Errorf("%s is not on a %s filesystem", dir, kind)
-	}
-	if err := os.Lchown(dir, uid, gid); err != nil {
-		return err
-	}
-	for _, f := range files {
-		if err := os.Lchown(join(dir, f), uid, gid); err != nil && !os.IsNotExist(err) {
-			return err
-		}
 	}
 	return nil
 }
@@ -244,7 +253,7 @@ func HandOverSlice(o PrepareOptions, cg string) (string, error) {
 		return "", fmt.Errorf("hand over slice: %s holds other units too (%s): handing its cgroup.procs to the agent would let it move their processes; give the unit a slice of its own (Slice=cellvisor.slice, as packaged)", anc, strings.Join(others, ", "))
 	}
 	dir := join(o.Root, anc)
-	if err := chownTree(dir, unix.CGROUP2_SUPER_MAGIC, nil, -1, -1); err != nil {
+	if err := checkCgroupDir(dir, unix.CGROUP2_SUPER_MAGIC); err != nil {
 		return "", fmt.Errorf("hand over slice: %w", err)
 	}
 	f := join(dir, "cgroup.procs")

@@ -55,13 +55,45 @@ func TestWritableByMe(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		got, err := writableByMe(f)
+		got, err := writableBy(f, myIDs())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got != tc.want {
 			t.Errorf("mode %o owner %d: writable %v, want %v", tc.mode, tc.uid, got, tc.want)
 		}
+	}
+}
+
+// The common-ancestor rule refuses, naming why, an agent that may not
+// write the cgroup.procs its unit and the cells' scope meet at, and takes
+// one that may.
+func TestAncestorRule(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give the file away")
+	}
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "cellvisor.slice"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	procs := filepath.Join(root, "cellvisor.slice", "cgroup.procs")
+	if err := os.WriteFile(procs, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	own, cells := "/cellvisor.slice/cellvisor.service", "/cellvisor.slice/cellvisor-cells.scope"
+	if err := ancestorRule(root, own, cells, ids{}); err != nil {
+		t.Errorf("root passes the kernel's check, and so this one: %v", err)
+	}
+	agent := ids{uid: nobody, gid: nobody}
+	err := ancestorRule(root, own, cells, agent)
+	if err == nil || !strings.Contains(err.Error(), "common ancestor /cellvisor.slice's cgroup.procs is not writable by uid 65534") {
+		t.Errorf("a cgroup.procs not the agent's: %v, want the refusal naming the rule", err)
+	}
+	if err := os.Chown(procs, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	if err := ancestorRule(root, own, cells, agent); err != nil {
+		t.Errorf("a cgroup.procs handed to the agent: %v", err)
 	}
 }
 

@@ -35,7 +35,7 @@ func newV2(root string, self selfPaths, subtree, cells string) (*v2, error) {
 	if !ok {
 		return nil, fmt.Errorf("cgroup v2: this process has no unified cgroup")
 	}
-	m := &v2{root: root, base: path.Join(own, subtree), agentBase: path.Join(own, subtree), subtree: subtree, join: !cloneIntoCgroup()}
+	m := &v2{root: root, base: path.Join(own, subtree), agentBase: path.Join(own, subtree), subtree: subtree, join: !clone3Probe()}
 	parents := []string{own}
 	if cells != "" {
 		m.base = path.Join(cells, subtree)
@@ -72,18 +72,31 @@ func newV2(root string, self selfPaths, subtree, cells string) (*v2, error) {
 // cells in cells: a non-root agent whose unit and cells' scope meet only in
 // a slice it was not handed (system.slice) would have every start refused
 // with EACCES. Root passes the kernel's check, and so this one.
-func checkCommonAncestor(root, own, cells string) error {
-	if os.Geteuid() == 0 {
+func checkCommonAncestor(root, own, cells string) error { return ancestorRule(root, own, cells, myIDs()) }
+
+// ids are a process's effective user, group and supplementary groups.
+type ids struct {
+	uid, gid int
+	groups   []int
+}
+
+func myIDs() ids {
+	groups, _ := os.Getgroups()
+	return ids{uid: os.Geteuid(), gid: os.Getegid(), groups: groups}
+}
+
+// ancestorRule is checkCommonAncestor for a process of id.
+func ancestorRule(root, own, cells string, id ids) error {
+	if id.uid == 0 {
 		return nil
 	}
 	anc := commonAncestor(own, cells)
-	f := join(root, anc, "cgroup.procs")
-	ok, err := writableByMe(f)
+	ok, err := writableBy(join(root, anc, "cgroup.procs"), id)
 	if err != nil {
 		return fmt.Errorf("cgroup v2: %w", err)
 	}
 	if !ok {
-		return fmt.Errorf("cgroup v2: the agent (in %s) may not start processes in the cells' cgroup %s: their common ancestor %s's cgroup.procs is not writable by uid %d (cgroup v2's common-ancestor rule); run the agent's unit and the cells' scope in a slice of their own whose cgroup.procs cellvisor prepare-cgroups hands to the agent (the packaged unit: Slice=cellvisor.slice; docs/cgroups.md)", own, cells, anc, os.Geteuid())
+		return fmt.Errorf("cgroup v2: the agent (in %s) may not start processes in the cells' cgroup %s: their common ancestor %s's cgroup.procs is not writable by uid %d (cgroup v2's common-ancestor rule); run the agent's unit and the cells' scope in a slice of their own whose cgroup.procs cellvisor prepare-cgroups hands to the agent (the packaged unit: Slice=cellvisor.slice; docs/cgroups.md)", own, cells, anc, id.uid)
 	}
 	return nil
 }
@@ -97,32 +110,22 @@ func commonAncestor(a, b string) string {
 	return a
 }
 
-// writableByMe tells whether this process's effective ids may write f, from
-// its owner and mode: faccessat would answer EROFS where a read-only bind
-// mount (systemd's ProtectSystem=) covers it, though the kernel's check for
-// a migration reads the inode's permissions, not the mount's.
-func writableByMe(f string) (bool, error) {
+// writableBy tells whether a process of id may write f, from its owner and
+// mode: faccessat would answer EROFS where a read-only bind mount
+// (systemd's ProtectSystem=) covers it, though the kernel's check for a
+// migration reads the inode's permissions, not the mount's.
+func writableBy(f string, id ids) (bool, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(f, &st); err != nil {
 		return false, err
 	}
 	switch {
-	case int(st.Uid) == os.Geteuid():
+	case int(st.Uid) == id.uid:
 		return st.Mode&0o200 != 0, nil
-	case inGroup(int(st.Gid)):
+	case int(st.Gid) == id.gid || slices.Contains(id.groups, int(st.Gid)):
 		return st.Mode&0o020 != 0, nil
 	}
 	return st.Mode&0o002 != 0, nil
-}
-
-// inGroup reports whether gid is this process's effective or a
-// supplementary group.
-func inGroup(gid int) bool {
-	if gid == os.Getegid() {
-		return true
-	}
-	groups, _ := os.Getgroups()
-	return slices.Contains(groups, gid)
 }
 
 // checkControllers tells whether memory, cpu and pids are delegated to p.

@@ -104,17 +104,7 @@ http {
 	if err := os.Mkdir(filepath.Join(dir, "dir.json"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	confPath := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(confPath, []byte(conf.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-g", "daemon off; master_process off;", "-e", filepath.Join(dir, "error.log"), "-p", dir, "-c", confPath)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		logb, _ := os.ReadFile(filepath.Join(dir, "error.log"))
-		t.Fatalf("nginx -t: %v\n%s\n%s", err, b, logb)
-	}
+	runNginxOnce(t, bin, dir, conf.String())
 	var want []luaCase
 	readJSON(t, fix, &want)
 	var res struct {
@@ -167,6 +157,25 @@ func readJSON(t *testing.T, path string, v any) {
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		t.Fatalf("decode %s: %v", path, err)
+	}
+}
+
+// runNginxOnce writes conf into dir and runs nginx on it without a master
+// (its init_by_lua does the work and exits), bounded in time; it fails the
+// test with nginx's output and error log when nginx fails.
+func runNginxOnce(t *testing.T, bin, dir, conf string) {
+	t.Helper()
+	confPath := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-g", "daemon off; master_process off;", "-e", filepath.Join(dir, "error.log"), "-p", dir, "-c", confPath)
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		logb, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+		t.Fatalf("nginx: %v\n%s\n%s\n%s", err, b, logb, conf)
 	}
 }
 

@@ -1,14 +1,11 @@
 package runtime
 
 import (
-	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"cellvisor/domain"
 )
@@ -45,18 +42,7 @@ func TestLuaStringRoundTripsInTheCellsLua(t *testing.T) {
 	}
 	conf.WriteString("        }\n        local o = assert(io.open(" + luaString(out) + ", \"wb\"))\n" +
 		"        for _, v in ipairs(vals) do o:write(#v, \":\", v) end\n        o:close()\n        os.exit(0)\n    }\n}\n")
-	confPath := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(confPath, []byte(conf.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-g", "daemon off; master_process off;", "-e", filepath.Join(dir, "error.log"), "-p", dir, "-c", confPath)
-	cmd.Dir = dir
-	if b, err := cmd.CombinedOutput(); err != nil {
-		logb, _ := os.ReadFile(filepath.Join(dir, "error.log"))
-		t.Fatalf("nginx: %v\n%s\n%s\n%s", err, b, logb, conf.String())
-	}
+	runNginxOnce(t, bin, dir, conf.String())
 	got, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)

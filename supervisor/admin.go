@@ -204,6 +204,13 @@ func (c *AdminClient) do(ctx context.Context, method, path string, out any) erro
 	return json.Unmarshal(body, out)
 }
 
+// AgentAnswered reports whether err is the agent's own answer (its
+// controls name their operation and cell), not a failure to reach it.
+func AgentAnswered(err error) bool {
+	var ae *apiError
+	return errors.As(err, &ae)
+}
+
 // Status asks the agent for its status.
 func (c *AdminClient) Status(ctx context.Context) (Status, error) {
 	var st Status

@@ -90,12 +90,23 @@ func (s *Supervisor) slotNamed(name string) (*slot, error) {
 // answers 503 from then on, requests in flight complete, and a graceful
 // reload closes keep-alive connections after their current request.
 func (s *Supervisor) Drain(ctx context.Context, name string) (SlotStatus, error) {
-	return s.setDrained(ctx, name, true)
+	st, err := s.setDrained(ctx, name, true)
+	return st, opErr("drain", name, err)
 }
 
 // Undrain reverses Drain.
 func (s *Supervisor) Undrain(ctx context.Context, name string) (SlotStatus, error) {
-	return s.setDrained(ctx, name, false)
+	st, err := s.setDrained(ctx, name, false)
+	return st, opErr("undrain", name, err)
+}
+
+// opErr names the operation on the cell, once, in a control's error: what
+// the admin socket answers and a control task's ack carries.
+func opErr(verb, name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s %s: %w", verb, name, err)
 }
 
 func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) (SlotStatus, error) {
@@ -136,7 +147,7 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 				if rerr := runtime.SetDrained(c.spec, !drained); rerr != nil {
 					c.log.Error("restore drained state", zap.Error(rerr))
 				}
-				return SlotStatus{}, fmt.Errorf("%s %s: %w", verb, name, err)
+				return SlotStatus{}, err
 			}
 		}
 	}
@@ -178,6 +189,11 @@ func (c *slot) cellAgrees(ctx context.Context, drained bool, callErr error) bool
 // Restarts are rate-limited per cell; a refused one says when the next is
 // allowed.
 func (s *Supervisor) Restart(ctx context.Context, name string) (SlotStatus, error) {
+	st, err := s.restart(ctx, name)
+	return st, opErr("restart", name, err)
+}
+
+func (s *Supervisor) restart(ctx context.Context, name string) (SlotStatus, error) {
 	c, err := s.slotNamed(name)
 	if err != nil {
 		return SlotStatus{}, err
@@ -195,17 +211,14 @@ func (s *Supervisor) Restart(ctx context.Context, name string) (SlotStatus, erro
 	select {
 	case c.restartCh <- req:
 	case <-ctx.Done():
-		return SlotStatus{}, fmt.Errorf("restart %s: %w", name, ctx.Err())
+		return SlotStatus{}, ctx.Err()
 	}
 	c.log.Info("restart requested")
 	select {
 	case err := <-req.done:
-		if err != nil {
-			return c.status(), fmt.Errorf("restart %s: %w", name, err)
-		}
-		return c.status(), nil
+		return c.status(), err
 	case <-ctx.Done():
-		return c.status(), fmt.Errorf("restart %s: still restarting: %w", name, ctx.Err())
+		return c.status(), fmt.Errorf("still restarting: %w", ctx.Err())
 	}
 }
 

@@ -212,10 +212,11 @@ func controlCmd(verb, short, long string, load func() (config.Agent, error), std
 		ctx, cancel := context.WithTimeout(c.Context(), cfg.Restart.DrainTimeout.D()+cfg.OpenResty.ReadyTimeout.D()+30*time.Second)
 		defer cancel()
 		st, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Control(ctx, verb, args[0])
-		if op := verb + " " + args[0]; err != nil && !strings.Contains(err.Error(), op+": ") {
-			return fmt.Errorf("%s: %w", op, err) // named once: the agent's answer may name it already
-		} else if err != nil {
-			return err
+		if err != nil && !supervisor.AgentAnswered(err) {
+			return fmt.Errorf("%s %s: %w", verb, args[0], err)
+		}
+		if err != nil {
+			return err // the agent's answer names the operation
 		}
 		if f == "json" {
 			return printJSON(stdout, st)

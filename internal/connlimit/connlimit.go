@@ -323,31 +323,28 @@ func (l *Listener) admit(raw net.Conn) *conn {
 			zap.Int("max_per_ip", l.o.MaxPerIP))
 		return nil
 	}
+	// evict drops the oldest pending connection of q for the new one,
+	// counting it in n; false when q has none to drop.
+	evict := func(q *list.List, n *atomic.Uint64) bool {
+		v := front(q)
+		if v == nil {
+			return false
+		}
+		l.forgetLocked(v, true)
+		victims = append(victims, v)
+		n.Add(1)
+		return true
+	}
 	l.mu.Lock()
 	ipc := l.byIP[c.ip]
-	if l.o.MaxPerIP > 0 && ipc != nil && ipc.n >= l.o.MaxPerIP {
-		v := front(ipc.pending)
-		if v == nil {
-			return refuse(&l.refusedIP, "refused_per_ip", "connection refused: its address holds as many established connections as it may")
-		}
-		l.forgetLocked(v, true)
-		victims = append(victims, v)
-		l.droppedIP.Add(1)
+	if l.o.MaxPerIP > 0 && ipc != nil && ipc.n >= l.o.MaxPerIP && !evict(ipc.pending, &l.droppedIP) {
+		return refuse(&l.refusedIP, "refused_per_ip", "connection refused: its address holds as many established connections as it may")
 	}
 	if l.pending.Len() >= l.o.MaxPending {
-		v := front(l.pending)
-		l.forgetLocked(v, true)
-		victims = append(victims, v)
-		l.droppedPending.Add(1)
+		evict(l.pending, &l.droppedPending)
 	}
-	if l.open >= l.o.Max {
-		v := front(l.pending)
-		if v == nil {
-			return refuse(&l.refusedFull, "refused_full", "connection refused: the listener holds as many established connections as it may")
-		}
-		l.forgetLocked(v, true)
-		victims = append(victims, v)
-		l.droppedFull.Add(1)
+	if l.open >= l.o.Max && !evict(l.pending, &l.droppedFull) {
+		return refuse(&l.refusedFull, "refused_full", "connection refused: the listener holds as many established connections as it may")
 	}
 	l.open++
 	if ipc = l.byIP[c.ip]; ipc == nil {

@@ -100,6 +100,11 @@ end
 -- passed by /%2561dmin, /;/admin, /x/..%5cadmin or //admin. nil for a path
 -- still encoded after three rounds, or holding a control character.
 local function normalize(path)
+    -- Nothing to decode, no backslash, no path parameter, no control byte:
+    -- nginx's $uri is normalised already (the common case, on every request).
+    if not string.find(path, "[%%\\;%c]") then
+        return path
+    end
     local p = path
     for _ = 1, 3 do
         local q = string.gsub(p, "%%(%x%x)", function(h) return string.char(tonumber(h, 16)) end)
@@ -127,10 +132,23 @@ local function normalize(path)
 end
 
 -- escape_path percent-encodes what may not stand as it is in a path.
+local unsafe_in_path = "[^%w%-%._~/!%$&'%(%)%*%+,=:@]"
+
 local function escape_path(p)
-    return (string.gsub(p, "[^%w%-%._~/!%$&'%(%)%*%+,=:@]", function(c)
+    if not string.find(p, unsafe_in_path) then
+        return p
+    end
+    return (string.gsub(p, unsafe_in_path, function(c)
         return string.format("%%%02X", string.byte(c))
     end))
+end
+
+-- answer ends the request with a plain-text answer the cell makes itself.
+local function answer(status, text)
+    ngx.status = status
+    ngx.header["Content-Type"] = "text/plain"
+    ngx.say(text)
+    return ngx.exit(status)
 end
 
 -- cache_headers runs in the header filter of cached routes: an answer
@@ -154,19 +172,12 @@ end
 function _M.serve()
     local d = lookup(ngx.var.host)
     if not d then
-        ngx.status = 404
-        ngx.header["Content-Type"] = "text/plain"
-        ngx.say("no such domain")
-        return ngx.exit(404)
+        return answer(404, "no such domain")
     end
     local uri = normalize(ngx.var.uri)
     if not uri then
-        ngx.status = 400
-        ngx.header["Content-Type"] = "text/plain"
-        ngx.say("ambiguous path")
-        return ngx.exit(400)
+        return answer(400, "ambiguous path")
     end
-    ngx.var.cv_path = escape_path(uri)
     local best
     for _, r in ipairs(d.routes or {}) do
         if string.sub(uri, 1, #r.prefix) == r.prefix and (not best or #r.prefix > #best.prefix) then
@@ -174,9 +185,7 @@ function _M.serve()
         end
     end
     if not best then
-        ngx.status = 404
-        ngx.say("no route")
-        return ngx.exit(404)
+        return answer(404, "no route")
     end
     if _M.expose_cell then
         ngx.header["X-Cellvisor-Cell"] = _M.cell
@@ -191,6 +200,7 @@ function _M.serve()
         if o.name == best.origin then
             ngx.var.cv_origin = o.url
             ngx.var.cv_origin_name = d.domain .. "/" .. o.name
+            ngx.var.cv_path = escape_path(uri)
             -- A domain with a cache TTL goes through the cached location of
             -- its TTL, which the release rendered from the same pool JSON.
             local ttl = type(d.cache) == "table" and tonumber(d.cache.ttl_seconds) or 0
