@@ -72,7 +72,9 @@ func newV2(root string, self selfPaths, subtree, cells string) (*v2, error) {
 // cells in cells: a non-root agent whose unit and cells' scope meet only in
 // a slice it was not handed (system.slice) would have every start refused
 // with EACCES. Root passes the kernel's check, and so this one.
-func checkCommonAncestor(root, own, cells string) error { return ancestorRule(root, own, cells, myIDs()) }
+func checkCommonAncestor(root, own, cells string) error {
+	return ancestorRule(root, own, cells, myIDs())
+}
 
 // ids are a process's effective user, group and supplementary groups.
 type ids struct {
