@@ -322,3 +322,41 @@ func TestPlainHandshakeDeadline(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// A burst of real peers far over MaxPending, all at once: none is dropped
+// for another (each waits in the kernel's backlog while the pending ones
+// are younger than MinPendingAge), and every request is answered.
+func TestBurstOfPeersDoesNotEvictItself(t *testing.T) {
+	const n = 120
+	ln := serve(t, Options{Name: "test", Max: 16, MaxPending: 4, HandshakeTimeout: 10 * time.Second})
+	url := "http://" + ln.Addr().String() + "/"
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 30 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for range n {
+		go func() {
+			<-start
+			resp, err := client.Get(url)
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("answer %d", resp.StatusCode)
+				}
+			}
+			errs <- err
+		}()
+	}
+	close(start)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("a request of the burst: %v", err)
+		}
+	}
+	st := ln.Stats()
+	t.Logf("after a burst of %d: %+v", n, st)
+	if st.DroppedPending+st.DroppedFull+st.RefusedFull != 0 || st.Accepted != n {
+		t.Errorf("stats %+v: want all %d taken, none dropped or refused", st, n)
+	}
+}
