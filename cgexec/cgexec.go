@@ -15,6 +15,11 @@
 // /bin/sh script, which costs half a millisecond to a millisecond more CPU
 // per cell (the shell's dynamic loading and start).
 //
+// The helper also switches the cell to a user of its own (Cred) once it
+// has joined: the join needs the agent's user, which owns the cgroup
+// files; the cell must not keep it, nor the capabilities that let the agent
+// switch users.
+//
 // The package links nothing but the standard library: the benchmark's floor
 // (internal/floorspawn) starts its cells through it as the agent does.
 package cgexec
@@ -60,18 +65,26 @@ const joinShell = "/bin/sh"
 // 126 if a group cannot be joined (the shell prints "cellvisor-cgexec: 1:
 // cannot create …"). Paths and arguments arrive as positional parameters,
 // never in the script text.
-const joinScript = joinLoop + `exec "$@"`
+const joinScript = joinLoop + `exec ` + becomeScript + `"$@"`
 
-// joinLoop is both scripts' join: every tasks file up to "--", then a
-// program to exec.
-const joinLoop = `while [ "$1" != -- ]; do echo 0 > "$1" || exit 126; shift; done; shift; [ $# -gt 0 ] || { echo "$0: no program" >&2; exit 126; }; `
+// joinLoop is both scripts' join: a user to become ("+UID:GID", optional),
+// every tasks file up to "--", then a program to exec.
+const joinLoop = `c=; case "$1" in +*) c=${1#+}; shift;; esac; ` +
+	`while [ "$1" != -- ]; do echo 0 > "$1" || exit 126; shift; done; shift; [ $# -gt 0 ] || { echo "$0: no program" >&2; exit 126; }; ` +
+	`[ -z "$c" ] || umask 007; `
+
+// becomeScript precedes the program in the scripts' exec: with a user to
+// become, setpriv (util-linux) switches to it (no supplementary groups) and
+// drops CAP_SETUID and CAP_SETGID from the inherited and ambient sets, as
+// the built-in helper does.
+const becomeScript = `${c:+setpriv --reuid=${c%:*} --regid=${c#*:} --clear-groups --inh-caps=-setuid,-setgid --ambient-caps=-setuid,-setgid --} `
 
 // standbyScript joins like joinScript, then blocks reading fd @FD@. The line
 // "exec" makes it exec the cell, already inside its groups, with that fd
 // closed; anything else or end of file (the agent closed the pipe, or
 // exited) makes it exit 0 without starting anything, so a standby never
 // outlives its agent.
-const standbyScript = joinLoop + `read -r go <&@FD@ || exit 0; [ "$go" = exec ] || exit 0; exec "$@" @FD@<&-`
+const standbyScript = joinLoop + `read -r go <&@FD@ || exit 0; [ "$go" = exec ] || exit 0; exec ` + becomeScript + `"$@" @FD@<&-`
 
 // LDFlags returns the linker flags that make a binary for this platform
 // carry the helper, or "" where it has none. Only binaries that link this
@@ -118,40 +131,66 @@ func readWord(b []byte) uintptr {
 	return uintptr(binary.NativeEndian.Uint32(b))
 }
 
+// Cred is a user a cell runs as: the helper switches to it after joining,
+// with no supplementary groups, a umask of 007 (the cell's files readable
+// and writable by its group, which the agent is a member of), and without
+// CAP_SETUID and CAP_SETGID in its inheritable and ambient capabilities, so
+// that the program it execs holds neither (it keeps the others the agent
+// passes on, CAP_NET_BIND_SERVICE). A nil Cred keeps the caller's user.
+type Cred struct {
+	UID, GID uint32
+}
+
+// Valid reports whether the helper can switch to c: neither id is -1
+// ("unchanged" to setresuid) or root's.
+func (c *Cred) Valid() bool {
+	return c == nil || c.UID != 0 && c.GID != 0 && c.UID != ^uint32(0) && c.GID != ^uint32(0)
+}
+
+func (c *Cred) arg() []string {
+	if c == nil {
+		return nil
+	}
+	return []string{"+" + strconv.FormatUint(uint64(c.UID), 10) + ":" + strconv.FormatUint(uint64(c.GID), 10)}
+}
+
 // Join returns the program and argv of a command that joins each of tasks
-// (a v1 hierarchy's tasks file) and then execs argv (argv[0] the program's
-// path, not searched in PATH) in place, with the same environment. It exits
-// 126 if a group cannot be joined or the program cannot be exec'd (127 when
-// the program does not exist), with a line on stderr that begins with
-// JoinName.
-func Join(tasks, argv []string) (path string, args []string) {
-	return joinCommand(Builtin(), selfExe, tasks, argv)
+// (a v1 hierarchy's tasks file, or a v2 cgroup.procs) and then execs argv
+// (argv[0] the program's path, not searched in PATH) in place, with the
+// same environment, as the user as (nil: the caller's; see Cred). It exits
+// 126 if a group cannot be joined, the user cannot be become, or the
+// program cannot be exec'd (127 when the program does not exist), with a
+// line on stderr that begins with JoinName.
+func Join(as *Cred, tasks, argv []string) (path string, args []string) {
+	return joinCommand(Builtin(), selfExe, as, tasks, argv)
 }
 
 // joinCommand is Join through exe's built-in helper, or through the shell.
-func joinCommand(builtin bool, exe string, tasks, argv []string) (string, []string) {
+func joinCommand(builtin bool, exe string, as *Cred, tasks, argv []string) (string, []string) {
 	if builtin {
-		return exe, helperArgs([]string{JoinName}, tasks, argv)
+		return exe, helperArgs(append([]string{JoinName}, as.arg()...), tasks, argv)
 	}
-	return joinShell, helperArgs([]string{joinShell, "-c", joinScript, JoinName}, tasks, argv)
+	return joinShell, helperArgs(append([]string{joinShell, "-c", joinScript, JoinName}, as.arg()...), tasks, argv)
 }
 
 // Standby returns the program and argv of a standby: it joins like Join,
 // then blocks reading fd (a pipe from the caller, inherited as that fd). The
-// line "exec" (ReleaseLine) makes it exec argv in place with fd closed;
-// anything else, or end of file, makes it exit 0 having started nothing.
-func Standby(fd int, tasks, argv []string) (path string, args []string) {
-	return standbyCommand(Builtin(), selfExe, fd, tasks, argv)
+// line "exec" (ReleaseLine) makes it exec argv in place with fd closed, as
+// the user as; anything else, or end of file, makes it exit 0 having
+// started nothing. The built-in helper becomes the user before it waits,
+// the shell's at the exec.
+func Standby(as *Cred, fd int, tasks, argv []string) (path string, args []string) {
+	return standbyCommand(Builtin(), selfExe, as, fd, tasks, argv)
 }
 
 // standbyCommand is Standby through exe's built-in helper, or through the
 // shell.
-func standbyCommand(builtin bool, exe string, fd int, tasks, argv []string) (string, []string) {
+func standbyCommand(builtin bool, exe string, as *Cred, fd int, tasks, argv []string) (string, []string) {
 	if builtin {
-		return exe, helperArgs([]string{StandbyName, strconv.Itoa(fd)}, tasks, argv)
+		return exe, helperArgs(append([]string{StandbyName, strconv.Itoa(fd)}, as.arg()...), tasks, argv)
 	}
 	script := strings.ReplaceAll(standbyScript, "@FD@", strconv.Itoa(fd))
-	return joinShell, helperArgs([]string{joinShell, "-c", script, StandbyName}, tasks, argv)
+	return joinShell, helperArgs(append([]string{joinShell, "-c", script, StandbyName}, as.arg()...), tasks, argv)
 }
 
 // ReleaseLine is what a standby's pipe must carry for it to exec.

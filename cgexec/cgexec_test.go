@@ -61,6 +61,9 @@ type helper struct {
 	name    string
 	join    func(tasks, argv []string) (string, []string)
 	standby func(fd int, tasks, argv []string) (string, []string)
+	// as and standbyAs are join and standby becoming a user.
+	as        func(c *cgexec.Cred, tasks, argv []string) (string, []string)
+	standbyAs func(c *cgexec.Cred, fd int, tasks, argv []string) (string, []string)
 }
 
 // helpers returns both implementations, each test running the same cases
@@ -68,18 +71,30 @@ type helper struct {
 func helpers(t *testing.T) []helper {
 	hs := []helper{{
 		name: "shell",
-		join: func(tasks, argv []string) (string, []string) { return cgexec.JoinCommand(false, "", tasks, argv) },
+		join: func(tasks, argv []string) (string, []string) { return cgexec.JoinCommand(false, "", nil, tasks, argv) },
 		standby: func(fd int, tasks, argv []string) (string, []string) {
-			return cgexec.StandbyCommand(false, "", fd, tasks, argv)
+			return cgexec.StandbyCommand(false, "", nil, fd, tasks, argv)
+		},
+		as: func(c *cgexec.Cred, tasks, argv []string) (string, []string) {
+			return cgexec.JoinCommand(false, "", c, tasks, argv)
+		},
+		standbyAs: func(c *cgexec.Cred, fd int, tasks, argv []string) (string, []string) {
+			return cgexec.StandbyCommand(false, "", c, fd, tasks, argv)
 		},
 	}}
 	if cgexec.Supported {
 		bin := probe(t)
 		hs = append(hs, helper{
 			name: "builtin",
-			join: func(tasks, argv []string) (string, []string) { return cgexec.JoinCommand(true, bin, tasks, argv) },
+			join: func(tasks, argv []string) (string, []string) { return cgexec.JoinCommand(true, bin, nil, tasks, argv) },
 			standby: func(fd int, tasks, argv []string) (string, []string) {
-				return cgexec.StandbyCommand(true, bin, fd, tasks, argv)
+				return cgexec.StandbyCommand(true, bin, nil, fd, tasks, argv)
+			},
+			as: func(c *cgexec.Cred, tasks, argv []string) (string, []string) {
+				return cgexec.JoinCommand(true, bin, c, tasks, argv)
+			},
+			standbyAs: func(c *cgexec.Cred, fd int, tasks, argv []string) (string, []string) {
+				return cgexec.StandbyCommand(true, bin, c, fd, tasks, argv)
 			},
 		})
 	} else {
@@ -207,7 +222,7 @@ func TestJoinFailures(t *testing.T) {
 func TestBuiltinFailureLineIsExplained(t *testing.T) {
 	bin := probe(t)
 	missing := filepath.Join(t.TempDir(), "gone", "tasks")
-	path, args := cgexec.JoinCommand(true, bin, []string{missing}, []string{"/bin/true"})
+	path, args := cgexec.JoinCommand(true, bin, nil, []string{missing}, []string{"/bin/true"})
 	cmd, _, errOut := command(t, path, args)
 	if err := cmd.Run(); exitCode(err) != 126 {
 		t.Fatalf("exit %v, want 126", err)
@@ -365,7 +380,7 @@ func TestBuiltinJoinsRealGroups(t *testing.T) {
 	for c, p := range g.Paths() {
 		tasks = append(tasks, filepath.Join("/sys/fs/cgroup", c, p, "tasks"))
 	}
-	path, args := cgexec.JoinCommand(true, bin, tasks, []string{"/bin/cat", "/proc/self/cgroup"})
+	path, args := cgexec.JoinCommand(true, bin, nil, tasks, []string{"/bin/cat", "/proc/self/cgroup"})
 	cmd, out, errOut := command(t, path, args)
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("%v: %s", err, errOut)
@@ -398,5 +413,126 @@ func TestMakefileLinksTheAgentWithTheHelper(t *testing.T) {
 	}
 	if cgexec.Supported != (cgexec.LDFlags() != "") {
 		t.Errorf("LDFlags %q on a platform with the helper: %v", cgexec.LDFlags(), cgexec.Supported)
+	}
+}
+
+// With a user to become, both helpers join first (as the caller, who owns
+// the groups' files), then run the program as that user and group with no
+// supplementary groups, a umask of 007 and without CAP_SETUID or
+// CAP_SETGID, as a join and as a released standby.
+func TestBecomesTheUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("switching users needs root (or CAP_SETUID and CAP_SETGID)")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("the shell helper needs setpriv (util-linux)")
+	}
+	const uid, gid = 64123, 64124 // need not exist in /etc/passwd
+	// The tasks files are root's: only a helper that joins before it
+	// switches can write them.
+	script := `echo "$(id -u) $(id -g) $(id -G) $(umask)"; grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status`
+	want := fmt.Sprintf("%d %d %d 0007", uid, gid, gid)
+	for _, h := range helpers(t) {
+		t.Run(h.name, func(t *testing.T) {
+			check := func(t *testing.T, out string) {
+				t.Helper()
+				lines := strings.Split(strings.TrimSpace(out), "\n")
+				if len(lines) == 0 || lines[0] != want {
+					t.Fatalf("the program says %q, want %q", out, want)
+				}
+				for _, l := range lines[1:] {
+					if f := strings.Fields(l); len(f) != 2 || strings.Trim(f[1], "0") != "" {
+						t.Errorf("capabilities %q, want none", l)
+					}
+				}
+			}
+			t.Run("join", func(t *testing.T) {
+				tasks := fakeTasks(t, 2)
+				path, args := h.as(&cgexec.Cred{UID: uid, GID: gid}, tasks, []string{"/bin/sh", "-c", script})
+				cmd, out, errOut := command(t, path, args)
+				if err := cmd.Run(); err != nil {
+					t.Fatalf("%v: %s", err, errOut)
+				}
+				check(t, out.String())
+				for _, f := range tasks {
+					if b, _ := os.ReadFile(f); strings.TrimSpace(string(b)) != "0" {
+						t.Errorf("%s holds %q, want the join's 0", f, b)
+					}
+				}
+			})
+			// As a non-root agent does: CAP_SETUID, CAP_SETGID and
+			// CAP_NET_BIND_SERVICE ambient; the program keeps only the last.
+			t.Run("non-root agent", func(t *testing.T) {
+				tasks := fakeTasks(t, 1)
+				if err := os.Chown(tasks[0], 64100, 64100); err != nil {
+					t.Fatal(err)
+				}
+				path, args := h.as(&cgexec.Cred{UID: uid, GID: gid}, tasks, []string{"/bin/sh", "-c", "grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status"})
+				dirs := []string{filepath.Dir(tasks[0]), filepath.Dir(filepath.Dir(tasks[0]))}
+				if path != "/bin/sh" {
+					dirs = append(dirs, filepath.Dir(path)) // the probe's
+				}
+				for _, d := range dirs {
+					if err := os.Chmod(d, 0o755); err != nil { // t.TempDir's and the probe's are 0700
+						t.Fatal(err)
+					}
+				}
+				caps := "+setuid,+setgid,+net_bind_service"
+				cmd, out, errOut := command(t, "/usr/bin/setpriv", append([]string{"setpriv", "--securebits=+no_setuid_fixup",
+					"--reuid=64100", "--regid=64100", "--clear-groups", "--inh-caps=" + caps, "--ambient-caps=" + caps,
+					"--bounding-set=-all," + caps, "/bin/bash", "-c", `exec -a "$0" "$@"`, args[0], path}, args[1:]...))
+				if err := cmd.Run(); err != nil {
+					t.Fatalf("%v: %s", err, errOut)
+				}
+				for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+					if f := strings.Fields(l); len(f) != 2 || strings.TrimLeft(f[1], "0") != "400" {
+						t.Errorf("capabilities %q, want CAP_NET_BIND_SERVICE (400) alone", l)
+					}
+				}
+			})
+			t.Run("standby", func(t *testing.T) {
+				tasks := fakeTasks(t, 1)
+				r, w, err := os.Pipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer w.Close()
+				path, args := h.standbyAs(&cgexec.Cred{UID: uid, GID: gid}, 3, tasks, []string{"/bin/sh", "-c", script})
+				cmd, out, errOut := command(t, path, args)
+				cmd.ExtraFiles = []*os.File{r}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				r.Close()
+				if _, err := w.WriteString(cgexec.ReleaseLine); err != nil {
+					t.Fatal(err)
+				}
+				if err := cmd.Wait(); err != nil {
+					t.Fatalf("%v: %s", err, errOut)
+				}
+				check(t, out.String())
+			})
+		})
+	}
+}
+
+// A malformed user is refused with exit 126; a user the helper cannot
+// become (not root: setgroups fails) is named in the failure.
+func TestBuiltinRefusesABadUser(t *testing.T) {
+	bin := probe(t)
+	for _, arg := range []string{"+", "+1", "+1:", "+:1", "+a:1", "+1:b", "+12345678901:1", "+4294967295:1", "+1:4294967295"} {
+		tasks := fakeTasks(t, 1)
+		cmd, _, errOut := command(t, bin, []string{cgexec.JoinName, arg, tasks[0], "--", "/bin/true"})
+		if err := cmd.Run(); exitCode(err) != 126 || !strings.Contains(errOut.String(), "bad arguments") {
+			t.Errorf("user %q: exit %v, stderr %q; want 126, bad arguments", arg, err, errOut)
+		}
+	}
+	if os.Geteuid() == 0 {
+		return
+	}
+	tasks := fakeTasks(t, 1)
+	cmd, _, errOut := command(t, bin, []string{cgexec.JoinName, "+64123:64124", tasks[0], "--", "/bin/true"})
+	if err := cmd.Run(); exitCode(err) != 126 || !strings.HasPrefix(errOut.String(), cgexec.JoinName+": cannot become +64123:64124: errno 1") {
+		t.Errorf("exit %v, stderr %q; want 126, cannot become, EPERM", err, errOut)
 	}
 }

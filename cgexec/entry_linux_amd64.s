@@ -5,11 +5,15 @@
 // exists: no stack checks, no calls, no memory but the stack the kernel
 // gave it, only raw system calls.
 //
-//	cellvisor-cgexec TASKS... -- PROGRAM ARGS...
-//	cellvisor-standby FD TASKS... -- PROGRAM ARGS...
+//	cellvisor-cgexec [+UID:GID] TASKS... -- PROGRAM ARGS...
+//	cellvisor-standby FD [+UID:GID] TASKS... -- PROGRAM ARGS...
 //
 // For each TASKS file it writes "0" (moving its own thread, the process's
-// only one), then execs PROGRAM (a path, not searched) with ARGS and the
+// only one); with +UID:GID it then drops its supplementary groups, sets
+// its real, effective and saved gid and uid, drops CAP_SETGID and
+// CAP_SETUID from its inheritable set (which drops them from the ambient
+// one: the program cannot gain them at its exec) and sets its umask to
+// 007; then it execs PROGRAM (a path, not searched) with ARGS and the
 // environment it was given. A standby reads FD first and execs only after
 // the line "exec" (exactly "exec\n" in one read), closing FD; anything else,
 // or end of file, makes it exit 0. Failures write one line to stderr,
@@ -18,7 +22,8 @@
 // shell helper does. Any other argv[0] jumps to Go's own entry point.
 //
 // Registers: R12 argc, R13 argv, R14 the argument being read, R15 the
-// standby's pipe (-1 when joining only), R8 an errno, R9 an exit status.
+// standby's pipe (-1 when joining only), R8 an errno, R9 an exit status
+// (the uid to become, and BX the gid, while they are set).
 
 #define SYS_read 0
 #define SYS_write 1
@@ -26,6 +31,12 @@
 #define SYS_execve 59
 #define SYS_exit_group 231
 #define SYS_openat 257
+#define SYS_umask 95
+#define SYS_setgroups 116
+#define SYS_setresuid 117
+#define SYS_setresgid 119
+#define SYS_capget 125
+#define SYS_capset 126
 #define AT_FDCWD $-100
 #define O_WRONLY_CLOEXEC $0x80001
 #define EINTR $-4
@@ -59,6 +70,13 @@ DATA execMsg<>+16(SB)/8, $": cannot"
 DATA execMsg<>+24(SB)/6, $" exec "
 GLOBL execMsg<>(SB), RODATA|NOPTR, $30
 
+// "cellvisor-cgexec: cannot become "
+DATA becomeMsg<>+0(SB)/8, $"cellviso"
+DATA becomeMsg<>+8(SB)/8, $"r-cgexec"
+DATA becomeMsg<>+16(SB)/8, $": cannot"
+DATA becomeMsg<>+24(SB)/8, $" become "
+GLOBL becomeMsg<>(SB), RODATA|NOPTR, $32
+
 // "cellvisor-cgexec: bad arguments\n"
 DATA usageMsg<>+0(SB)/8, $"cellviso"
 DATA usageMsg<>+8(SB)/8, $"r-cgexec"
@@ -86,7 +104,7 @@ cmpjoin:
 	CMPL	AX, BX
 	JNE	trystandby
 	TESTL	AX, AX
-	JZ	joinloop
+	JZ	credskip
 	INCQ	SI
 	INCQ	DI
 	JMP	cmpjoin
@@ -130,6 +148,16 @@ fdend:
 	TESTQ	CX, CX
 	JZ	usage
 	MOVQ	$2, R14
+
+	// A user to become ("+UID:GID") is read once joined: skip it here.
+credskip:
+	CMPQ	R14, R12
+	JGE	usage
+	MOVQ	(R13)(R14*8), SI
+	MOVBLZX	0(SI), AX
+	CMPL	AX, $43
+	JNE	joinloop
+	INCQ	R14
 
 	// Join: write "0" (this thread) to each tasks file up to "--".
 joinloop:
@@ -178,6 +206,125 @@ joined:
 	INCQ	R14
 	CMPQ	R14, R12
 	JGE	usage
+
+	// The user to become, if any: argv[1] (argv[2] for a standby).
+	MOVQ	$1, CX
+	TESTQ	R15, R15
+	JS	credarg
+	MOVQ	$2, CX
+credarg:
+	MOVQ	(R13)(CX*8), SI
+	MOVBLZX	0(SI), AX
+	CMPL	AX, $43
+	JNE	waitrelease
+	// UID into R9, GID into BX: one to ten digits each, below 2^32-1.
+	INCQ	SI
+	XORQ	R9, R9
+	XORQ	DX, DX
+uiddigit:
+	MOVBLZX	(SI), AX
+	CMPL	AX, $58
+	JEQ	uidend
+	SUBL	$48, AX
+	CMPL	AX, $9
+	JHI	usage
+	IMULQ	$10, R9
+	ADDQ	AX, R9
+	INCQ	SI
+	INCQ	DX
+	CMPQ	DX, $10
+	JGT	usage
+	JMP	uiddigit
+uidend:
+	TESTQ	DX, DX
+	JZ	usage
+	INCQ	SI
+	XORQ	BX, BX
+	XORQ	DX, DX
+giddigit:
+	MOVBLZX	(SI), AX
+	TESTL	AX, AX
+	JZ	gidend
+	SUBL	$48, AX
+	CMPL	AX, $9
+	JHI	usage
+	IMULQ	$10, BX
+	ADDQ	AX, BX
+	INCQ	SI
+	INCQ	DX
+	CMPQ	DX, $10
+	JGT	usage
+	JMP	giddigit
+gidend:
+	TESTQ	DX, DX
+	JZ	usage
+	MOVQ	$0xfffffffe, AX
+	CMPQ	R9, AX
+	JHI	usage
+	CMPQ	BX, AX
+	JHI	usage
+	MOVQ	CX, R14 // a failure names the +UID:GID argument
+	XORQ	DI, DI
+	XORQ	SI, SI
+	MOVQ	$SYS_setgroups, AX
+	SYSCALL
+	CMPQ	AX, $-4096
+	JHI	becomefail
+	MOVQ	BX, DI
+	MOVQ	BX, SI
+	MOVQ	BX, DX
+	MOVQ	$SYS_setresgid, AX
+	SYSCALL
+	CMPQ	AX, $-4096
+	JHI	becomefail
+	MOVQ	R9, DI
+	MOVQ	R9, SI
+	MOVQ	R9, DX
+	MOVQ	$SYS_setresuid, AX
+	SYSCALL
+	CMPQ	AX, $-4096
+	JHI	becomefail
+	// CAP_SETGID and CAP_SETUID out of the inheritable set, and so out of
+	// the ambient one (capget, clear, capset: version 3, this process).
+	SUBQ	$32, SP
+	MOVL	$0x20080522, 0(SP)
+	MOVL	$0, 4(SP)
+	LEAQ	0(SP), DI
+	LEAQ	8(SP), SI
+	MOVQ	$SYS_capget, AX
+	SYSCALL
+	CMPQ	AX, $-4096
+	JHI	becomefail
+	ANDL	$0xffffff3f, 16(SP)
+	LEAQ	0(SP), DI
+	LEAQ	8(SP), SI
+	MOVQ	$SYS_capset, AX
+	SYSCALL
+	CMPQ	AX, $-4096
+	JHI	becomefail
+	ADDQ	$32, SP
+	MOVQ	$7, DI
+	MOVQ	$SYS_umask, AX
+	SYSCALL
+	// Back to the program's argument.
+	MOVQ	$2, R14
+	TESTQ	R15, R15
+	JS	findprog
+	MOVQ	$3, R14
+findprog:
+	MOVQ	(R13)(R14*8), SI
+	INCQ	R14
+	MOVBLZX	0(SI), AX
+	CMPL	AX, $45
+	JNE	findprog
+	MOVBLZX	1(SI), AX
+	CMPL	AX, $45
+	JNE	findprog
+	MOVBLZX	2(SI), AX
+	TESTL	AX, AX
+	JNZ	findprog
+
+waitrelease:
 	TESTQ	R15, R15
 	JS	exec
 
@@ -224,6 +371,13 @@ joinfail:
 	MOVQ	AX, R8
 	LEAQ	joinMsg<>(SB), SI
 	MOVQ	$30, DX
+	MOVQ	$126, R9
+	JMP	fail
+
+becomefail:
+	MOVQ	AX, R8
+	LEAQ	becomeMsg<>(SB), SI
+	MOVQ	$32, DX
 	MOVQ	$126, R9
 
 	// fail writes SI (DX bytes), argv[R14], ": errno " and -R8 to

@@ -134,7 +134,9 @@ type Group interface {
 	// ("unified" on v2; nil when nothing is enforced).
 	Paths() map[string]string
 	// Prepare makes cmd start inside the group. Call after, when not nil, once
-	// cmd.Start has returned (successful or not).
+	// cmd.Start has returned (successful or not). A cmd.SysProcAttr.Credential
+	// is the user the cell runs as: the group has the join helper become it
+	// once the cell is inside (cgexec.Cred).
 	Prepare(cmd *exec.Cmd) (after func(started bool), err error)
 	// Procs lists the processes in the group.
 	Procs() ([]int, error)

@@ -12,10 +12,33 @@ import (
 )
 
 // wrapExec rewrites cmd to start through the join helper (cgexec.Join), in
-// a process group of its own.
+// a process group of its own, becoming the user of cmd's
+// SysProcAttr.Credential (see takeCred) once joined.
 func wrapExec(cmd *exec.Cmd, procsFiles []string) {
-	cmd.Path, cmd.Args = cgexec.Join(procsFiles, append([]string{cmd.Path}, cmd.Args[1:]...))
+	cmd.Path, cmd.Args = cgexec.Join(takeCred(cmd), procsFiles, append([]string{cmd.Path}, cmd.Args[1:]...))
 	ownGroup(cmd)
+}
+
+// takeCred takes the user cmd is to run as out of its
+// SysProcAttr.Credential, for the helper to become (nil when none): os/exec
+// would switch before the helper joins, when the cgroup files are still
+// the agent's to write, and would leave the agent's ambient capabilities
+// (CAP_SETUID among them) to the cell.
+func takeCred(cmd *exec.Cmd) *cgexec.Cred {
+	if cmd.SysProcAttr == nil || cmd.SysProcAttr.Credential == nil {
+		return nil
+	}
+	c := cmd.SysProcAttr.Credential
+	cmd.SysProcAttr.Credential = nil
+	return &cgexec.Cred{UID: c.Uid, GID: c.Gid}
+}
+
+// wrapCred makes cmd, started where it needs no join (cloned into its
+// cgroup, or unenforced), become its Credential's user through the helper.
+func wrapCred(cmd *exec.Cmd) {
+	if cmd.SysProcAttr != nil && cmd.SysProcAttr.Credential != nil {
+		wrapExec(cmd, nil)
+	}
 }
 
 // ownGroup makes cmd start in a process group of its own.
@@ -77,7 +100,7 @@ func wrapStandby(cmd *exec.Cmd, procsFiles []string) (*Standby, func(bool), erro
 	if err != nil {
 		return nil, nil, fmt.Errorf("standby pipe: %w", err)
 	}
-	cmd.Path, cmd.Args = cgexec.Standby(3+len(cmd.ExtraFiles), procsFiles, append([]string{cmd.Path}, cmd.Args[1:]...))
+	cmd.Path, cmd.Args = cgexec.Standby(takeCred(cmd), 3+len(cmd.ExtraFiles), procsFiles, append([]string{cmd.Path}, cmd.Args[1:]...))
 	ownGroup(cmd)
 	cmd.ExtraFiles = append(cmd.ExtraFiles, r)
 	after := func(started bool) {

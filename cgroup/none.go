@@ -66,6 +66,7 @@ func (g *noneGroup) Paths() map[string]string { return nil }
 
 // Prepare puts the cell in a new process group, remembered once started.
 func (g *noneGroup) Prepare(cmd *exec.Cmd) (func(bool), error) {
+	wrapCred(cmd)
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}

@@ -139,7 +139,7 @@ func TestPrepareV1HandsSubtreeToUnprivilegedAgent(t *testing.T) {
 		for _, c := range unit.ctrls {
 			procs = append(procs, join(unit.dir(c, ""), "cgroup.procs"))
 		}
-		path, args := cgexec.Join(procs, argv)
+		path, args := cgexec.Join(nil, procs, argv)
 		cmd := exec.CommandContext(ctx, path)
 		cmd.Args = args
 		cmd.Env = append(os.Environ(), helperEnv+"="+mode)

@@ -290,6 +290,7 @@ func (g *v2Group) Prepare(cmd *exec.Cmd) (func(bool), error) {
 	}
 	cmd.SysProcAttr.UseCgroupFD = true
 	cmd.SysProcAttr.CgroupFD = fd
+	wrapCred(cmd)
 	return func(bool) { _ = unix.Close(fd) }, nil
 }
 

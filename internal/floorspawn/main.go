@@ -137,7 +137,7 @@ func start(c cell) (*exec.Cmd, error) {
 	}
 	cmd := exec.Command(c.Argv[0], c.Argv[1:]...)
 	if len(c.Join) > 0 {
-		cmd.Path, cmd.Args = cgexec.Join(c.Join, c.Argv)
+		cmd.Path, cmd.Args = cgexec.Join(nil, c.Join, c.Argv)
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if len(c.Listen) > 0 {
