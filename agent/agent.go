@@ -23,6 +23,7 @@ import (
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/controlclient"
+	"cellvisor/internal/celluser"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
@@ -136,11 +137,17 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	users, usersNote, err := cellUsers(cfg, topo, log)
+	if err != nil {
+		return nil, err
+	}
 	cgroups.Wait()
 	if cgErr != nil {
 		return nil, cgErr
 	}
-	if a.sup, err = newSupervisor(cfg, topo, assign, a.cg, refusal, log, func() { a.weighStart(startedWeight) }); err != nil {
+	o := supervisorOptions(cfg, topo, assign, a.cg, refusal, log, func() { a.weighStart(startedWeight) })
+	o.Users, o.UsersNote = users, usersNote
+	if a.sup, err = supervisor.New(o); err != nil {
 		return nil, err
 	}
 	// The cells' groups are made while the releases are built and checked,
@@ -219,6 +226,35 @@ func loadLayout(cfg config.Agent, log *zap.Logger) (runtime.Topology, runtime.As
 	}
 	assign, err := runtime.LoadOrCreateAssignments(cfg.StateDir, topo)
 	return topo, assign, err
+}
+
+// cellUsers resolves the users the cells run as (cell_users) and gives
+// each slot's directories to its user's group, or says why the cells run
+// as the agent's user: what a cell could then reach.
+func cellUsers(cfg config.Agent, topo runtime.Topology, log *zap.Logger) (map[string]*celluser.User, string, error) {
+	names := make([]string, 0, len(topo.Slots))
+	for _, s := range topo.Slots {
+		names = append(names, s.Name)
+	}
+	users, why, err := celluser.Resolve(cfg.CellUsersMode(), names, celluser.Real{})
+	if err != nil {
+		return nil, "", err
+	}
+	gids := map[string]int{}
+	for name, u := range users {
+		gids[name] = int(u.GID)
+	}
+	if err := topo.Own(cfg.StateDir, cfg.RunDir, gids); err != nil {
+		return nil, "", fmt.Errorf("give the slots' directories to their users: %w", err)
+	}
+	switch {
+	case users != nil:
+		log.Info("cells run as their slots' own users", zap.String("first", users[names[0]].Name))
+	case why != "":
+		log.Warn("cells run as the agent's user: a cell can read the other cells' secrets and files and reach the agent's admin socket; "+why,
+			zap.String("cell_users", cfg.CellUsersMode()))
+	}
+	return users, why, nil
 }
 
 // setupCgroups detects the cgroup subtree and places the agent in its own
@@ -344,9 +380,9 @@ func (a *Agent) weighSelf(w int) {
 	a.log.Debug("agent CPU weight", zap.Int("weight", w))
 }
 
-// newSupervisor configures the supervisor from the configuration.
-func newSupervisor(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, cg cgroup.Manager, refusal error, log *zap.Logger, started func()) (*supervisor.Supervisor, error) {
-	return supervisor.New(supervisor.Options{
+// supervisorOptions configures the supervisor from the configuration.
+func supervisorOptions(cfg config.Agent, topo runtime.Topology, assign runtime.Assignments, cg cgroup.Manager, refusal error, log *zap.Logger, started func()) supervisor.Options {
+	return supervisor.Options{
 		Binary:        cfg.OpenResty.Binary,
 		Topology:      topo,
 		Assignments:   assign,
@@ -365,7 +401,7 @@ func newSupervisor(cfg config.Agent, topo runtime.Topology, assign runtime.Assig
 		LogBudget:     int64(cfg.Limits.Logs),
 		Logger:        log,
 		Version:       Version,
-	})
+	}
 }
 
 // livenessPolicy converts the configured liveness checks (interval 0: off).

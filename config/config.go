@@ -69,6 +69,19 @@ type Agent struct {
 	Metrics Metrics `yaml:"metrics"`
 	// Topology is the edge's region, zone and locality (optional).
 	Topology Topology `yaml:"topology"`
+	// CellUsers chooses the users cells run as: "auto" (the default) each
+	// slot's own user (cellvisor-cell-NN) where the agent can switch to
+	// them, else the agent's, saying so; "slot" those or refuse to start;
+	// "agent" the agent's own.
+	CellUsers string `yaml:"cell_users"`
+}
+
+// CellUsersMode is cell_users with its default (auto) filled in.
+func (c Agent) CellUsersMode() string {
+	if c.CellUsers == "" {
+		return "auto"
+	}
+	return c.CellUsers
 }
 
 // Egress configures the agent's outbound bundles (security events as
@@ -499,6 +512,11 @@ func (c Agent) Validate() error {
 	}
 	if cpu := c.AgentLimits.CPU; cpu < 0.05 || cpu > float64(runtime.NumCPU()) {
 		bad("agent_limits.cpu", "must be 0.05–%d, got %g", runtime.NumCPU(), cpu)
+	}
+	switch c.CellUsers {
+	case "", "auto", "slot", "agent":
+	default:
+		bad("cell_users", "must be auto, slot or agent, got %q", c.CellUsers)
 	}
 	switch c.Cgroup.Scope {
 	case "", ScopeAuto, ScopeOn, ScopeOff:

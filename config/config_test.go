@@ -41,6 +41,7 @@ func TestRefusals(t *testing.T) {
 		{"slot count zero", "slots: 0", "slots"},
 		{"slot count over 32", "slots: 33", "slots"},
 		{"relative state dir", "state_dir: var/lib", "state_dir"},
+		{"unknown cell users", "cell_users: nobody", "cell_users"},
 		{"unknown field", "slot: 8", "field slot not found"},
 		{"bad size", "limits:\n  memory: lots", "bad size"},
 		{"memory too small", "limits:\n  memory: 1MiB", "limits.memory"},

@@ -4,11 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"cellvisor/internal/atomicfile"
@@ -271,4 +273,114 @@ func (t Topology) InEphemeralRange() []int {
 		}
 	}
 	return out
+}
+
+// Own gives each slot's directories to the group of the slot's own user
+// (gids by slot name; a slot without one is the agent's), for a cell that
+// runs as that user (celluser): the slot's directory, its runtime and
+// secret readable by the group (2750, 0640), what the cell writes (cache,
+// tmp, logs, its run directory: pid file and private socket) writable by
+// it, sticky so that the cell cannot remove or replace the agent's files
+// there (3770). The agent is a member of each group. Entries the agent
+// made there before (an agent that ran its cells as itself) are given to
+// the group too; the state and run directories, and the one holding the
+// slots', become traversable (0751) so the cell reaches its own, and only
+// its own: every other entry in them is the agent's, secrets 0600. A slot
+// without a gid gets the modes MakeDirs makes.
+func (t Topology) Own(stateDir, runDir string, gids map[string]int) error {
+	if len(gids) > 0 {
+		for _, d := range []string{stateDir, filepath.Join(stateDir, "cells"), runDir} {
+			if err := addMode(d, 0o001); err != nil {
+				return err
+			}
+		}
+	}
+	for _, s := range t.Slots {
+		gid, ok := gids[s.Name]
+		if !ok {
+			gid = -1
+		}
+		read, write, secret := os.FileMode(0o750), os.FileMode(0o750), os.FileMode(0o600)
+		if ok {
+			read, write, secret = 0o750|os.ModeSetgid, 0o770|os.ModeSetgid|os.ModeSticky, 0o640
+		}
+		for _, d := range []struct {
+			path string
+			mode os.FileMode
+			tree bool // give what is in it to the group too
+		}{
+			{s.Dir, read, false}, {s.RuntimeDir(), read, false}, {filepath.Join(s.RuntimeDir(), "releases"), read, false},
+			{s.CacheDir(), write, true}, {s.TmpDir(), write, true}, {s.RequestTmpDir(), write, true},
+			{s.LogsDir(), write, true}, {s.RunDir, write, false},
+			{s.SecretFile(), secret, false},
+		} {
+			mode := d.mode
+			if d.path == s.RunDir && !ok {
+				mode = 0o700
+			}
+			if err := own(d.path, gid, mode); err != nil {
+				return fmt.Errorf("%s: %w", s.Name, err)
+			}
+			if d.tree && ok {
+				if err := ownTree(d.path, gid); err != nil {
+					return fmt.Errorf("%s: %w", s.Name, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// own sets path's group (gid -1: unchanged) and mode.
+func own(path string, gid int, mode os.FileMode) error {
+	if gid >= 0 {
+		if err := os.Lchown(path, -1, gid); err != nil {
+			return err
+		}
+	}
+	return os.Chmod(path, mode)
+}
+
+// addMode adds bits to a directory's mode.
+func addMode(dir string, bits os.FileMode) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if st.Mode().Perm()&bits == bits {
+		return nil
+	}
+	return os.Chmod(dir, st.Mode()&(os.ModePerm|os.ModeSetgid|os.ModeSticky)|bits)
+}
+
+// ownTree gives what is under root, and is this process's own, to gid,
+// readable and writable by the group: once, while root's entries are not
+// the group's yet. Entries of other users (a cell's own) are left.
+func ownTree(root string, gid int) error {
+	ents, err := os.ReadDir(root)
+	if err != nil || len(ents) == 0 {
+		return err
+	}
+	uid := os.Geteuid()
+	return filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
+		if err != nil || path == root {
+			return err
+		}
+		info, err := e.Info()
+		if err != nil {
+			return nil // gone meanwhile
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok || int(st.Uid) != uid || int(st.Gid) == gid || info.Mode()&os.ModeSymlink != 0 {
+			if e.IsDir() && ok && int(st.Uid) != uid {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		mode := info.Mode().Perm() | 0o060
+		if e.IsDir() {
+			mode |= 0o010 | os.ModeSetgid
+		}
+		return own(path, gid, mode)
+	})
 }

@@ -15,6 +15,7 @@ import (
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/domain"
+	"cellvisor/internal/celluser"
 	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
@@ -59,6 +60,9 @@ type harnessOpts struct {
 	workerConns int
 	// limits are every pool's limits (the signed assignments' policy).
 	limits runtime.PoolLimits
+	// users are the slots' own users (celluser); nil: the cells run as
+	// the test's user.
+	users map[string]*celluser.User
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -152,6 +156,22 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 			}
 		}
 	}
+	if o.users != nil {
+		// The cells' users traverse the test's directories to reach their
+		// own (t.TempDir's are 0700), as they do a host's state directory.
+		for _, d := range []string{dir, filepath.Dir(dir)} {
+			if err := os.Chmod(d, 0o751); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gids := map[string]int{}
+		for name, u := range o.users {
+			gids[name] = int(u.GID)
+		}
+		if err := topo.Own(cfg.StateDir, cfg.RunDir, gids); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if o.policy == (supervisor.Policy{}) {
 		o.policy = supervisor.Policy{Initial: 10 * time.Millisecond, Max: time.Second, HealthyAfter: time.Minute}
 	}
@@ -160,7 +180,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
 		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
 		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
-		RestartLimit: o.limit, Liveness: o.liveness,
+		RestartLimit: o.limit, Liveness: o.liveness, Users: o.users,
 	}
 	sup, err := supervisor.New(opts)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cellvisor/cgroup"
+	"cellvisor/internal/celluser"
 	"cellvisor/internal/sysfile"
 )
 
@@ -200,12 +201,19 @@ func (c *slot) cellCmd() (*exec.Cmd, error) {
 	}
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if u := c.user(); u != nil {
+		// The cgroup's Prepare has the join helper become it (cgexec.Cred).
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, NoSetGroups: true}
+	}
 	if c.ln != nil {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, c.ln.files...)
 		cmd.Env = append(os.Environ(), c.ln.env())
 	}
 	return cmd, nil
 }
+
+// user is the slot's own user, or nil when the cells run as the agent's.
+func (c *slot) user() *celluser.User { return c.s.o.Users[c.spec.Name] }
 
 // openAppend opens a cell's log for appending, created if missing, with
 // open(2) and an os.File around the descriptor (sysfile): os.OpenFile adds

@@ -19,8 +19,12 @@ import (
 
 // onReady marks the cell ready (or drained) and locks down its private socket.
 func (c *slot) onReady() {
-	if err := os.Chmod(c.spec.PrivateSocket(), 0o600); err != nil {
-		c.log.Warn("private socket", zap.Error(err))
+	// A cell of its own user made its socket 0770 (umask 007), its group
+	// the agent's and its own alone; the agent's cell's is the agent's.
+	if c.user() == nil {
+		if err := os.Chmod(c.spec.PrivateSocket(), 0o600); err != nil {
+			c.log.Warn("private socket", zap.Error(err))
+		}
 	}
 	c.on(evReady, "")
 	c.firstOutcome()

@@ -66,6 +66,9 @@ type Status struct {
 	CgroupPath string      `json:"cgroup_path,omitempty"`
 	Enforced   bool        `json:"limits_enforced"`
 	Refusal    string      `json:"refusal,omitempty"`
+	// CellUsers is "slot" (each cell runs as its slot's own user) or
+	// "agent", with why when that was not the configuration's choice.
+	CellUsers string `json:"cell_users"`
 	// Control is the manifest source's side, when one is configured.
 	Control     *ControlStatus `json:"control,omitempty"`
 	AgentLimits string         `json:"agent_limits,omitempty"`

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/cgroup"
+	"cellvisor/internal/celluser"
 	"cellvisor/internal/clock"
 	"cellvisor/logbound"
 	"cellvisor/runtime"
@@ -77,6 +78,10 @@ type Options struct {
 	// Liveness is how ready cells are checked for hanging; zero values
 	// take its defaults.
 	Liveness LivenessPolicy
+	// Users are the slots' own users by slot name (celluser), or nil:
+	// the cells run as the agent's user, and UsersNote says why.
+	Users     map[string]*celluser.User
+	UsersNote string
 }
 
 // Supervisor runs the cells.
@@ -448,6 +453,13 @@ func (s *Supervisor) Status() Status {
 		CgroupMode: s.o.Cgroups.Mode(),
 		CgroupPath: s.o.Cgroups.Path(),
 		Enforced:   s.o.Cgroups.Mode() != cgroup.ModeUnenforced,
+		CellUsers:  "slot",
+	}
+	if s.o.Users == nil {
+		st.CellUsers = "agent"
+		if s.o.UsersNote != "" {
+			st.CellUsers += ": " + s.o.UsersNote
+		}
 	}
 	if s.o.Refusal != nil {
 		st.Refusal = s.o.Refusal.Error()
