@@ -59,7 +59,7 @@ func demoArgs(t *testing.T, dir string) []string {
 	return []string{"--dir", dir, "--http-base", strconv.Itoa(testutil.PortBase(t, 371))}
 }
 
-// TestDemoCheck runs the README's scenario: start, drain, undrain, publish,
+// TestDemoCheck runs the scenario of docs/demo.md: start, drain, undrain, publish,
 // restart and the rate limit, then placement: a reserved pool on cell-03
 // and cell-04 serving its own domain, and the sample domain moved into it
 // with no failed request; then nothing of the demo is left running.

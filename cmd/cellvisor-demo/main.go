@@ -55,7 +55,7 @@ The story goes to stdout. The control API's and the agents' logs go to DIR/logs
 (control-api.log, demo-edge.log, demo-edge-2.log), started anew by each run and kept
 after it; --verbose prints them on stderr too, interleaved with the story.
 
-With --check it runs the README's scenario first: drain, undrain, a publish of revision
+With --check it runs the scenario of docs/demo.md first: drain, undrain, a publish of revision
 2, an operator restart and the restart rate limit's refusal; then the placement steps,
 checked (no request failed during the move, the domain ends on cell-03 and cell-04 at a
 new revision); the front-door resolves, in the control API and in a cell; and governed
