@@ -2,7 +2,7 @@
 #
 # The two commands a newcomer needs are `make demo` and `make test`: on a fresh
 # Debian machine, as root or as a user with sudo, each installs what it needs
-# first (see `deps`).
+# first, and only that (demo-deps, test-deps; see DEB_PACKAGES).
 
 .DEFAULT_GOAL := help
 # bash with pipefail, so that `go test ... | tee` fails when the tests do.
@@ -34,25 +34,35 @@ CGEXEC_LDFLAGS := $(if $(filter linux/amd64,$(shell $(GO) env GOOS)/$(shell $(GO
 # Only builds set it: `go test -race` needs cgo.
 STATIC := CGO_ENABLED=0
 
-# What the tests and the demo need from Debian: nginx with its dynamic Lua
-# module (the OpenResty stand-in) and cjson for the cells' Lua; PostgreSQL's
-# server for the control API store's tests (the metapackage: it brings the
-# release's server, postgresql-15 on Debian 12). gcc and libc6-dev are there
-# because `go test -race` needs cgo.
-# systemd provides systemd-analyze for units-check; util-linux, setpriv for the
-# cgroup handover test (an unprivileged agent). rpm is there for the package
-# tests, which read the built .rpm with rpm -qp (and build nothing with it).
-# daemontools, s6 and runit are the classic supervisors the whole-process
-# benchmark (make bench) measures the agent's cold start against; chromium is
-# the headless browser of the fleet page's test (chromedp); dbus provides
-# dbus-daemon: the tests of the cells' systemd scope run a private bus with a
-# fake systemd on it (internal/fakesystemd). prometheus ships promtool: make
-# test checks the sample alert rules with it, and the Go tests run promtool
-# check metrics on real scrapes of a running agent and of a running control
-# API. Debian starts the Prometheus server the package also ships (on :9090);
-# deps stops and disables it when it installs the package, since only
-# promtool is wanted.
-DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson postgresql gcc libc6-dev systemd util-linux rpm daemontools s6 runit chromium dbus prometheus
+# What each target needs from Debian; deps installs what is missing of
+# DEB_PACKAGES (the other lists are installed through it by demo-deps,
+# test-deps, bench-deps and vm-deps).
+#
+# The demo: nginx with its dynamic Lua module (the OpenResty stand-in) and
+# cjson for the cells' Lua. Nothing else: its control API runs on SQLite
+# (embedded), and the shipped binaries build without cgo.
+DEMO_DEB_PACKAGES := nginx-core libnginx-mod-http-lua lua-cjson
+# The tests, beside the demo's: PostgreSQL's server for the control API
+# store's tests (the metapackage: it brings the release's server,
+# postgresql-15 on Debian 12); gcc and libc6-dev, because `go test -race`
+# needs cgo; systemd provides systemd-analyze for units-check; util-linux,
+# setpriv for the cgroup handover test (an unprivileged agent); rpm for the
+# package tests, which read the built .rpm with rpm -qp (and build nothing
+# with it); chromium is the headless browser of the fleet page's test
+# (chromedp); dbus provides dbus-daemon: the tests of the cells' systemd scope
+# run a private bus with a fake systemd on it (internal/fakesystemd).
+# prometheus ships promtool: make test checks the sample alert rules with it,
+# and the Go tests run promtool check metrics on real scrapes of a running
+# agent and of a running control API. Debian starts the Prometheus server the
+# package also ships (on :9090); deps stops and disables it when it installs
+# the package, since only promtool is wanted.
+TEST_DEB_PACKAGES := $(DEMO_DEB_PACKAGES) postgresql gcc libc6-dev systemd util-linux rpm chromium dbus prometheus
+# The benchmarks (make bench), beside the demo's: PostgreSQL's server for the
+# store's benchmarks; daemontools, s6 and runit are the classic supervisors
+# the whole-process benchmark measures the agent's cold start against.
+BENCH_DEB_PACKAGES := $(DEMO_DEB_PACKAGES) postgresql daemontools s6 runit
+# make deps alone installs what every target but the VM test needs.
+DEB_PACKAGES := $(sort $(TEST_DEB_PACKAGES) $(BENCH_DEB_PACKAGES))
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 # The control API store's tests also run against a real PostgreSQL: test,
@@ -94,14 +104,14 @@ WITH_PG = \
 	fi; \
 	set -x;
 
-.PHONY: help deps tools build packages packages-test test test-short test-vm vm-deps lint units-check bench demo demo-check clean
+.PHONY: help deps demo-deps test-deps bench-deps tools build packages packages-test test test-short test-vm vm-deps lint units-check bench demo demo-check clean
 
 help: ## show this list of targets
 	@echo 'usage: make TARGET'
 	@echo
 	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_-]+:.*## / { printf "  %-13s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
-deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, PostgreSQL, gcc, rpm, chromium, dbus, the classic supervisors) and Go modules
+deps: ## install what is missing for every target but test-vm: Debian packages (DEB_PACKAGES: demo's, test's and bench's) and Go modules
 	@if ! command -v dpkg >/dev/null 2>&1; then \
 	  echo "deps: not a Debian host (no dpkg): install nginx with the Lua module (or OpenResty) yourself,"; \
 	  echo "deps: and PostgreSQL or set CELLVISOR_TEST_POSTGRES to a server the tests may create databases on;"; \
@@ -125,6 +135,15 @@ deps: ## install what is missing: Debian packages (nginx + Lua module, cjson, Po
 	fi
 	@echo "deps: downloading the Go modules (go mod download: a minute or two the first time, nothing after)"
 	$(GO) mod download
+
+demo-deps: ## install what is missing for the demo: nginx + Lua module, cjson, and the Go modules
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(DEMO_DEB_PACKAGES)"
+
+test-deps: ## install what is missing for the tests: the demo's, PostgreSQL, gcc, systemd, rpm, chromium, dbus, promtool, and the Go modules
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(TEST_DEB_PACKAGES)"
+
+bench-deps: ## install what is missing for the benchmarks: the demo's, PostgreSQL, daemontools, s6, runit, and the Go modules
+	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(BENCH_DEB_PACKAGES)"
 
 tools: ## install staticcheck and benchstat into $(go env GOPATH)/bin if missing
 	@if ! "$(TOOLBIN)/staticcheck" -version 2>/dev/null | grep -q '$(STATICCHECK_VERSION:v%=%)'; then \
@@ -153,17 +172,17 @@ packages: build ## build the cellvisor and cellvisor-control .deb and .rpm packa
 
 # make test runs these too. As root on a Debian host, they install the .debs
 # with dpkg, upgrade and purge them (the host is left as it was).
-packages-test: deps ## build both formats, check them with dpkg-deb and rpm -qp, install, upgrade and purge the .debs (as root)
+packages-test: test-deps ## build both formats, check them with dpkg-deb and rpm -qp, install, upgrade and purge the .debs (as root)
 	$(GO) test -race -count=1 -timeout 10m -v ./packaging/...
 
-# promtool is on PATH from here on (deps installed it; check rules fails
+# promtool is on PATH from here on (test-deps installed it; check rules fails
 # without it), so the tests' promtool check metrics of a real agent scrape
 # (cmd/cellvisor) and of a real control API scrape (controlapi) run.
-test: deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
+test: test-deps ## run every test with -race, on a PostgreSQL started for the run; tests skip, saying why, where the host lacks root/cgroups/nginx/PostgreSQL
 	promtool check rules docs/alerts/cellvisor.rules.yml
 	@$(WITH_PG) $(GO) test -race -count=1 -timeout 30m ./...
 
-# The VM test (scripts/vm/README.md): what it needs from Debian, beside deps'.
+# The VM test (scripts/vm/README.md): what it needs from Debian, beside test-deps'.
 VM_DEB_PACKAGES := qemu-system-x86 qemu-utils debootstrap e2fsprogs
 
 vm-deps: ## install what the VM test needs (qemu, qemu-utils, debootstrap, e2fsprogs)
@@ -175,10 +194,10 @@ vm-deps: ## install what the VM test needs (qemu, qemu-utils, debootstrap, e2fsp
 # scripts/vm/README.md, each printed PASS or FAIL. About 9-12 minutes under
 # TCG on 2 cores, plus about 6.5 minutes the first time, for the image;
 # VM_ARGS="--only a,b" runs a subset.
-test-vm: deps vm-deps ## as root: install the packages on a Debian 12 VM with systemd and cgroup v2 (qemu) and check limits, restarts, upgrades, reboots, purge
+test-vm: test-deps vm-deps ## as root: install the packages on a Debian 12 VM with systemd and cgroup v2 (qemu) and check limits, restarts, upgrades, reboots, purge
 	$(SUDO) scripts/vm/run $(VM_ARGS)
 
-test-short: deps ## run the tests in -short mode (the quick ones), with a PostgreSQL as for test
+test-short: test-deps ## run the tests in -short mode (the quick ones), with a PostgreSQL as for test
 	@$(WITH_PG) $(GO) test -race -short -count=1 -timeout 10m ./...
 
 # The tidy check uses `go mod tidy -diff`: it changes nothing on disk (so there
@@ -234,7 +253,7 @@ units-check: ## systemd-analyze verify both units, and fail if their security ex
 # The egress failover (five holder kills with a 2 s lease across three real
 # agents and the built control API) prints each round; the agents' debug logs
 # of a failing round are filtered out.
-bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
+bench: bench-deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
 	@$(WITH_PG) \
 	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ | tee bench/latest.txt; \
@@ -257,11 +276,11 @@ bench: deps ## run the benchmarks (PostgreSQL ones on a server started for the r
 	  echo "bench: no bench/base.txt to compare with (cp bench/latest.txt bench/base.txt makes one)"; \
 	fi
 
-demo: deps build ## run the demo: a control API on SQLite, an enrolled agent with 8 slots, cell-01 serving a published domain (Ctrl-C stops)
+demo: demo-deps build ## run the demo: a control API on SQLite, an enrolled agent with 8 slots, cell-01 serving a published domain (Ctrl-C stops)
 	@echo "demo: starting ./bin/cellvisor-demo (Ctrl-C stops it and cleans up)"
 	./bin/cellvisor-demo
 
-demo-check: deps build ## run the demo scenario non-interactively (drain, undrain, publish, restart, rate limit); fails unless every step worked
+demo-check: demo-deps build ## run the demo scenario non-interactively (drain, undrain, publish, restart, rate limit); fails unless every step worked
 	@echo "demo-check: running ./bin/cellvisor-demo --check"
 	./bin/cellvisor-demo --check
 

@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -26,7 +26,8 @@ type agentProc struct {
 	err    error
 }
 
-// startAgent starts `bin run --config cfg` with its logs on logs.
+// startAgent starts `bin run --config cfg` with its logs on logs, a file:
+// a pipe would make the agent's writes fail (SIGPIPE) once the demo is gone.
 //
 // Pdeathsig makes the kernel send the agent SIGTERM when the demo dies, even
 // by SIGKILL, so that it stops its cells instead of running on unmanaged.
@@ -40,7 +41,7 @@ type agentProc struct {
 // then suspend the demo but not the agent. The cells are in groups of their
 // own (the supervisor starts them with Setpgid), so the terminal's signals
 // never reach them; the agent stops them.
-func startAgent(bin, cfg string, logs io.Writer) (*agentProc, error) {
+func startAgent(bin, cfg string, logs *os.File) (*agentProc, error) {
 	cmd := exec.Command(bin, "run", "--config", cfg)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}

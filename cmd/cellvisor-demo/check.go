@@ -14,7 +14,7 @@ import (
 // checkWait bounds one step of the check scenario.
 const checkWait = 60 * time.Second
 
-// check runs what the README shows, through the agent's CLI and the control
+// check runs what docs/demo.md shows, through the agent's CLI and the control
 // API's admin API, and fails at the first step that does not do what it
 // says: drain, undrain, a publish of revision 2 reaching the cell, an
 // operator restart, and the restart rate limit's refusal.

@@ -15,12 +15,9 @@ import (
 	"strings"
 	"time"
 
-	"go.uber.org/zap"
-
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/controlapi"
-	"cellvisor/internal/cli"
 	"cellvisor/internal/corpingest"
 	"cellvisor/runtime"
 )
@@ -53,9 +50,12 @@ func shortPath(path string) string {
 type options struct {
 	dir      string
 	check    bool
+	verbose  bool
 	agent    string
 	httpBase int
 	out      io.Writer
+	// stderr is where --verbose copies the logs.
+	stderr io.Writer
 }
 
 // env is a running demo: its files, the control API and the agent.
@@ -76,6 +76,7 @@ type env struct {
 	// edge2 is the second edge, in another region of the org, once
 	// started.
 	edge2 *edge2
+	logs  *demoLogs
 	// ingest is the corp ingest, the destination of the egress policies.
 	ingest    *corpingest.Server
 	ingestURL string
@@ -136,11 +137,17 @@ func demo(ctx context.Context, o options) error {
 	e.cli = agentCLI{bin: agentBin, cfg: e.cfgPath}
 	e.cellURL = fmt.Sprintf("http://127.0.0.1:%d/", o.httpBase)
 
-	log, err := cli.NewLogger("console", "info")
+	if e.logs, err = openLogs(root, o.verbose, o.stderr); err != nil {
+		return err
+	}
+	defer e.logs.close()
+	defer fmt.Fprintf(o.out, "\n%s\n", e.logs.where())
+	ctlLog, err := e.logs.file(controlLog)
 	if err != nil {
 		return err
 	}
-	defer log.Sync() //nolint:errcheck // stderr sync fails on terminals
+	log := fileLogger(ctlLog)
+	defer log.Sync() //nolint:errcheck // the file is closed after it
 	// The control API's data lives in the demo's directory, not the
 	// system's temporary one: a demo killed before it could remove it
 	// leaves it where the next demo (and make clean) removes it.
@@ -177,7 +184,7 @@ func demo(ctx context.Context, o options) error {
 	defer ingestSrv.Close()
 	e.ingestURL = ingestSrv.URL + "/ingest"
 
-	err = e.runAgent(ctx, log)
+	err = e.runAgent(ctx)
 	stopCtl()
 	if cerr := <-ctlDone; cerr != nil {
 		err = errors.Join(err, fmt.Errorf("control API: %w", cerr))
@@ -192,17 +199,21 @@ func demo(ctx context.Context, o options) error {
 }
 
 // runAgent enrolls the agent, starts it, runs the scenario and stops it.
-func (e *env) runAgent(ctx context.Context, log *zap.Logger) error {
+func (e *env) runAgent(ctx context.Context) error {
 	if err := e.enroll(ctx); err != nil {
 		return err
 	}
-	a, err := startAgent(e.cli.bin, e.cfgPath, os.Stderr)
+	logs, err := e.logs.file(agentLog)
+	if err != nil {
+		return err
+	}
+	a, err := startAgent(e.cli.bin, e.cfgPath, logs)
 	if err != nil {
 		return err
 	}
 	e.agent = a
 	if err := writeAgentPid(e.root, a.pid()); err != nil {
-		log.Warn("cannot record the agent's pid", zap.Error(err))
+		fmt.Fprintf(e.o.out, "warning: cannot record the agent's pid: %v\n", err)
 	}
 	err = e.steps(ctx)
 	// Ctrl-C reached the agents too (same process group): they are
@@ -284,6 +295,7 @@ func (e *env) steps(ctx context.Context) error {
 	fmt.Fprintf(out, "Edge id:  %s\n", e.edgeID)
 	fmt.Fprintf(out, "Fleet:    %s%s (a browser; sign in with the admin token in %s)\n", e.ep.AdminURL, controlapi.FleetPath, e.tokenRel)
 	fmt.Fprintf(out, "Metrics:  %s/metrics\n", e.ep.AdminURL)
+	fmt.Fprintf(out, "Logs:     %s/%s, %s, %s\n", shortPath(e.logs.dir), controlLog, agentLog, edge2AgentLog)
 	if e.o.check {
 		return nil
 	}

@@ -59,7 +59,7 @@ func demoArgs(t *testing.T, dir string) []string {
 	return []string{"--dir", dir, "--http-base", strconv.Itoa(testutil.PortBase(t, 371))}
 }
 
-// TestDemoCheck runs the README's scenario: start, drain, undrain, publish,
+// TestDemoCheck runs the scenario of docs/demo.md: start, drain, undrain, publish,
 // restart and the rate limit, then placement: a reserved pool on cell-03
 // and cell-04 serving its own domain, and the sample domain moved into it
 // with no failed request; then nothing of the demo is left running.
@@ -102,9 +102,16 @@ func TestDemoCheck(t *testing.T) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
 	}
-	// Logs not written to a terminal carry no colour codes.
-	if !strings.Contains(string(out), "\tINFO\t") || strings.Contains(string(out), "\x1b[") {
-		t.Errorf("demo logs: want console logs without colour codes (not a terminal):\n%s", out)
+	// The story is on stdout; the logs are in files, without colour codes,
+	// and the demo says where.
+	if strings.Contains(string(out), "\tINFO\t") || !strings.Contains(string(out), "logs of the control API and of both agents: ") {
+		t.Errorf("demo output: want the story without log lines, and where the logs are:\n%s", out)
+	}
+	for _, name := range []string{controlLog, agentLog, edge2AgentLog} {
+		b, err := os.ReadFile(filepath.Join(dir, logsDir, name))
+		if err != nil || !strings.Contains(string(b), "\tINFO\t") || strings.Contains(string(b), "\x1b[") {
+			t.Errorf("log %s: %v; want console logs without colour codes:\n%s", name, err, b)
+		}
 	}
 	for _, f := range []string{agentPidFile, filepath.Join(edge2Dir, agentPidFile)} {
 		if _, err := os.Stat(filepath.Join(dir, f)); !os.IsNotExist(err) {
@@ -229,7 +236,18 @@ func TestKilledDemoStopsItsAgent(t *testing.T) {
 	testutil.RequireOpenResty(t)
 	bin := buildDemo(t)
 	dir := t.TempDir()
-	d := startDemo(t, bin, demoArgs(t, dir))
+	d := startDemo(t, bin, append(demoArgs(t, dir), "--verbose"))
+	// --verbose: the agents' and the control API's log lines are in the
+	// output too.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		out := d.output()
+		for _, want := range []string{"\tINFO\tcellvisor-control", "\tINFO\tsupervisor\t", "topology created"} {
+			if !strings.Contains(out, want) {
+				return fmt.Errorf("verbose demo output lacks %q", want)
+			}
+		}
+		return nil
+	})
 	pids := map[string]int{
 		"agent": readAgentPid(t, dir), "cell-01": cellMaster(t, dir, "cell-01"),
 		"second agent": readAgentPid(t, filepath.Join(dir, edge2Dir)), "second edge's cell-01": cellMaster(t, filepath.Join(dir, edge2Dir), "cell-01"),

@@ -112,7 +112,11 @@ func (e *env) startEdge2(ctx context.Context) error {
 	}
 	fmt.Fprintf(out, "$ $CTL domain publish %s --pool shared-default --file -\npublished %s revision %d to shared-default, delivered to %d edge(s)\n",
 		sharedHost, sharedHost, p.Domain.Revision, len(p.Edges))
-	a, err := startAgent(e.cli.bin, cfgPath, os.Stderr)
+	logs, err := e.logs.file(edge2AgentLog)
+	if err != nil {
+		return err
+	}
+	a, err := startAgent(e.cli.bin, cfgPath, logs)
 	if err != nil {
 		return err
 	}

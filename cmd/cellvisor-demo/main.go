@@ -31,7 +31,7 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	o := options{out: stdout}
+	o := options{out: stdout, stderr: stderr}
 	root := &cobra.Command{
 		Use:   "cellvisor-demo",
 		Short: "run the cellvisor demo: a control API, an enrolled agent, 8 cell slots",
@@ -51,7 +51,11 @@ who holds each class's lease, each agent's route, and the bundles the ingest got
 prints how to reach the cells, the agents and the control API, and runs until Ctrl-C,
 which stops both agents (every cell gracefully) and the control API.
 
-With --check it runs the README's scenario first: drain, undrain, a publish of revision
+The story goes to stdout. The control API's and the agents' logs go to DIR/logs
+(control-api.log, demo-edge.log, demo-edge-2.log), started anew by each run and kept
+after it; --verbose prints them on stderr too, interleaved with the story.
+
+With --check it runs the scenario of docs/demo.md first: drain, undrain, a publish of revision
 2, an operator restart and the restart rate limit's refusal; then the placement steps,
 checked (no request failed during the move, the domain ends on cell-03 and cell-04 at a
 new revision); the front-door resolves, in the control API and in a cell; and governed
@@ -70,6 +74,7 @@ was killed (SIGKILL) are found through their pid files and stopped first.`,
 	f := root.Flags()
 	f.StringVar(&o.dir, "dir", ".demo", "directory for the demo's files (configuration, state, CA certificate)")
 	f.BoolVar(&o.check, "check", false, "run the scenario non-interactively and exit 0 only if every step worked")
+	f.BoolVar(&o.verbose, "verbose", false, "print the control API's and the agents' logs on stderr too, interleaved with the story")
 	f.StringVar(&o.agent, "agent", "", "the cellvisor agent binary (default: cellvisor beside this executable)")
 	f.IntVar(&o.httpBase, "http-base", 18080, "the first cell's HTTP port; the 8 slots use it and the 7 after it (HTTPS: +363); the second edge +8 to +11, the intakes +12 and +13, its metrics +14")
 	return cli.Execute(ctx, root, args, stdout, stderr)
