@@ -42,9 +42,11 @@ type Agent struct {
 	cg  cgroup.Manager
 	// locks hold the state directory and the cgroup subtree for this
 	// agent; Run releases them when it returns.
-	locks   []io.Closer
-	sup     *supervisor.Supervisor
-	admin   *supervisor.AdminServer
+	locks []io.Closer
+	sup   *supervisor.Supervisor
+	admin *supervisor.AdminServer
+	// users are the slots' own users the cells run as (nil: the agent's).
+	users   map[string]*celluser.User
 	limitsN string
 	// act and acks are set when a manifest source is configured.
 	act    *activation.Activator
@@ -145,8 +147,13 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	if cgErr != nil {
 		return nil, cgErr
 	}
+	if sg, ok := a.cg.(cgroup.Signaller); ok && users != nil {
+		// A non-root agent signals a cell of its own user as that user.
+		sg.SignalAs(func(group string, send func() error) error { return celluser.Do(users[group], send) })
+	}
 	o := supervisorOptions(cfg, topo, assign, a.cg, refusal, log, func() { a.weighStart(startedWeight) })
 	o.Users, o.UsersNote = users, usersNote
+	a.users = users
 	if a.sup, err = supervisor.New(o); err != nil {
 		return nil, err
 	}
@@ -239,6 +246,14 @@ func cellUsers(cfg config.Agent, topo runtime.Topology, log *zap.Logger) (map[st
 	users, why, err := celluser.Resolve(cfg.CellUsersMode(), names, celluser.Real{})
 	if err != nil {
 		return nil, "", err
+	}
+	if users != nil {
+		if err := celluser.Reachable(cfg.StateDir, cfg.RunDir); err != nil {
+			if cfg.CellUsersMode() == "slot" {
+				return nil, "", fmt.Errorf("%w: %v", celluser.ErrUnavailable, err)
+			}
+			users, why = nil, err.Error()
+		}
 	}
 	gids := map[string]int{}
 	for name, u := range users {

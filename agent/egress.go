@@ -13,6 +13,7 @@ import (
 
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
+	"cellvisor/internal/celluser"
 	"cellvisor/internal/procstat"
 	"cellvisor/outbound"
 )
@@ -93,20 +94,22 @@ func (a *Agent) cellSamples(ctx context.Context) []outbound.CellSample {
 		}
 		out = append(out, outbound.CellSample{Cell: s.Name, Pool: s.Pool, Requests: s.Cell.Requests,
 			AuthFailures: s.Cell.Security.AuthFailures, LastReason: s.Cell.Security.LastReason,
-			Incarnation: incarnation(s.PID)})
+			Incarnation: incarnation(a.users[s.Name], s.PID)})
 	}
 	return out
 }
 
 // incarnation names a running master by its pid and start time (clock
 // ticks since boot): an adopted master keeps it, a restarted one (even on
-// a recycled pid) does not. "" where the master cannot be read.
-func incarnation(pid int) string {
+// a recycled pid) does not. "" where the master cannot be read. A master
+// of its slot's own user u is read as u: the packaged unit's /proc shows
+// the agent its own processes alone.
+func incarnation(u *celluser.User, pid int) string {
 	if pid <= 0 {
 		return ""
 	}
-	f, err := procstat.Fields(pid)
-	if err != nil {
+	var f []string
+	if err := celluser.Do(u, func() (err error) { f, err = procstat.Fields(pid); return err }); err != nil {
 		return ""
 	}
 	return strconv.Itoa(pid) + "@" + f[19]

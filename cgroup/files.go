@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -105,10 +106,46 @@ func pollBackoff() *backoff.Backoff {
 	return &backoff.Backoff{Initial: 200 * time.Microsecond, Max: 20 * time.Millisecond}
 }
 
-// killPIDs SIGKILLs each pid; a pid that is already gone is not an error.
-func killPIDs(pids []int) {
+// SignalFunc runs send as the named group's user, where the kernel
+// refuses it to this process: one signal to a member of the group (EPERM
+// from this process), or an unenforced group's scan of /proc (under
+// ProtectProc=invisible another user's processes are not there). The agent
+// runs them as the cell's own user when the cell runs as one
+// (celluser.Do): a non-root agent may not signal another user's process
+// otherwise.
+type SignalFunc func(group string, send func() error) error
+
+// Signaller is implemented by every Manager of this package: SignalAs
+// sets how its groups' kills send what this process may not (see
+// SignalFunc). Call before any kill; nil sends as this process only.
+type Signaller interface {
+	SignalAs(f SignalFunc)
+}
+
+// signaller holds a manager's SignalFunc.
+type signaller struct {
+	f atomic.Pointer[SignalFunc]
+}
+
+func (s *signaller) SignalAs(f SignalFunc) { s.f.Store(&f) }
+
+// signal sends sig to pid (a negative pid: a process group) of group: as
+// this process, else, refused, through the SignalFunc.
+func (s *signaller) signal(group string, pid int, sig syscall.Signal) error {
+	err := syscall.Kill(pid, sig)
+	if errors.Is(err, syscall.EPERM) {
+		if f := s.f.Load(); f != nil && *f != nil {
+			err = (*f)(group, func() error { return syscall.Kill(pid, sig) })
+		}
+	}
+	return err
+}
+
+// killPIDs SIGKILLs each pid of group; a pid that is already gone is not
+// an error.
+func (s *signaller) killPIDs(group string, pids []int) {
 	for _, pid := range pids {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = s.signal(group, pid, syscall.SIGKILL)
 	}
 }
 
@@ -190,3 +227,9 @@ func writeBurst(path string, us uint64) error {
 	}
 	return err
 }
+
+var (
+	_ Signaller = (*v1)(nil)
+	_ Signaller = (*v2)(nil)
+	_ Signaller = (*none)(nil)
+)

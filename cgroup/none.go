@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 // none is the unenforced mode: no limits, and a cell's process tree is found
 // and killed through its process group instead of a cgroup.
 type none struct {
+	signaller
 	reason error
 	mu     sync.Mutex // guards groups
 	groups map[string]*noneGroup
@@ -39,7 +41,7 @@ func (n *none) Open(name string) (Group, error) {
 	defer n.mu.Unlock()
 	g := n.groups[name]
 	if g == nil {
-		g = &noneGroup{name: name}
+		g = &noneGroup{m: n, name: name}
 		n.groups[name] = g
 	}
 	return g, nil
@@ -53,6 +55,7 @@ func (n *none) Remove() error           { return nil }
 func (n *none) Lock() (io.Closer, error) { return nopCloser{}, nil }
 
 type noneGroup struct {
+	m    *none
 	name string
 	mu   sync.Mutex // guards pgid
 	pgid int
@@ -86,13 +89,30 @@ func (g *noneGroup) group() int {
 	return g.pgid
 }
 
-// Procs scans /proc for members of the cell's process group.
+// Procs scans /proc for members of the cell's process group: as this
+// process and, with a SignalFunc, as the group's user too (a /proc that
+// hides other users' processes shows each its own).
 func (g *noneGroup) Procs() ([]int, error) {
 	pgid := g.group()
 	if pgid == 0 {
 		return nil, nil
 	}
-	return processGroupMembers(pgid)
+	pids, err := processGroupMembers(pgid)
+	if err != nil {
+		return nil, err
+	}
+	if f := g.m.f.Load(); f != nil && *f != nil {
+		var theirs []int
+		if err := (*f)(g.name, func() (err error) { theirs, err = processGroupMembers(pgid); return err }); err != nil {
+			return nil, err
+		}
+		for _, p := range theirs {
+			if !slices.Contains(pids, p) {
+				pids = append(pids, p)
+			}
+		}
+	}
+	return pids, nil
 }
 
 func (g *noneGroup) Kill(ctx context.Context) error {
@@ -102,7 +122,7 @@ func (g *noneGroup) Kill(ctx context.Context) error {
 	}
 	var killed []int
 	err := waitEmpty(ctx, func() ([]int, error) {
-		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		_ = g.m.signal(g.name, -pgid, syscall.SIGKILL)
 		pids, err := g.Procs()
 		killed = append(killed, pids...)
 		return pids, err

@@ -25,6 +25,7 @@ var v1Controllers = []string{"memory", "cpu", "pids"}
 // hybrid (or legacy) host, and on cpuacct's where it is a hierarchy of its
 // own, for CPU usage. The subtree has the same relative path under each.
 type v1 struct {
+	signaller
 	root string
 	base map[string]string // controller -> the cells' subtree path relative to its mount
 	// agentBase holds the agent's leaf (controller -> path): base, or the
@@ -362,7 +363,7 @@ func (g *v1Group) kill(ctx context.Context, keep int, wait bool) error {
 		if !wait {
 			pids = slices.DeleteFunc(pids, func(p int) bool { return slices.Contains(killed, p) })
 		}
-		killPIDs(pids)
+		g.m.killPIDs(g.name, pids)
 		killed = append(killed, pids...)
 		return pids, err
 	})

@@ -18,6 +18,7 @@ import (
 
 // v2 manages the subtree on a unified (cgroup v2) host.
 type v2 struct {
+	signaller
 	root string
 	base string // the cells' subtree relative to root, e.g. /system.slice/cellvisor.service
 	// agentBase holds the agent's leaf: base, or the agent's own subtree
@@ -313,7 +314,7 @@ func (g *v2Group) Kill(ctx context.Context) error {
 		return fmt.Errorf("kill %s: %w", g.name, err)
 	}
 	dir := g.m.dir(g.name)
-	if err := killTree(ctx, dir); err != nil && !os.IsNotExist(err) {
+	if err := killTree(ctx, dir, func(pids []int) { g.m.killPIDs(g.name, pids) }); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("kill %s: %w", g.name, err)
 	}
 	err = waitEmpty(ctx, g.Procs)

@@ -143,25 +143,25 @@ func checkGroupPath(g string) error {
 // killTree SIGKILLs every process in the v2 cgroup dir and below it:
 // by cgroup.kill (Linux 5.14+), or where writing that fails, by freezing
 // the group, signalling each process and thawing it.
-func killTree(ctx context.Context, dir string) error {
+func killTree(ctx context.Context, dir string, kill func(pids []int)) error {
 	if err := writeFile(filepath.Join(dir, "cgroup.kill"), "1"); err == nil {
 		return nil
 	}
-	return freezeKill(ctx, dir)
+	return freezeKill(ctx, dir, kill)
 }
 
 // freezeKill is killTree before cgroup.kill: frozen, the group cannot
 // fork between the reading of its processes and their SIGKILLs. A kernel
 // without cgroup.freeze (before 5.2) has them signalled unfrozen. It
 // does not wait for the killed: the caller does.
-func freezeKill(ctx context.Context, dir string) error {
+func freezeKill(ctx context.Context, dir string, kill func(pids []int)) error {
 	_ = setFrozen(ctx, dir, true)
 	pids, err := treeProcs(dir)
 	if err != nil {
 		_ = setFrozen(ctx, dir, false)
 		return err
 	}
-	killPIDs(pids)
+	kill(pids)
 	_ = setFrozen(ctx, dir, false)
 	return nil
 }

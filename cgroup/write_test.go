@@ -231,7 +231,7 @@ func TestV2FreezeKillReachesSubgroups(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := freezeKill(ctx, m.dir("cell-01")); err != nil {
+	if err := freezeKill(ctx, m.dir("cell-01"), func(pids []int) { m.killPIDs("cell-01", pids) }); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range cmds {

@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -234,8 +235,8 @@ func checkInstalled(t *testing.T, version string) {
 		{"/etc/cellvisor", os.ModeDir | 0o755, "root", "root"},
 		{"/etc/cellvisor/agent.yaml", 0o644, "root", "root"},
 		{"/etc/cellvisor/control.env", 0o640, "root", "cellvisor-control"},
-		{"/var/lib/cellvisor", os.ModeDir | 0o750, "cellvisor", "cellvisor"},
-		{"/run/cellvisor", os.ModeDir | 0o750, "cellvisor", "cellvisor"},
+		{"/var/lib/cellvisor", os.ModeDir | 0o751, "cellvisor", "cellvisor"},
+		{"/run/cellvisor", os.ModeDir | 0o751, "cellvisor", "cellvisor"},
 		{"/var/lib/cellvisor-control", os.ModeDir | 0o700, "cellvisor-control", "cellvisor-control"},
 	} {
 		fi, err := os.Lstat(c.path)
@@ -247,6 +248,16 @@ func checkInstalled(t *testing.T, version string) {
 		owner, group := lookupName(st.Uid, false), lookupName(st.Gid, true)
 		if fi.Mode() != c.mode || owner != c.owner || group != c.group {
 			t.Errorf("%s is %v %s:%s, want %v %s:%s", c.path, fi.Mode(), owner, group, c.mode, c.owner, c.group)
+		}
+	}
+	// One user per cell slot, each in its own group with the agent in it.
+	for _, n := range []string{"01", "32"} {
+		cell := "cellvisor-cell-" + n
+		if out := command(t, "id", "-nG", "cellvisor"); !slices.Contains(strings.Fields(out), cell) {
+			t.Errorf("cellvisor's groups %q lack %s", strings.TrimSpace(out), cell)
+		}
+		if out := strings.Fields(command(t, "id", "-nG", cell)); len(out) != 1 || out[0] != cell {
+			t.Errorf("%s's groups %v, want its own alone", cell, out)
 		}
 	}
 	if got := strings.TrimSpace(command(t, "/usr/bin/cellvisor", "version")); got != "cellvisor "+version {

@@ -19,6 +19,7 @@ import (
 
 	"cellvisor/cgroup"
 	"cellvisor/internal/atomicfile"
+	"cellvisor/internal/celluser"
 	"cellvisor/internal/procstat"
 	"cellvisor/internal/safefile"
 	"cellvisor/internal/sysfile"
@@ -62,7 +63,8 @@ func (c *slot) writeRecord(pid int, g cgroup.Group) {
 	// Only the start time: the process may still be the join helper, its
 	// exec under way (reading its command line would wait on that), and
 	// the record names the binary it execs.
-	ticks, err := startTicks(pid)
+	var ticks uint64
+	err := c.readAsCell(func() (err error) { ticks, err = startTicks(pid); return err })
 	if err == nil {
 		rec := masterRecord{PID: pid, StartTicks: ticks, Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: g.Path()}
 		var b []byte
@@ -115,6 +117,16 @@ func liveStat(pid int) ([]string, error) {
 		err = fmt.Errorf("process %d is dead", pid)
 	}
 	return f, err
+}
+
+// identify is identify as the slot's user, if the cell runs as one: its
+// /proc/PID/exe is readable by that user (or root) alone.
+func (c *slot) identify(pid int) (id procIdentity, err error) {
+	err = celluser.Do(c.user(), func() error {
+		id, err = identify(pid)
+		return err
+	})
+	return id, err
 }
 
 // identify reads a process's identity from /proc.
@@ -231,7 +243,7 @@ func (c *slot) adopt(ctx context.Context, g cgroup.Group, members []int) (*proc,
 	if err != nil {
 		return nil, fmt.Sprintf("pidfd of %d: %v", pid, err)
 	}
-	id, err := identify(pid)
+	id, err := c.identify(pid)
 	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Sprintf("identify %d: %v", pid, err)
@@ -313,7 +325,7 @@ func (c *slot) recoverUngrouped(ctx context.Context) {
 		return
 	}
 	defer unix.Close(fd)
-	id, err := identify(pid)
+	id, err := c.identify(pid)
 	if err != nil {
 		return
 	}
@@ -323,8 +335,8 @@ func (c *slot) recoverUngrouped(ctx context.Context) {
 		return
 	}
 	c.log.Warn("stopping a cell master left by a previous agent (no cgroup to adopt it in)", zap.Int("pid", pid))
-	_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-	_ = unix.Kill(-pid, unix.SIGKILL)
+	_ = c.asCell(func() error { return unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) })
+	_ = c.asCell(func() error { return unix.Kill(-pid, unix.SIGKILL) })
 }
 
 // watchPidfd returns a proc for a master that is not our child, whose done

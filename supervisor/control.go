@@ -159,7 +159,7 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 	if act == actReload {
 		// Reload picks up the keepalive include: old workers finish their
 		// requests and close keep-alive connections; new ones follow it.
-		if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+		if err := c.asCell(func() error { return syscall.Kill(pid, syscall.SIGHUP) }); err != nil {
 			c.log.Warn("reload after "+verb, zap.Error(err))
 		}
 	}
@@ -274,12 +274,13 @@ func (s *Supervisor) Reload(name string) error {
 // hup reloads the running master pid gracefully (SIGHUP), noting its
 // workers first so that settle can tell when none of them listens.
 func (c *slot) hup(pid int) error {
-	old, _ := children(pid) // none known: nothing to wait for
+	var old []procID // none known: nothing to wait for
+	_ = c.readAsCell(func() (err error) { old, err = children(pid); return err })
 	c.mu.Lock()
 	c.preReload = old
 	c.reloadPending = false
 	c.mu.Unlock()
-	if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
+	if err := c.asCell(func() error { return syscall.Kill(pid, syscall.SIGHUP) }); err != nil {
 		return fmt.Errorf("reload %s: %w", c.spec.Name, err)
 	}
 	return nil

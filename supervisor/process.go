@@ -275,7 +275,7 @@ func (c *slot) stop(p *proc, grace time.Duration) {
 	// listeners open, new connections would wait for a master that is
 	// not coming.
 	c.dropListeners()
-	_ = p.signal(syscall.SIGQUIT)
+	_ = c.asCell(func() error { return p.signal(syscall.SIGQUIT) })
 	t := c.s.clk.NewTimer(grace)
 	select {
 	case <-p.done:
@@ -283,9 +283,9 @@ func (c *slot) stop(p *proc, grace time.Duration) {
 	case <-t.C():
 		c.log.Warn("cell did not stop in time; killing it", zap.Duration("grace", grace))
 		if p.adopted {
-			_ = p.signal(syscall.SIGKILL) // its group is killed below, by cgroup
+			_ = c.asCell(func() error { return p.signal(syscall.SIGKILL) }) // its group is killed below, by cgroup
 		} else {
-			_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+			_ = c.asCell(func() error { return syscall.Kill(-p.pid, syscall.SIGKILL) })
 		}
 	}
 	c.killLeftovers(true)
@@ -340,7 +340,31 @@ func (c *slot) reopenLogs() error {
 	if pid == 0 {
 		return nil
 	}
-	return syscall.Kill(pid, syscall.SIGUSR1)
+	return c.asCell(func() error { return syscall.Kill(pid, syscall.SIGUSR1) })
+}
+
+// asCell sends one signal to the cell: as the agent, else, refused (the
+// cell runs as its own user and the agent is not root), as the cell's
+// user (celluser.Do).
+func (c *slot) asCell(send func() error) error {
+	err := send()
+	if u := c.user(); u != nil && errors.Is(err, syscall.EPERM) {
+		err = celluser.Do(u, send)
+	}
+	return err
+}
+
+// readAsCell reads what /proc says of one of the cell's processes: as the
+// agent, else as the cell's user. Under the packaged unit's
+// ProtectProc=invisible another user's processes are not there for the
+// agent at all; a process just started may still be the join helper,
+// the agent's, or already the cell's user's.
+func (c *slot) readAsCell(read func() error) error {
+	err := read()
+	if u := c.user(); u != nil && err != nil {
+		err = celluser.Do(u, read)
+	}
+	return err
 }
 
 // removeGroup deletes the slot's cgroup after its cell stopped.

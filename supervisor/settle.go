@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"cellvisor/internal/celluser"
 	"cellvisor/internal/procstat"
 )
 
@@ -141,7 +142,11 @@ func (c *slot) settled() bool {
 	if len(old) == 0 {
 		return true
 	}
-	if stillListening(old, listeningInodes([]int{c.spec.HTTPPort, c.spec.HTTPSPort})) {
+	inodes := listeningInodes([]int{c.spec.HTTPPort, c.spec.HTTPSPort})
+	var listening bool
+	// The workers' /proc/PID/fd is readable by their user (or root) alone.
+	_ = celluser.Do(c.user(), func() error { listening = stillListening(old, inodes); return nil })
+	if listening {
 		return false
 	}
 	c.mu.Lock()

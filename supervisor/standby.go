@@ -123,7 +123,8 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 	// zombie) would never exec the master: the cell would wait its whole
 	// readiness timeout. Such a spare is discarded and the cell started by
 	// a join.
-	f, err := procstat.Fields(sp.cmd.Process.Pid)
+	var f []string
+	err := c.readAsCell(func() (err error) { f, err = procstat.Fields(sp.cmd.Process.Pid); return err })
 	if dead := err == nil && killed(f); err != nil || !runnable(f[0]) || dead {
 		state := "unreadable"
 		if err == nil {
@@ -133,11 +134,11 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 			state += ", killed"
 		}
 		_ = sp.sb.Close()
-		killReap(sp.cmd)
+		c.killReap(sp.cmd)
 		return nil, fmt.Errorf("standby %d is not running (state %s)", sp.cmd.Process.Pid, state)
 	}
 	if err := sp.sb.Release(); err != nil {
-		killReap(sp.cmd)
+		c.killReap(sp.cmd)
 		return nil, err
 	}
 	return sp.cmd, nil
@@ -163,13 +164,14 @@ func (c *slot) discardSpare() {
 	}
 	c.spare = nil
 	_ = sp.sb.Close()
-	killReap(sp.cmd)
+	c.killReap(sp.cmd)
 }
 
-// killReap SIGKILLs a child of the agent and reaps it, bounded: a process
-// in uninterruptible sleep is left to be reaped in the background.
-func killReap(cmd *exec.Cmd) {
-	_ = cmd.Process.Signal(syscall.SIGKILL)
+// killReap SIGKILLs a child of the agent (the slot's spare: the cell's
+// user once joined) and reaps it, bounded: a process in uninterruptible
+// sleep is left to be reaped in the background.
+func (c *slot) killReap(cmd *exec.Cmd) {
+	_ = c.asCell(func() error { return cmd.Process.Signal(syscall.SIGKILL) })
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	t := time.NewTimer(10 * time.Second)

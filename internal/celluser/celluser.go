@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -100,6 +101,31 @@ func Resolve(mode string, slots []string, h Host) (map[string]*User, string, err
 	return nil, why, nil
 }
 
+// Reachable checks that a cell's user can reach its slot's directories
+// under dirs (the state and run directories): every directory above each
+// must be traversable by others (the agent makes dirs themselves so).
+func Reachable(dirs ...string) error {
+	for _, d := range dirs {
+		d, err := filepath.Abs(d)
+		if err != nil {
+			return err
+		}
+		for p := filepath.Dir(d); ; p = filepath.Dir(p) {
+			st, err := os.Stat(p)
+			if err != nil {
+				return fmt.Errorf("the cells' users cannot reach %s: %w", d, err)
+			}
+			if st.Mode().Perm()&0o001 == 0 {
+				return fmt.Errorf("the cells' users cannot reach %s: %s is mode %04o, not traversable by others", d, p, st.Mode().Perm())
+			}
+			if p == "/" {
+				break
+			}
+		}
+	}
+	return nil
+}
+
 // Real is Host of this process.
 type Real struct{}
 
@@ -140,11 +166,7 @@ func (Real) CanSwitch() error {
 	if eff&(1<<capSetuid) == 0 || eff&(1<<capSetgid) == 0 {
 		return errors.New("this agent is not root and lacks CAP_SETUID and CAP_SETGID")
 	}
-	// A non-root agent can start its cells as their users, but not yet
-	// signal them (reload, stop) nor read their /proc entries: that needs
-	// its signals sent as the cell's user too (see Do), which the
-	// supervisor does not do yet.
-	return errors.New("a non-root agent does not run cells as their slots' users yet (it could not signal them)")
+	return nil
 }
 
 // capEff is the CapEff mask of a /proc/PID/status.
@@ -166,27 +188,45 @@ func (Real) InGroup(gid uint32) bool {
 	return err == nil && slices.Contains(groups, int(gid))
 }
 
-// Do runs f on a thread of its own whose filesystem uid and gid are u's
-// (nil u: f runs as it is): the kernel checks f's file operations, and
-// the access to a process's /proc/PID/exe and fd entries, as u's. That is
-// how the agent reads a cell's /proc entries and the files a cell made
-// for itself (mode 0700 directories) without CAP_DAC_READ_SEARCH or
-// CAP_SYS_PTRACE. Without CAP_SETUID the switch fails silently and f runs
-// with the agent's own ids.
+// Do runs f on a thread of its own whose effective (and so filesystem)
+// uid and gid are u's (nil u: f runs as it is): the kernel checks f's
+// file operations, its signals and its reads of a process's /proc/PID/exe
+// and fd entries as u's. That is how the agent signals its cells and
+// reads their /proc entries and the files a cell made for itself (0700
+// directories) without CAP_KILL, CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH.
+// The switch is the thread's alone (raw setresuid(2), not Go's, which
+// switches every thread), and is undone before the thread runs anything
+// else; a thread that cannot be switched back ends with f's goroutine.
 func Do(u *User, f func() error) error {
 	if u == nil {
 		return f()
 	}
 	runtime.LockOSThread()
-	oldGID, gerr := unix.SetfsgidRetGid(int(u.GID))
-	oldUID, uerr := unix.SetfsuidRetUid(int(u.UID))
-	defer func() {
-		_, uerr2 := unix.SetfsuidRetUid(oldUID)
-		_, gerr2 := unix.SetfsgidRetGid(oldGID)
-		if gerr == nil && uerr == nil && (uerr2 != nil || gerr2 != nil) {
-			return // the thread keeps the cell's ids: it ends with this goroutine, locked
-		}
+	egid, euid := unix.Getegid(), unix.Geteuid()
+	if err := setres(unix.SYS_SETRESGID, int(u.GID)); err != nil {
 		runtime.UnlockOSThread()
+		return fmt.Errorf("act as %s: gid %d: %w", u.Name, u.GID, err)
+	}
+	if err := setres(unix.SYS_SETRESUID, int(u.UID)); err != nil {
+		if setres(unix.SYS_SETRESGID, egid) == nil {
+			runtime.UnlockOSThread()
+		}
+		return fmt.Errorf("act as %s: uid %d: %w", u.Name, u.UID, err)
+	}
+	defer func() {
+		if setres(unix.SYS_SETRESUID, euid) == nil && setres(unix.SYS_SETRESGID, egid) == nil {
+			runtime.UnlockOSThread()
+		}
 	}()
 	return f()
+}
+
+// setres sets this thread's effective id through trap (SYS_SETRESUID or
+// SYS_SETRESGID), keeping its real and saved ones.
+func setres(trap uintptr, id int) error {
+	const keep = ^uintptr(0) // -1: unchanged
+	if _, _, errno := unix.RawSyscall(trap, keep, uintptr(id), keep); errno != 0 {
+		return errno
+	}
+	return nil
 }

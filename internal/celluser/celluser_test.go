@@ -1,12 +1,16 @@
 package celluser
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -118,5 +122,54 @@ func TestDoActsAsTheUser(t *testing.T) {
 	// Root again after.
 	if err := os.WriteFile(filepath.Join(dir, "g"), []byte("x"), 0o600); err != nil {
 		t.Fatalf("after Do: %v", err)
+	}
+}
+
+// Do signals as the user: a process of that user, and not another's.
+func TestDoSignalsAsTheUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to start a process as another user")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 64202, Gid: 64202}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	other, own := &User{Name: "a", UID: 64201, GID: 64201}, &User{Name: "b", UID: 64202, GID: 64202}
+	pid := cmd.Process.Pid
+	if err := Do(other, func() error { return unix.Kill(pid, 0) }); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("another user's signal: %v, want EPERM", err)
+	}
+	if err := Do(own, func() error { return unix.Kill(pid, syscall.SIGTERM) }); err != nil {
+		t.Fatalf("its own user's signal: %v", err)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Fatal("sleep exited 0, want killed by SIGTERM")
+	}
+	if euid := unix.Geteuid(); euid != 0 {
+		t.Fatalf("euid %d after Do", euid)
+	}
+}
+
+func TestReachable(t *testing.T) {
+	dir := t.TempDir() // its parent is 0700
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(d, 0o751); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := filepath.Join(dir, "state")
+	closed := filepath.Join(dir, "closed")
+	if err := os.Mkdir(closed, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := Reachable(state, filepath.Join(dir, "run")); err != nil {
+		t.Errorf("under 0751 directories: %v", err)
+	}
+	if err := Reachable(state, filepath.Join(closed, "run")); err == nil || !strings.Contains(err.Error(), closed+" is mode 0700") {
+		t.Errorf("under a 0700 directory: %v, want it named", err)
 	}
 }

@@ -28,11 +28,20 @@ else
 	getent passwd $name >/dev/null || useradd --system --gid $name \
 		--home-dir /var/lib/$name --no-create-home --shell /usr/sbin/nologin \
 		--comment "cellvisor edge agent" $name
+	# One user per cell slot, each in a group of its own with the agent in it.
+	for i in $(seq -w 1 32); do
+		cell=$name-cell-$i
+		getent group $cell >/dev/null || groupadd --system $cell
+		getent passwd $cell >/dev/null || useradd --system --gid $cell \
+			--home-dir /nonexistent --no-create-home --shell /usr/sbin/nologin \
+			--comment "cellvisor cell slot $i" $cell
+		usermod -a -G $cell $name
+	done
 fi
 if command -v systemd-tmpfiles >/dev/null 2>&1; then
 	systemd-tmpfiles --create /usr/lib/tmpfiles.d/$name.conf
 else
-	install -d -m 0750 -o $name -g $name /var/lib/$name /run/$name
+	install -d -m 0751 -o $name -g $name /var/lib/$name /run/$name
 fi
 
 if [ ! -d /run/systemd/system ]; then
