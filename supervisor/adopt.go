@@ -19,7 +19,6 @@ import (
 
 	"cellvisor/cgroup"
 	"cellvisor/internal/atomicfile"
-	"cellvisor/internal/celluser"
 	"cellvisor/internal/procstat"
 	"cellvisor/internal/safefile"
 	"cellvisor/internal/sysfile"
@@ -92,6 +91,7 @@ type procIdentity struct {
 	args       []string // the command line, split on NULs and spaces (nginx rewrites its title)
 	startTicks uint64
 	pgid       int
+	uid        int // the real uid
 }
 
 // startTicks reads when a live process started, in clock ticks since boot
@@ -119,14 +119,22 @@ func liveStat(pid int) ([]string, error) {
 	return f, err
 }
 
-// identify is identify as the slot's user, if the cell runs as one: its
-// /proc/PID/exe is readable by that user (or root) alone.
+// identify is identify as the agent, else as the slot's user, if the cell
+// runs as one: its /proc/PID/exe is readable by that user (or root) alone.
 func (c *slot) identify(pid int) (id procIdentity, err error) {
-	err = celluser.Do(c.user(), func() error {
+	err = c.readAsCell(func() error {
 		id, err = identify(pid)
 		return err
 	})
 	return id, err
+}
+
+// wantUID is the uid this slot's cells run as.
+func (c *slot) wantUID() int {
+	if u := c.user(); u != nil {
+		return int(u.UID)
+	}
+	return os.Geteuid()
 }
 
 // identify reads a process's identity from /proc.
@@ -147,6 +155,9 @@ func identify(pid int) (procIdentity, error) {
 	// adopted, it would show ready until it is gone.
 	if procstat.Exiting(f) {
 		return id, fmt.Errorf("process %d is exiting", pid)
+	}
+	if id.uid, err = procstat.UID(pid); err != nil {
+		return id, err
 	}
 	switch dying, err := procstat.KillPending(pid); {
 	case err != nil:
@@ -249,7 +260,11 @@ func (c *slot) adopt(ctx context.Context, g cgroup.Group, members []int) (*proc,
 		return nil, fmt.Sprintf("identify %d: %v", pid, err)
 	}
 	want := masterRecord{Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: g.Path()}
-	if why := mismatch(want, rec, pid, members, id); why != "" {
+	why := mismatch(want, rec, pid, members, id)
+	if why == "" && id.uid != c.wantUID() {
+		why = fmt.Sprintf("pid %d runs as uid %d, this slot's cells as %d (cell_users or the users changed)", pid, id.uid, c.wantUID())
+	}
+	if why != "" {
 		unix.Close(fd)
 		return nil, why
 	}

@@ -79,6 +79,11 @@ func (c *slot) start() (*proc, error) {
 	if err := unix.Unlink(c.spec.PrivateSocket()); err != nil && err != unix.ENOENT {
 		return nil, fmt.Errorf("remove stale private socket %s: %w", c.spec.PrivateSocket(), err)
 	}
+	// So is its pid file, which a master of another user (cell_users
+	// changed) left where this one may not replace it (a sticky directory).
+	if err := unix.Unlink(c.spec.PidFile()); err != nil && err != unix.ENOENT {
+		return nil, fmt.Errorf("remove stale pid file %s: %w", c.spec.PidFile(), err)
+	}
 	logs := markLogs(c.spec.LogsDir())
 	cmd, err := c.releaseSpare(g)
 	spared := cmd != nil

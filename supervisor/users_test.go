@@ -98,3 +98,30 @@ func TestCellsRunAsTheirSlotsUsers(t *testing.T) {
 		t.Errorf("cell-02 after an agent restart: pid %d, want %d adopted", got.PID, before.PID)
 	}
 }
+
+// A running cell of another user than the slot's (cell_users changed
+// across an agent restart) is not adopted: it is replaced by one of the
+// slot's user.
+func TestCellOfAnotherUserIsNotAdopted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("running cells as other users needs root")
+	}
+	h := newHarness(t, harnessOpts{slots: 1, assign: allAssigned(1)})
+	before := h.waitReady("cell-01", 0)
+	u := &celluser.User{Name: "cellvisor-cell-01", UID: 64311, GID: 64311}
+	dir := filepath.Dir(h.cfg.StateDir)
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(d, 0o751); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.topo.Own(h.cfg.StateDir, h.cfg.RunDir, map[string]int{"cell-01": int(u.GID)}); err != nil {
+		t.Fatal(err)
+	}
+	h.opts.Users = map[string]*celluser.User{"cell-01": u}
+	h.leaveAndRestart()
+	after := h.waitReady("cell-01", before.PID)
+	if uids, _, _ := procUIDAndCaps(t, after.PID); uids != "64311 64311" {
+		t.Errorf("the new master runs as %q, want the slot's user 64311", uids)
+	}
+}

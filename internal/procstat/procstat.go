@@ -5,6 +5,7 @@ package procstat
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -76,6 +77,32 @@ func KillPending(pid int) (bool, error) {
 		return false, fmt.Errorf("%s: %w", path, err)
 	}
 	return dying, nil
+}
+
+// UID is a live process's real uid (/proc/PID/status's Uid line).
+func UID(pid int) (int, error) {
+	path := "/proc/" + strconv.Itoa(pid) + "/status"
+	b, err := sysfile.ReadFile(path, 64<<10)
+	if err != nil {
+		return 0, err
+	}
+	uid, err := uidIn(b)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return uid, nil
+}
+
+// uidIn is the real uid of a status file's content.
+func uidIn(status []byte) (int, error) {
+	for _, line := range bytes.Split(status, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("Uid:")); ok {
+			if f := bytes.Fields(v); len(f) > 0 {
+				return strconv.Atoi(string(f[0]))
+			}
+		}
+	}
+	return 0, errors.New("no Uid line")
 }
 
 // killPendingIn is KillPending of a status file's content.
