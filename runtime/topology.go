@@ -278,10 +278,12 @@ func (t Topology) InEphemeralRange() []int {
 // Own gives each slot's directories to the group of the slot's own user
 // (gids by slot name; a slot without one is the agent's), for a cell that
 // runs as that user (celluser): the slot's directory, its runtime and
-// secret readable by the group (2750, 0640), what the cell writes (cache,
-// tmp, logs, its run directory: pid file and private socket) writable by
-// it, sticky so that the cell cannot remove or replace the agent's files
-// there (3770). The agent is a member of each group. Entries the agent
+// secret readable by the group (0750, 0640; what the agent writes there
+// is 0644 for the cell to read), what the cell writes (cache, tmp, logs,
+// its run directory: pid file and private socket) writable by it, sticky
+// so that the cell cannot remove or replace the agent's files there
+// (1770). No set-group-id directories: the unit's RestrictSUIDSGID
+// refuses them, and the cell's own files have its group anyway. The agent is a member of each group. Entries the agent
 // made there before (an agent that ran its cells as itself) are given to
 // the group too; the state and run directories, and the one holding the
 // slots', become traversable (0751) so the cell reaches its own, and only
@@ -302,7 +304,7 @@ func (t Topology) Own(stateDir, runDir string, gids map[string]int) error {
 		}
 		read, write, secret := os.FileMode(0o750), os.FileMode(0o750), os.FileMode(0o600)
 		if ok {
-			read, write, secret = 0o750|os.ModeSetgid, 0o770|os.ModeSetgid|os.ModeSticky, 0o640
+			read, write, secret = 0o750, 0o770|os.ModeSticky, 0o640
 		}
 		for _, d := range []struct {
 			path string
@@ -379,7 +381,7 @@ func ownTree(root string, gid int) error {
 		}
 		mode := info.Mode().Perm() | 0o060
 		if e.IsDir() {
-			mode |= 0o010 | os.ModeSetgid
+			mode |= 0o010
 		}
 		return own(path, gid, mode)
 	})
