@@ -70,6 +70,14 @@ func printStatus(w io.Writer, st supervisor.Status) {
 	if st.Refusal != "" {
 		fmt.Fprintf(w, "refusal: %s\n", st.Refusal)
 	}
+	switch {
+	case st.CellUsers == "slot":
+		fmt.Fprintln(w, "cells run as their slots' own users")
+	case st.CellUsers == "agent":
+		fmt.Fprintln(w, "cells run as the agent's user (cell_users: agent)")
+	case st.CellUsers != "":
+		fmt.Fprintf(w, "cells run as the agent's user: %s\n", cli.Printable(strings.TrimPrefix(st.CellUsers, "agent: ")))
+	}
 	if c := st.Control; c != nil {
 		ago := func(t *time.Time) string {
 			if t == nil {
