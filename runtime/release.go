@@ -276,6 +276,9 @@ func Install(s Slot, r Release) (string, error) {
 		}
 	}
 	for d := range dirs {
+		if err := os.Chmod(d, 0o755); err != nil { // whatever the umask, as the files
+			return "", err
+		}
 		if err := atomicfile.SyncDir(d); err != nil {
 			return "", err
 		}
@@ -304,6 +307,12 @@ func writeSynced(path string, write func(io.Writer) error, want string) error {
 	if got := hex.EncodeToString(h.Sum(nil)); want != "" && got != want {
 		f.Close()
 		return fmt.Errorf("%w: wrote content hashing to %s, expected %s", ErrCorrupt, got, want)
+	}
+	// 0644 whatever the agent's umask (the unit's 0027): a cell that runs
+	// as its slot's own user reads it as "other" (its group is the agent's).
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return err
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()

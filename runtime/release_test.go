@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -417,5 +418,42 @@ func TestReleaseInputsCoverParametersPoolAndBuild(t *testing.T) {
 	buildID = func() string { return "" }
 	if in := inputs(testParams(s, 1), pool(1)); in != "" {
 		t.Errorf("a build without an ID has inputs %q", in)
+	}
+}
+
+// A release is readable by anyone who may reach it, whatever the agent's
+// umask (the unit's is 0027): a cell of its slot's own user reads it as
+// "other".
+func TestInstallIsReadableWhateverTheUmask(t *testing.T) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	s := slotFor(t)
+	r, _ := BuildRelease(testParams(s, 1), &PoolRuntime{Pool: domain.PoolSharedDefault, Hosts: map[string]*domain.Domain{
+		"a.test": {Domain: "a.test", Revision: 1}}})
+	if _, _, err := Activate(s, r); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(s.RuntimeDir(), releasesDir, r.Meta.ID)
+	n := 0
+	err := filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := e.Info()
+		if err != nil {
+			return err
+		}
+		want := os.FileMode(0o644)
+		if e.IsDir() {
+			want = 0o755
+		}
+		if info.Mode().Perm() != want {
+			t.Errorf("%s is %v, want %v", path, info.Mode().Perm(), want)
+		}
+		n++
+		return nil
+	})
+	if err != nil || n < 4 {
+		t.Fatalf("walked %d entries: %v", n, err)
 	}
 }

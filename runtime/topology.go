@@ -309,12 +309,12 @@ func (t Topology) Own(stateDir, runDir string, gids map[string]int) error {
 		for _, d := range []struct {
 			path string
 			mode os.FileMode
-			tree bool // give what is in it to the group too
+			tree os.FileMode // the group's bits on what is in it, the agent's (0: left)
 		}{
-			{s.Dir, read, false}, {s.RuntimeDir(), read, false}, {filepath.Join(s.RuntimeDir(), "releases"), read, false},
-			{s.CacheDir(), write, true}, {s.TmpDir(), write, true}, {s.RequestTmpDir(), write, true},
-			{s.LogsDir(), write, true}, {s.RunDir, write, false},
-			{s.SecretFile(), secret, false},
+			{s.Dir, read, 0}, {s.RuntimeDir(), read, 0o040},
+			{s.CacheDir(), write, 0o060}, {s.TmpDir(), write, 0o060}, {s.RequestTmpDir(), write, 0o060},
+			{s.LogsDir(), write, 0o060}, {s.RunDir, write, 0},
+			{s.SecretFile(), secret, 0},
 		} {
 			mode := d.mode
 			if d.path == s.RunDir && !ok {
@@ -323,8 +323,8 @@ func (t Topology) Own(stateDir, runDir string, gids map[string]int) error {
 			if err := own(d.path, gid, mode); err != nil {
 				return fmt.Errorf("%s: %w", s.Name, err)
 			}
-			if d.tree && ok {
-				if err := ownTree(d.path, gid); err != nil {
+			if d.tree != 0 && ok {
+				if err := ownTree(d.path, gid, d.tree); err != nil {
 					return fmt.Errorf("%s: %w", s.Name, err)
 				}
 			}
@@ -355,10 +355,11 @@ func addMode(dir string, bits os.FileMode) error {
 	return os.Chmod(dir, st.Mode()&(os.ModePerm|os.ModeSetgid|os.ModeSticky)|bits)
 }
 
-// ownTree gives what is under root, and is this process's own, to gid,
-// readable and writable by the group: once, while root's entries are not
-// the group's yet. Entries of other users (a cell's own) are left.
-func ownTree(root string, gid int) error {
+// ownTree gives what is under root, and is this process's own, to gid
+// with the group's bits (0o040 read, 0o060 read and write; directories
+// searchable too): once, while root's entries are not the group's yet.
+// Entries of other users (a cell's own) are left.
+func ownTree(root string, gid int, bits os.FileMode) error {
 	ents, err := os.ReadDir(root)
 	if err != nil || len(ents) == 0 {
 		return err
@@ -379,7 +380,7 @@ func ownTree(root string, gid int) error {
 			}
 			return nil
 		}
-		mode := info.Mode().Perm() | 0o060
+		mode := info.Mode().Perm() | bits
 		if e.IsDir() {
 			mode |= 0o010
 		}
