@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
@@ -131,8 +132,8 @@ func controlFleet(ctx context.Context, cleanup func(func()), dsn string) (*fleet
 	hc := &http.Client{Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots}, MaxIdleConnsPerHost: setupWorkers}}
 	defer hc.CloseIdleConnections()
-	admin := &controlapi.AdminClient{URL: adminURL, Token: benchAdminToken, HTTP: hc}
-	if _, err := admin.Publish(ctx, benchDomain, controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(benchConfig)}); err != nil {
+	admin := &adminapi.Client{URL: adminURL, Token: benchAdminToken, HTTP: hc}
+	if _, err := admin.Publish(ctx, benchDomain, adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(benchConfig)}); err != nil {
 		return nil, fmt.Errorf("publish %s: %w", benchDomain, err)
 	}
 	certs := make([]tls.Certificate, benchEdges)
@@ -149,8 +150,8 @@ func controlFleet(ctx context.Context, cleanup func(func()), dsn string) (*fleet
 
 // enrollEdge creates an edge and enrolls it as an agent does: a new ECDSA
 // P-256 key and a CSR, sent with the bootstrap token to the enroll endpoint.
-func enrollEdge(ctx context.Context, admin *controlapi.AdminClient, hc *http.Client, edgeURL, name string) (tls.Certificate, error) {
-	created, err := admin.CreateEdge(ctx, controlapi.EdgeRequest{Name: name, Org: "bench", Country: "DE", Continent: "EU"})
+func enrollEdge(ctx context.Context, admin *adminapi.Client, hc *http.Client, edgeURL, name string) (tls.Certificate, error) {
+	created, err := admin.CreateEdge(ctx, adminapi.EdgeRequest{Name: name, Org: "bench", Country: "DE", Continent: "EU"})
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("create edge %s: %w", name, err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/manifest"
 )
@@ -147,7 +148,7 @@ func regionZone(region, zone string) string {
 
 // fleetEdge is an edge as the fleet page shows it.
 type fleetEdge struct {
-	EdgeView
+	adminapi.EdgeView
 	Region string
 	// Silent marks an enrolled edge unseen for SilentAfter or never seen.
 	Silent bool
@@ -158,7 +159,7 @@ type fleetEdge struct {
 	// Unassigned counts its cells with no pool that are stopped: listed
 	// on the edge's page only.
 	Unassigned int
-	Shown      []CellView
+	Shown      []adminapi.CellView
 }
 
 func (s *Server) fleetEdge(e store.Edge, assign map[string]string, now time.Time) fleetEdge {
@@ -167,7 +168,7 @@ func (s *Server) fleetEdge(e store.Edge, assign map[string]string, now time.Time
 	if f.LastSeen != nil {
 		f.Ago = ago(now.Sub(*f.LastSeen))
 	}
-	f.Silent = f.Enrollment == EnrollmentEnrolled && (f.LastSeen == nil || now.Sub(*f.LastSeen) > SilentAfter)
+	f.Silent = f.Enrollment == adminapi.EnrollmentEnrolled && (f.LastSeen == nil || now.Sub(*f.LastSeen) > SilentAfter)
 	for _, c := range f.Cells {
 		if c.Pool == "" && c.State == "stopped" {
 			f.Unassigned++
@@ -204,7 +205,7 @@ type fleetPage struct {
 	// Next is the next page's address, empty on the last page.
 	Next         string
 	Paged        bool
-	FailingMoves []MoveView
+	FailingMoves []adminapi.MoveView
 	Egress       []EgressHolder
 	EgressTotal  int
 	Refusals     []store.EdgeAck
@@ -295,7 +296,7 @@ type edgePage struct {
 
 type assignedCell struct {
 	Name, Pool string
-	Cell       *CellView
+	Cell       *adminapi.CellView
 }
 
 func (s *Server) edgePage(w http.ResponseWriter, r *http.Request) {
@@ -308,7 +309,7 @@ func (s *Server) edgePage(w http.ResponseWriter, r *http.Request) {
 	fe := s.fleetEdge(e, v.Assignments, now)
 	fe.EdgeView = v
 	p := edgePage{Now: now, SilentAfter: SilentAfter, Edge: fe}
-	reported := map[string]*CellView{}
+	reported := map[string]*adminapi.CellView{}
 	for i := range v.Cells {
 		reported[v.Cells[i].Name] = &v.Cells[i]
 	}

@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
 	"cellvisor/internal/testutil"
@@ -95,7 +96,7 @@ func TestFleetSeriesAndHolders(t *testing.T) {
 			{"name":"cell-04","pool":"no-such-pool","state":"ready"},
 			{"name":"cell-05","state":"stopped"}]`)
 		publish(t, e, "app.test", "v1")
-		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
+		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", adminapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
 			t.Fatal(err)
 		}
 		r := eu1.elect(t, egress.Metering, true)
@@ -188,7 +189,7 @@ func TestDocsListEveryControlMetric(t *testing.T) {
 	e = serveOn(t, e.dsn, e.sealKey, egressOpts(clk))
 	eu1 := e.egressEdge(t, "eu-1", "acme", "eu")
 	eu1.reportSlots(t, clk.Now(), `[{"name":"cell-01","pool":"shared-default","state":"ready"}]`)
-	if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest}); err != nil {
+	if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", adminapi.EgressPolicyRequest{Destination: egressDest}); err != nil {
 		t.Fatal(err)
 	}
 	eu1.elect(t, egress.Metering, true)

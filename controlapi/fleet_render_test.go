@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/manifest"
 )
@@ -22,17 +23,17 @@ func TestFleetRenderingEscapesHostileText(t *testing.T) {
 	seen := now.Add(-10 * time.Minute)
 	long := strings.Repeat("x", 5000)
 	edge := fleetEdge{
-		EdgeView: EdgeView{ID: `id" onclick="x`, Name: script, Org: img, Enrollment: EnrollmentEnrolled, LastSeen: &seen, Sequence: 3, ActiveSequence: 2,
-			Cells: []CellView{{Name: img, Pool: script, State: `ready" onmouseover="x`, Reason: breakTd + long}},
+		EdgeView: adminapi.EdgeView{ID: `id" onclick="x`, Name: script, Org: img, Enrollment: adminapi.EnrollmentEnrolled, LastSeen: &seen, Sequence: 3, ActiveSequence: 2,
+			Cells: []adminapi.CellView{{Name: img, Pool: script, State: `ready" onmouseover="x`, Reason: breakTd + long}},
 			Acks:  []manifest.Ack{{Sequence: 3, Status: manifest.AckRefused, Reason: script}},
-			Tasks: []TaskView{{ID: 1, Cell: img, Action: "drain", State: "done", Result: breakTd}},
+			Tasks: []adminapi.TaskView{{ID: 1, Cell: img, Action: "drain", State: "done", Result: breakTd}},
 		},
 		Silent: true, Ago: "10m ago", Lagging: true,
 	}
 	edge.Shown = edge.Cells
 	pages := map[string]any{
 		"fleet": fleetPage{Now: now, SilentAfter: SilentAfter, Total: 1, Silent: 1, Edges: []fleetEdge{edge},
-			FailingMoves: []MoveView{{Domain: script, From: img, To: "b", State: store.MoveFailed, Reason: breakTd}},
+			FailingMoves: []adminapi.MoveView{{Domain: script, From: img, To: "b", State: adminapi.MoveFailed, Reason: breakTd}},
 			Refusals:     []store.EdgeAck{{EdgeID: "e1", EdgeName: img, Ack: manifest.Ack{Sequence: 3, Status: manifest.AckRefused, Reason: script + long}}}},
 		"edge": edgePage{Now: now, SilentAfter: SilentAfter, Edge: edge, Assigned: []assignedCell{{Name: "cell-01", Pool: script, Cell: &edge.Cells[0]}}},
 	}

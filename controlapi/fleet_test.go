@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/manifest"
 )
 
@@ -100,7 +101,7 @@ func TestFleetPageSignIn(t *testing.T) {
 		t.Fatalf("with the session: %s", resp.Status)
 	}
 	// The session opens the fleet page only, not the admin API.
-	if resp, _ := fleetGet(t, e, controlapi.AdminEdges, withCookie(c)); resp.StatusCode != http.StatusUnauthorized {
+	if resp, _ := fleetGet(t, e, adminapi.PathEdges, withCookie(c)); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("admin API with the session cookie: %s", resp.Status)
 	}
 	forged := *c
