@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/controlapi/adminapi"
+	"cellvisor/controlapi/fleet"
 	"cellvisor/controlapi/metrics"
 )
 
@@ -45,10 +46,10 @@ func (s *Server) AdminHandler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathFrontDoors+"/resolve", s.handle(s.resolveFrontDoor))
 	s.egressAdminRoutes(mux)
 	mux.Handle("GET "+PathMetrics, s.metrics.Handler())
-	fleet := s.fleetHandler() // authenticates by itself: session cookie or bearer token
+	pages := s.fleet.Handler() // authenticates by itself: session cookie or bearer token
 	return s.instrument(metrics.Admin, mux, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if isFleetPath(r.URL.Path) {
-			fleet.ServeHTTP(w, r)
+		if fleet.Handles(r.URL.Path) {
+			pages.ServeHTTP(w, r)
 			return
 		}
 		given, ok := bearer(r, s.o.AdminToken)

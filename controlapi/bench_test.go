@@ -71,7 +71,7 @@ func BenchmarkPollsUnchanged(b *testing.B) {
 		dsns[store.Postgres] = testutil.Postgres(b)
 	}
 	for _, name := range []string{store.SQLite, store.Postgres} {
-		var f *fleet
+		var f *simFleet
 		b.Run(name, func(sb *testing.B) {
 			dsn, ok := dsns[name]
 			if !ok {
@@ -103,7 +103,7 @@ func BenchmarkPollFloor(b *testing.B) {
 // controlFleet opens the store at dsn, serves a control API on it, publishes
 // one domain to shared-default and creates and enrolls benchEdges edges,
 // each at sequence 1. cleanup tears it all down.
-func controlFleet(ctx context.Context, cleanup func(func()), dsn string) (*fleet, error) {
+func controlFleet(ctx context.Context, cleanup func(func()), dsn string) (*simFleet, error) {
 	st, err := store.Open(ctx, dsn)
 	if err != nil {
 		return nil, err
@@ -202,7 +202,7 @@ func enrollEdge(ctx context.Context, admin *adminapi.Client, hc *http.Client, ed
 
 // floorFleet serves the floor's empty 200 and issues benchEdges client
 // certificates from its CA.
-func floorFleet(cleanup func(func())) (*fleet, error) {
+func floorFleet(cleanup func(func())) (*simFleet, error) {
 	now := time.Now()
 	ca, _, err := pki.NewCA(now)
 	if err != nil {
@@ -296,9 +296,9 @@ func inParallel(workers, n int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-// fleet is the simulated edges of a benchmark, all asking the same question
+// simFleet is the simulated edges of a benchmark, all asking the same question
 // and expecting the same status.
-type fleet struct {
+type simFleet struct {
 	want  int
 	edges []simEdge
 	dials atomic.Int64 // connections the edges opened
@@ -311,8 +311,8 @@ type simEdge struct {
 	req *http.Request
 }
 
-func newFleet(cleanup func(func()), url string, header http.Header, want int, roots *x509.CertPool, certs []tls.Certificate) (*fleet, error) {
-	f := &fleet{want: want}
+func newFleet(cleanup func(func()), url string, header http.Header, want int, roots *x509.CertPool, certs []tls.Certificate) (*simFleet, error) {
+	f := &simFleet{want: want}
 	var http1 http.Protocols
 	http1.SetHTTP1(true)
 	var d net.Dialer
@@ -346,7 +346,7 @@ func newFleet(cleanup func(func()), url string, header http.Header, want int, ro
 
 // poll sends an edge's request and reads the answer, which must have the
 // fleet's status.
-func (f *fleet) poll(e simEdge) (*http.Response, error) {
+func (f *simFleet) poll(e simEdge) (*http.Response, error) {
 	resp, err := e.tr.RoundTrip(e.req)
 	if err != nil {
 		return nil, err
@@ -362,7 +362,7 @@ func (f *fleet) poll(e simEdge) (*http.Response, error) {
 
 // warm polls edge i once, opening its connection if it has none, and checks
 // the protocols the timed polls are meant to use.
-func (f *fleet) warm(i int) error {
+func (f *simFleet) warm(i int) error {
 	resp, err := f.poll(f.edges[i])
 	switch {
 	case err != nil:
@@ -376,7 +376,7 @@ func (f *fleet) warm(i int) error {
 // run warms every edge's connection, times b.N polls by pollWorkers
 // goroutines and reports polls/s and the median and 99th percentile
 // latencies.
-func (f *fleet) run(b *testing.B) {
+func (f *simFleet) run(b *testing.B) {
 	if err := inParallel(pollWorkers, len(f.edges), f.warm); err != nil {
 		b.Fatal(err)
 	}

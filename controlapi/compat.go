@@ -1,6 +1,9 @@
 package controlapi
 
-import "cellvisor/controlapi/adminapi"
+import (
+	"cellvisor/controlapi/adminapi"
+	"cellvisor/controlapi/fleet"
+)
 
 // The admin API's wire types and client moved to controlapi/adminapi
 // (issue 33). These aliases keep the end-to-end tests of cmd/cellvisor,
@@ -20,4 +23,10 @@ type (
 	PoolRequest         = adminapi.PoolRequest
 	PublishedView       = adminapi.PublishedView
 	TaskRequest         = adminapi.TaskRequest
+)
+
+// The fleet page's paths, for the same tests: see controlapi/fleet.
+const (
+	FleetPath  = fleet.Path
+	FleetLogin = fleet.Login
 )

@@ -25,6 +25,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/fleet"
 	"cellvisor/controlapi/metrics"
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
@@ -112,6 +113,7 @@ type Server struct {
 	clients *x509.CertPool
 	cache   *cache
 	metrics *metrics.Metrics
+	fleet   *fleet.Pages
 
 	keyMu sync.Mutex // guards the following fields
 	// keys caches opened signing keys by their sealed form: the current
@@ -181,17 +183,20 @@ func New(ctx context.Context, o Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1)}
+	var err error
 	if o.SnapshotPerOrg <= 0 {
 		o.SnapshotPerOrg = DefaultSnapshotPerOrg(o.SnapshotDownloads)
 	}
 	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, o.SnapshotPerEdge, o.SnapshotPerOrg, o.SnapshotMinRate, s.log)
+	if s.fleet, err = fleet.New(fleet.Options{Reader: fleetReader{s}, AdminToken: o.AdminToken, Logger: s.log, Now: o.Now}); err != nil {
+		return nil, err
+	}
 	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})
 	// The store is this server's: it reports its writes and placements here.
 	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement, Retried: func(err error) {
 		s.metrics.Retry()
 		s.log.Debug("database write run again: the database could not serialize it at once", zap.Error(err))
 	}}
-	var err error
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
 	}

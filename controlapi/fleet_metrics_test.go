@@ -16,8 +16,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"cellvisor/controlapi"
 	"cellvisor/controlapi/adminapi"
+	"cellvisor/controlapi/fleet"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
 	"cellvisor/internal/testutil"
@@ -126,7 +126,7 @@ func TestFleetSeriesAndHolders(t *testing.T) {
 		}
 
 		bearer := func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+e.admin.Token) }
-		_, page := fleetGet(t, e, controlapi.FleetPath, bearer)
+		_, page := fleetGet(t, e, fleet.Path, bearer)
 		holder := regexp.MustCompile(`<tr class="holder" data-scope="acme/metering"><td>acme</td><td>metering</td><td><a href="/fleet/edges/` +
 			regexp.QuoteMeta(id) + `">eu-1</a></td><td>eu / eu-a</td><td>1</td><td>[^<]+</td></tr>`)
 		if !holder.MatchString(page) {
@@ -158,7 +158,7 @@ func TestFleetSeriesAndHolders(t *testing.T) {
 				t.Errorf("%s after the lease expired: %v, want none", name, got)
 			}
 		}
-		_, page = fleetGet(t, e, controlapi.FleetPath, bearer)
+		_, page = fleetGet(t, e, fleet.Path, bearer)
 		if strings.Contains(page, `class="holder"`) {
 			t.Errorf("the fleet page shows an expired lease's holder:\n%s", page)
 		}

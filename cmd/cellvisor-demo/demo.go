@@ -294,7 +294,7 @@ func (e *env) steps(ctx context.Context) error {
 	fmt.Fprintf(out, "          $CTL domain show %s; $CTL domain routing %s; $CTL pool list\n", demoHost, demoHost)
 	fmt.Fprintf(out, "          $CTL egress leases --org %s; $CTL egress policy list --org %s; $CTL frontdoor list\n", demoOrg, demoOrg)
 	fmt.Fprintf(out, "Edge id:  %s\n", e.edgeID)
-	fmt.Fprintf(out, "Fleet:    %s%s (a browser; sign in with the admin token in %s)\n", e.ep.AdminURL, controlapi.FleetPath, e.tokenRel)
+	fmt.Fprintf(out, "Fleet:    %s%s (a browser; sign in with the admin token in %s)\n", e.ep.AdminURL, adminapi.PathFleet, e.tokenRel)
 	fmt.Fprintf(out, "Metrics:  %s/metrics\n", e.ep.AdminURL)
 	fmt.Fprintf(out, "Logs:     %s/%s, %s, %s\n", shortPath(e.logs.dir), controlLog, agentLog, edge2AgentLog)
 	if e.o.check {

@@ -25,6 +25,8 @@ const (
 	// PathFrontDoors/resolve?url=U[&org=O]); an edge's own is set (PUT)
 	// and cleared (DELETE) at PathEdges/{id}/frontdoor.
 	PathFrontDoors = "/v1/frontdoors"
+	// PathFleet is the fleet page's, for browsers (controlapi/fleet).
+	PathFleet = "/fleet"
 )
 
 // Enrollment states.

@@ -1,4 +1,4 @@
-package controlapi
+package fleet
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"cellvisor/controlapi/adminapi"
-	"cellvisor/controlapi/store"
 	"cellvisor/manifest"
 )
 
@@ -34,13 +33,13 @@ func TestFleetRenderingEscapesHostileText(t *testing.T) {
 	pages := map[string]any{
 		"fleet": fleetPage{Now: now, SilentAfter: SilentAfter, Total: 1, Silent: 1, Edges: []fleetEdge{edge},
 			FailingMoves: []adminapi.MoveView{{Domain: script, From: img, To: "b", State: adminapi.MoveFailed, Reason: breakTd}},
-			Refusals:     []store.EdgeAck{{EdgeID: "e1", EdgeName: img, Ack: manifest.Ack{Sequence: 3, Status: manifest.AckRefused, Reason: script + long}}}},
+			Refusals:     []Refusal{{EdgeID: "e1", EdgeName: img, Ack: manifest.Ack{Sequence: 3, Status: manifest.AckRefused, Reason: script + long}}}},
 		"edge": edgePage{Now: now, SilentAfter: SilentAfter, Edge: edge, Assigned: []assignedCell{{Name: "cell-01", Pool: script, Cell: &edge.Cells[0]}}},
 	}
 	for name, data := range pages {
 		t.Run(name, func(t *testing.T) {
 			var buf bytes.Buffer
-			if err := fleetTemplates.ExecuteTemplate(&buf, name, data); err != nil {
+			if err := templates.ExecuteTemplate(&buf, name, data); err != nil {
 				t.Fatal(err)
 			}
 			out := buf.String()
@@ -63,7 +62,7 @@ func TestFleetRenderingEscapesHostileText(t *testing.T) {
 		})
 	}
 	var buf bytes.Buffer
-	if err := fleetTemplates.ExecuteTemplate(&buf, "fleet", pages["fleet"]); err != nil {
+	if err := templates.ExecuteTemplate(&buf, "fleet", pages["fleet"]); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(buf.String(), `<tr class="edge silent"`) {
@@ -95,16 +94,16 @@ func TestStateClassIsAFixedSet(t *testing.T) {
 
 func TestSessionCookies(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	s := &Server{o: Options{AdminToken: "test-admin-token-0123456789", Now: func() time.Time { return now }}}
+	s := &Pages{o: Options{AdminToken: "test-admin-token-0123456789", Now: func() time.Time { return now }}}
 	v, err := s.newSession(now.Add(SessionTTL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := &Server{o: Options{AdminToken: "another-admin-token-0123456789", Now: s.o.Now}}
+	other := &Pages{o: Options{AdminToken: "another-admin-token-0123456789", Now: s.o.Now}}
 	exp, rest, _ := strings.Cut(v, ".")
 	for _, tc := range []struct {
 		name  string
-		srv   *Server
+		srv   *Pages
 		value string
 		want  bool
 	}{
@@ -135,7 +134,7 @@ func TestFleetRenderingShowsHolders(t *testing.T) {
 		{Org: `<b>x</b>`, Class: "siem_forwarding", EdgeID: "id-2", Epoch: 1, Until: until},
 	}}
 	var buf bytes.Buffer
-	if err := fleetTemplates.ExecuteTemplate(&buf, "fleet", p); err != nil {
+	if err := templates.ExecuteTemplate(&buf, "fleet", p); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()
