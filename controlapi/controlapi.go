@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/controlapi/fleet"
+	"cellvisor/controlapi/lease"
 	"cellvisor/controlapi/metrics"
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
@@ -114,6 +115,7 @@ type Server struct {
 	cache   *cache
 	metrics *metrics.Metrics
 	fleet   *fleet.Pages
+	leases  *lease.Service
 
 	keyMu sync.Mutex // guards the following fields
 	// keys caches opened signing keys by their sealed form: the current
@@ -225,6 +227,10 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	s.cert = tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}
 	s.cache = newCache(s.st, s.log)
+	if s.leases, err = lease.New(lease.Options{Store: s.st, Lease: o.EgressLease, ReachWindow: o.EgressReachWindow,
+		TouchInterval: o.TouchInterval, LastSeen: s.cache.lastSeen, Logger: s.log, Now: o.Now}); err != nil {
+		return nil, err
+	}
 	if err := s.cache.refresh(ctx); err != nil {
 		return nil, err
 	}
