@@ -29,6 +29,7 @@ import (
 	"cellvisor/controlapi/lease"
 	"cellvisor/controlapi/metrics"
 	"cellvisor/controlapi/pki"
+	"cellvisor/controlapi/snapcache"
 	"cellvisor/controlapi/store"
 )
 
@@ -122,7 +123,7 @@ type Server struct {
 	// one is read from the store by every write that signs (see
 	// store.Signer), so that a rotation on any replica holds on all.
 	keys  map[string]ed25519.PrivateKey
-	snaps *snapshots
+	snaps *snapcache.Cache
 	// moveNudge wakes the move loop (acks, status reports, new moves).
 	moveNudge chan struct{}
 }
@@ -189,7 +190,10 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if o.SnapshotPerOrg <= 0 {
 		o.SnapshotPerOrg = DefaultSnapshotPerOrg(o.SnapshotDownloads)
 	}
-	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, o.SnapshotPerEdge, o.SnapshotPerOrg, o.SnapshotMinRate, s.log)
+	if s.snaps, err = snapcache.New(snapcache.Options{Dir: o.SnapshotDir, Downloads: o.SnapshotDownloads, PerEdge: o.SnapshotPerEdge,
+		PerOrg: o.SnapshotPerOrg, MinRate: o.SnapshotMinRate, Logger: s.log}); err != nil {
+		return nil, err
+	}
 	if s.fleet, err = fleet.New(fleet.Options{Reader: fleetReader{s}, AdminToken: o.AdminToken, Logger: s.log, Now: o.Now}); err != nil {
 		return nil, err
 	}
@@ -370,7 +374,7 @@ func (s *Server) Run(ctx context.Context) {
 			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			s.flushSeen(fctx, 0)
 			cancel()
-			s.snaps.close()
+			s.snaps.Close()
 			return
 		case <-refresh.C:
 			if err := s.cache.refresh(ctx); err != nil && ctx.Err() == nil {
