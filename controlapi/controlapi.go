@@ -3,8 +3,13 @@
 // edge-control API over TLS, mutual for everything but enrollment), the
 // control plane's keys (a CA for edge identities and an Ed25519 key that
 // signs artifacts, both sealed at rest with a key file), and the in-memory
-// cache that keeps the polls of a whole fleet cheap. Its store is
-// controlapi/store; cmd/cellvisor-control runs it.
+// cache that keeps the polls of a whole fleet cheap, and it wires its
+// parts together: the admin API's wire contract (controlapi/adminapi),
+// the store (controlapi/store), the fleet page (controlapi/fleet), the
+// egress lease service (controlapi/lease), the snapshot file cache
+// (controlapi/snapcache), the metrics and the PKI. cmd/cellvisor-control
+// and cmd/cellvisor-demo run it (Serve), as do cmd/cellvisor's end-to-end
+// tests.
 package controlapi
 
 import (

@@ -1,10 +1,10 @@
 // Package adminapi is the admin API's wire contract: its paths, the
 // requests and views it exchanges, the constants they name (enrollment and
 // move states, token lifetimes, defaults), and Client, which calls it. It
-// imports no part of the server, so that a caller links no database:
-// controlapi serves this contract and controlapi/store records its move
-// states; cmd/cellvisor-control's subcommands, cmd/cellvisor-demo and
-// the tests call it through Client.
+// links no part of the server, so that a caller links no database:
+// controlapi serves the contract (its fleet page shows the same views),
+// controlapi/store records its move states, and cellvisor-control's
+// subcommands and cellvisor-demo call it through Client.
 package adminapi
 
 import "time"
