@@ -9,13 +9,14 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/domain"
 	"cellvisor/manifest"
 )
 
-func domainView(d store.Domain) DomainView {
-	return DomainView{Name: d.Name, Pool: d.Pool, Revision: d.Revision, SHA256: d.SHA256, Size: d.Size, UpdatedAt: d.UpdatedAt}
+func domainView(d store.Domain) adminapi.DomainView {
+	return adminapi.DomainView{Name: d.Name, Pool: d.Pool, Revision: d.Revision, SHA256: d.SHA256, Size: d.Size, UpdatedAt: d.UpdatedAt}
 }
 
 func (s *Server) listDomains(w http.ResponseWriter, r *http.Request) error {
@@ -23,7 +24,7 @@ func (s *Server) listDomains(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := []DomainView{}
+	out := []adminapi.DomainView{}
 	for _, d := range ds {
 		out = append(out, domainView(d))
 	}
@@ -45,7 +46,7 @@ func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	for _, p := range ps {
-		v.Placements = append(v.Placements, PlacementView{EdgeID: p.EdgeID, Cell: p.Cell, Pool: p.Pool, Role: p.Role})
+		v.Placements = append(v.Placements, adminapi.PlacementView{EdgeID: p.EdgeID, Cell: p.Cell, Pool: p.Pool, Role: p.Role})
 	}
 	m, err := s.st.Move(r.Context(), d.Name)
 	if err == nil {
@@ -91,7 +92,7 @@ func domainArtifact(name, pool string, config []byte, revision int64) (domain.Do
 }
 
 func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
-	var req DomainRequest
+	var req adminapi.DomainRequest
 	if err := decode(r, 2*manifest.MaxArtifactBytes, &req); err != nil {
 		return err
 	}
@@ -124,8 +125,8 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func publishedView(p store.Published) PublishedView {
-	v := PublishedView{Domain: domainView(p.Domain), Edges: map[string]int64{}, Skipped: p.Skipped}
+func publishedView(p store.Published) adminapi.PublishedView {
+	v := adminapi.PublishedView{Domain: domainView(p.Domain), Edges: map[string]int64{}, Skipped: p.Skipped}
 	for _, e := range p.Edges {
 		v.Edges[e.EdgeID] = e.Sequence
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 )
@@ -27,11 +28,11 @@ func newToken() (string, error) {
 }
 
 func (s *Server) createEdge(w http.ResponseWriter, r *http.Request) error {
-	var req EdgeRequest
+	var req adminapi.EdgeRequest
 	if err := decode(r, 64<<10, &req); err != nil {
 		return err
 	}
-	if err := req.Validate(); err != nil {
+	if err := validateEdge(&req); err != nil {
 		return err
 	}
 	ttl, err := tokenTTL("token_ttl", req.TokenTTL)
@@ -46,7 +47,7 @@ func (s *Server) createEdge(w http.ResponseWriter, r *http.Request) error {
 	e, err := s.st.CreateEdge(r.Context(), store.NewEdge{
 		ID: uuid.NewString(), Name: req.Name, Org: req.Org, Country: req.Country, Continent: req.Continent,
 		MgmtIPv4: req.MgmtIPv4, MgmtIPv6: req.MgmtIPv6, Slots: req.Slots, TokenHash: hashToken(token), TokenExpiresAt: expires,
-		Assignments: InitialAssignments(req.Slots), Topology: req.topology(),
+		Assignments: InitialAssignments(req.Slots), Topology: edgeTopology(req),
 	}, s.sign)
 	if err != nil {
 		return err
@@ -54,7 +55,7 @@ func (s *Server) createEdge(w http.ResponseWriter, r *http.Request) error {
 	s.refresh(r.Context())
 	s.log.Info("edge created", zap.String("edge", e.ID), zap.String("name", e.Name), zap.Int("slots", e.Slots))
 	v := s.view(e, InitialAssignments(req.Slots))
-	writeJSON(w, http.StatusCreated, CreatedEdge{Edge: v, Token: token, TokenExpiresAt: expires, CA: s.ca.PEM})
+	writeJSON(w, http.StatusCreated, adminapi.CreatedEdge{Edge: v, Token: token, TokenExpiresAt: expires, CA: s.ca.PEM})
 	return nil
 }
 
@@ -63,7 +64,7 @@ func (s *Server) listEdges(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := []EdgeView{}
+	out := []adminapi.EdgeView{}
 	for _, e := range edges {
 		out = append(out, s.view(e, nil))
 	}
@@ -82,14 +83,14 @@ func (s *Server) showEdge(w http.ResponseWriter, r *http.Request) error {
 
 // edgeDetail is one edge as edge show and its fleet page show it: its
 // cells, pools, recent acks and tasks, and drains.
-func (s *Server) edgeDetail(ctx context.Context, id string) (store.Edge, EdgeView, error) {
+func (s *Server) edgeDetail(ctx context.Context, id string) (store.Edge, adminapi.EdgeView, error) {
 	e, err := s.st.Edge(ctx, id)
 	if err != nil {
-		return store.Edge{}, EdgeView{}, err
+		return store.Edge{}, adminapi.EdgeView{}, err
 	}
 	assign, err := s.st.Assignments(ctx, e.ID)
 	if err != nil {
-		return store.Edge{}, EdgeView{}, err
+		return store.Edge{}, adminapi.EdgeView{}, err
 	}
 	v := s.view(e, assign)
 	v.Status = e.Status
@@ -100,30 +101,30 @@ func (s *Server) edgeDetail(ctx context.Context, id string) (store.Edge, EdgeVie
 	for _, name := range slices.Sorted(maps.Keys(byPool)) {
 		p, err := s.st.Pool(ctx, name)
 		if err != nil {
-			return store.Edge{}, EdgeView{}, err
+			return store.Edge{}, adminapi.EdgeView{}, err
 		}
 		cells := byPool[name]
 		slices.Sort(cells)
 		v.Pools = append(v.Pools, poolHealth(p, e, cells))
 	}
 	if v.Acks, err = s.st.Acks(ctx, e.ID, 20); err != nil {
-		return store.Edge{}, EdgeView{}, err
+		return store.Edge{}, adminapi.EdgeView{}, err
 	}
 	ts, err := s.st.Tasks(ctx, e.ID, false, 20)
 	if err != nil {
-		return store.Edge{}, EdgeView{}, err
+		return store.Edge{}, adminapi.EdgeView{}, err
 	}
 	for _, t := range ts {
 		v.Tasks = append(v.Tasks, taskView(t))
 	}
 	ds, err := s.st.Drains(ctx, e.ID)
 	if err != nil {
-		return store.Edge{}, EdgeView{}, err
+		return store.Edge{}, adminapi.EdgeView{}, err
 	}
 	for _, d := range ds {
 		dv := drainView(d)
 		if dv.WaitingFor, err = s.st.DrainWaitingFor(ctx, d); err != nil {
-			return store.Edge{}, EdgeView{}, err
+			return store.Edge{}, adminapi.EdgeView{}, err
 		}
 		v.Drains = append(v.Drains, *dv)
 	}
@@ -138,14 +139,14 @@ func ptime(t time.Time) *time.Time {
 }
 
 // view shows an edge, its cells and security events as it last reported.
-func (s *Server) view(e store.Edge, assign map[string]string) EdgeView {
-	v := EdgeView{
+func (s *Server) view(e store.Edge, assign map[string]string) adminapi.EdgeView {
+	v := adminapi.EdgeView{
 		ID: e.ID, Name: e.Name, Org: e.Org, Country: e.Country, Continent: e.Continent, MgmtIPv4: e.MgmtIPv4, MgmtIPv6: e.MgmtIPv6,
-		Slots: e.Slots, Region: e.Region, Zone: e.Zone, Priority: e.Priority, CostTier: e.CostTier, Weight: e.Weight, Enrollment: EnrollmentPending, EnrolledAt: ptime(e.EnrolledAt), Rotations: e.Rotations,
+		Slots: e.Slots, Region: e.Region, Zone: e.Zone, Priority: e.Priority, CostTier: e.CostTier, Weight: e.Weight, Enrollment: adminapi.EnrollmentPending, EnrolledAt: ptime(e.EnrolledAt), Rotations: e.Rotations,
 		LastSeen: ptime(e.LastSeen), Sequence: e.Sequence, ActiveSequence: e.ActiveSequence, Assignments: assign, StatusAt: ptime(e.StatusAt),
 	}
 	if e.Enrolled() {
-		v.Enrollment = EnrollmentEnrolled
+		v.Enrollment = adminapi.EnrollmentEnrolled
 		v.CertExpiresAt, v.RenewalPending = certExpiry(e.CertPEM), e.PendingSerial != ""
 	} else {
 		v.TokenExpiresAt = ptime(e.TokenExpiresAt)
@@ -156,9 +157,9 @@ func (s *Server) view(e store.Edge, assign map[string]string) EdgeView {
 	var sum edgeapi.Summary
 	if len(e.Status) > 0 && json.Unmarshal(e.Status, &sum) == nil {
 		for _, c := range sum.Slots {
-			v.Cells = append(v.Cells, CellView{Name: c.Name, Pool: c.Pool, State: c.State, Reason: c.Reason, Drained: c.Drained, Sequence: c.Sequence})
+			v.Cells = append(v.Cells, adminapi.CellView{Name: c.Name, Pool: c.Pool, State: c.State, Reason: c.Reason, Drained: c.Drained, Sequence: c.Sequence})
 			if c.Cell != nil && c.Cell.Security.AuthFailures > 0 {
-				sec := SecurityEvent{Cell: c.Name, AuthFailures: c.Cell.Security.AuthFailures, LastReason: c.Cell.Security.LastReason}
+				sec := adminapi.SecurityEvent{Cell: c.Name, AuthFailures: c.Cell.Security.AuthFailures, LastReason: c.Cell.Security.LastReason}
 				if c.Cell.Security.LastAt > 0 {
 					at := time.UnixMilli(int64(c.Cell.Security.LastAt * 1000)).UTC()
 					sec.LastAt = &at
@@ -171,7 +172,7 @@ func (s *Server) view(e store.Edge, assign map[string]string) EdgeView {
 }
 
 func (s *Server) rotateEdge(w http.ResponseWriter, r *http.Request) error {
-	var req RotateRequest
+	var req adminapi.RotateRequest
 	if r.ContentLength != 0 {
 		if err := decode(r, 64<<10, &req); err != nil {
 			return err
@@ -196,7 +197,7 @@ func (s *Server) rotateEdge(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log.Info("edge identity rotated: its certificate is refused from now on", zap.String("edge", id))
-	writeJSON(w, http.StatusOK, CreatedEdge{Edge: s.view(e, nil), Token: token, TokenExpiresAt: expires, CA: s.ca.PEM})
+	writeJSON(w, http.StatusOK, adminapi.CreatedEdge{Edge: s.view(e, nil), Token: token, TokenExpiresAt: expires, CA: s.ca.PEM})
 	return nil
 }
 

@@ -5,21 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sort"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/domain"
 	"cellvisor/edgeapi"
 )
 
-func poolView(p store.Pool) PoolView {
-	return PoolView{Name: p.Name, Class: p.Class, Replicas: p.Replicas, Bound: p.Bound, MinReady: p.MinReady, Drain: p.Drain.String(),
+func poolView(p store.Pool) adminapi.PoolView {
+	return adminapi.PoolView{Name: p.Name, Class: p.Class, Replicas: p.Replicas, Bound: p.Bound, MinReady: p.MinReady, Drain: p.Drain.String(),
 		MaxConns: p.MaxConns, Rate: p.Rate, Burst: p.Burst, CreatedAt: p.CreatedAt}
 }
 
@@ -28,7 +27,7 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := []PoolView{}
+	out := []adminapi.PoolView{}
 	for _, p := range ps {
 		out = append(out, poolView(p))
 	}
@@ -36,8 +35,8 @@ func (s *Server) listPools(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// apply sets the fields req gives on p.
-func (req PoolRequest) apply(p *store.Pool) error {
+// applyPool sets the fields req gives on p.
+func applyPool(req adminapi.PoolRequest, p *store.Pool) error {
 	for _, f := range []struct {
 		v   *int
 		dst *int
@@ -57,7 +56,7 @@ func (req PoolRequest) apply(p *store.Pool) error {
 }
 
 func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
-	var req PoolRequest
+	var req adminapi.PoolRequest
 	if err := decode(r, 4<<10, &req); err != nil {
 		return err
 	}
@@ -66,7 +65,7 @@ func (s *Server) createPool(w http.ResponseWriter, r *http.Request) error {
 		return errorf(http.StatusBadRequest, "name: %q: want shared-, reserved-, dedicated- or quarantine- and a name (lowercase, at most 64)", req.Name)
 	}
 	p := store.DefaultPool(req.Name, string(class))
-	if err := req.apply(&p); err != nil {
+	if err := applyPool(req, &p); err != nil {
 		return err
 	}
 	p, err := s.st.CreatePool(r.Context(), p)
@@ -102,8 +101,8 @@ func (s *Server) showPool(w http.ResponseWriter, r *http.Request) error {
 }
 
 // poolHealth judges a pool's cells on an edge by its last status report.
-func poolHealth(p store.Pool, e store.Edge, cells []string) PoolHealth {
-	h := PoolHealth{Pool: p.Name, EdgeID: e.ID, EdgeName: e.Name, Cells: cells, MinReady: p.MinReady}
+func poolHealth(p store.Pool, e store.Edge, cells []string) adminapi.PoolHealth {
+	h := adminapi.PoolHealth{Pool: p.Name, EdgeID: e.ID, EdgeName: e.Name, Cells: cells, MinReady: p.MinReady}
 	h.Ready, h.Reported = store.ReadyCells(e.Status, p.Name)
 	if h.Reported && h.Ready < p.MinReady {
 		h.BelowMinimum = true
@@ -113,7 +112,7 @@ func poolHealth(p store.Pool, e store.Edge, cells []string) PoolHealth {
 }
 
 func (s *Server) updatePool(w http.ResponseWriter, r *http.Request) error {
-	var req PoolRequest
+	var req adminapi.PoolRequest
 	if err := decode(r, 4<<10, &req); err != nil {
 		return err
 	}
@@ -124,7 +123,7 @@ func (s *Server) updatePool(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := req.apply(&p); err != nil {
+	if err := applyPool(req, &p); err != nil {
 		return err
 	}
 	p, edges, err := s.st.UpdatePool(r.Context(), p, s.sign)
@@ -180,7 +179,7 @@ func (s *Server) edgeID(ctx context.Context, idOrName string) (string, error) {
 }
 
 func (s *Server) assignCell(w http.ResponseWriter, r *http.Request) error {
-	var req CellRequest
+	var req adminapi.CellRequest
 	if err := decode(r, 4<<10, &req); err != nil {
 		return err
 	}
@@ -205,7 +204,7 @@ func (s *Server) setCell(w http.ResponseWriter, r *http.Request, pool string) er
 		return err
 	}
 	s.refresh(r.Context())
-	out := CellAssignment{EdgeID: id, Cell: cell, Pool: pool, Sequence: es.Sequence}
+	out := adminapi.CellAssignment{EdgeID: id, Cell: cell, Pool: pool, Sequence: es.Sequence}
 	if d != nil {
 		s.nudgeMoves()
 		s.log.Info("cell drain started", zap.String("edge", id), zap.String("cell", cell), zap.String("from", d.From), zap.String("to", pool),
@@ -219,19 +218,19 @@ func (s *Server) setCell(w http.ResponseWriter, r *http.Request, pool string) er
 	return nil
 }
 
-func drainView(d store.Drain) *DrainView {
-	return &DrainView{Cell: d.Cell, From: d.From, To: d.To, State: d.State, Reason: d.Reason, Domains: d.Domains,
+func drainView(d store.Drain) *adminapi.DrainView {
+	return &adminapi.DrainView{Cell: d.Cell, From: d.From, To: d.To, State: d.State, Reason: d.Reason, Domains: d.Domains,
 		StartedAt: d.StartedAt, Deadline: d.Deadline, DrainUntil: ptime(d.DrainUntil), Steps: d.Steps}
 }
 
-func moveView(m store.Move) *MoveView {
-	v := &MoveView{Domain: m.Domain, From: m.From, To: m.To, State: m.State, Reason: m.Reason, StartedAt: m.StartedAt,
+func moveView(m store.Move) *adminapi.MoveView {
+	v := &adminapi.MoveView{Domain: m.Domain, From: m.From, To: m.To, State: m.State, Reason: m.Reason, StartedAt: m.StartedAt,
 		Deadline: m.Deadline, DrainUntil: ptime(m.DrainUntil), Steps: m.Steps}
 	return v
 }
 
 func (s *Server) startMove(w http.ResponseWriter, r *http.Request) error {
-	var req MoveRequest
+	var req adminapi.MoveRequest
 	if err := decode(r, 4<<10, &req); err != nil {
 		return err
 	}
@@ -275,7 +274,7 @@ func (s *Server) routing(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	v := RoutingView{Domain: name, Pool: d.Pool, Routes: []Route{}}
+	v := adminapi.RoutingView{Domain: name, Pool: d.Pool, Routes: []adminapi.Route{}}
 	edges := map[string]store.Edge{}
 	for _, p := range ps {
 		if p.Role != store.RoleActive {
@@ -295,7 +294,7 @@ func (s *Server) routing(w http.ResponseWriter, r *http.Request) error {
 			// would fail the requests a resolver sent it.
 			continue
 		}
-		rt := Route{EdgeID: e.ID, EdgeName: e.Name, Cell: p.Cell, Address: e.MgmtIPv4, Port: port}
+		rt := adminapi.Route{EdgeID: e.ID, EdgeName: e.Name, Cell: p.Cell, Address: e.MgmtIPv4, Port: port}
 		if rt.Address == "" {
 			rt.Address = e.MgmtIPv6
 		}
@@ -323,6 +322,3 @@ func cellReport(status []byte, cell string) (port int, state string) {
 	}
 	return 0, ""
 }
-
-// HostPort joins a route's address and port.
-func (rt Route) HostPort() string { return net.JoinHostPort(rt.Address, strconv.Itoa(rt.Port)) }

@@ -5,16 +5,17 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 )
 
-func taskView(t store.Task) TaskView {
-	return TaskView{ID: t.ID, EdgeID: t.EdgeID, Cell: t.Cell, Action: t.Action, State: t.State, Result: t.Result, CreatedAt: t.CreatedAt, DoneAt: ptime(t.DoneAt)}
+func taskView(t store.Task) adminapi.TaskView {
+	return adminapi.TaskView{ID: t.ID, EdgeID: t.EdgeID, Cell: t.Cell, Action: t.Action, State: t.State, Result: t.Result, CreatedAt: t.CreatedAt, DoneAt: ptime(t.DoneAt)}
 }
 
 func (s *Server) createTask(w http.ResponseWriter, r *http.Request) error {
-	var req TaskRequest
+	var req adminapi.TaskRequest
 	if err := decode(r, 4<<10, &req); err != nil {
 		return err
 	}
@@ -46,7 +47,7 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := []TaskView{}
+	out := []adminapi.TaskView{}
 	for _, t := range ts {
 		out = append(out, taskView(t))
 	}

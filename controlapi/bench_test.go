@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
@@ -70,7 +71,7 @@ func BenchmarkPollsUnchanged(b *testing.B) {
 		dsns[store.Postgres] = testutil.Postgres(b)
 	}
 	for _, name := range []string{store.SQLite, store.Postgres} {
-		var f *fleet
+		var f *simFleet
 		b.Run(name, func(sb *testing.B) {
 			dsn, ok := dsns[name]
 			if !ok {
@@ -102,7 +103,7 @@ func BenchmarkPollFloor(b *testing.B) {
 // controlFleet opens the store at dsn, serves a control API on it, publishes
 // one domain to shared-default and creates and enrolls benchEdges edges,
 // each at sequence 1. cleanup tears it all down.
-func controlFleet(ctx context.Context, cleanup func(func()), dsn string) (*fleet, error) {
+func controlFleet(ctx context.Context, cleanup func(func()), dsn string) (*simFleet, error) {
 	st, err := store.Open(ctx, dsn)
 	if err != nil {
 		return nil, err
@@ -131,8 +132,8 @@ func controlFleet(ctx context.Context, cleanup func(func()), dsn string) (*fleet
 	hc := &http.Client{Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots}, MaxIdleConnsPerHost: setupWorkers}}
 	defer hc.CloseIdleConnections()
-	admin := &controlapi.AdminClient{URL: adminURL, Token: benchAdminToken, HTTP: hc}
-	if _, err := admin.Publish(ctx, benchDomain, controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(benchConfig)}); err != nil {
+	admin := &adminapi.Client{URL: adminURL, Token: benchAdminToken, HTTP: hc}
+	if _, err := admin.Publish(ctx, benchDomain, adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(benchConfig)}); err != nil {
 		return nil, fmt.Errorf("publish %s: %w", benchDomain, err)
 	}
 	certs := make([]tls.Certificate, benchEdges)
@@ -149,8 +150,8 @@ func controlFleet(ctx context.Context, cleanup func(func()), dsn string) (*fleet
 
 // enrollEdge creates an edge and enrolls it as an agent does: a new ECDSA
 // P-256 key and a CSR, sent with the bootstrap token to the enroll endpoint.
-func enrollEdge(ctx context.Context, admin *controlapi.AdminClient, hc *http.Client, edgeURL, name string) (tls.Certificate, error) {
-	created, err := admin.CreateEdge(ctx, controlapi.EdgeRequest{Name: name, Org: "bench", Country: "DE", Continent: "EU"})
+func enrollEdge(ctx context.Context, admin *adminapi.Client, hc *http.Client, edgeURL, name string) (tls.Certificate, error) {
+	created, err := admin.CreateEdge(ctx, adminapi.EdgeRequest{Name: name, Org: "bench", Country: "DE", Continent: "EU"})
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("create edge %s: %w", name, err)
 	}
@@ -201,7 +202,7 @@ func enrollEdge(ctx context.Context, admin *controlapi.AdminClient, hc *http.Cli
 
 // floorFleet serves the floor's empty 200 and issues benchEdges client
 // certificates from its CA.
-func floorFleet(cleanup func(func())) (*fleet, error) {
+func floorFleet(cleanup func(func())) (*simFleet, error) {
 	now := time.Now()
 	ca, _, err := pki.NewCA(now)
 	if err != nil {
@@ -295,9 +296,9 @@ func inParallel(workers, n int, f func(i int) error) error {
 	return errors.Join(errs...)
 }
 
-// fleet is the simulated edges of a benchmark, all asking the same question
+// simFleet is the simulated edges of a benchmark, all asking the same question
 // and expecting the same status.
-type fleet struct {
+type simFleet struct {
 	want  int
 	edges []simEdge
 	dials atomic.Int64 // connections the edges opened
@@ -310,8 +311,8 @@ type simEdge struct {
 	req *http.Request
 }
 
-func newFleet(cleanup func(func()), url string, header http.Header, want int, roots *x509.CertPool, certs []tls.Certificate) (*fleet, error) {
-	f := &fleet{want: want}
+func newFleet(cleanup func(func()), url string, header http.Header, want int, roots *x509.CertPool, certs []tls.Certificate) (*simFleet, error) {
+	f := &simFleet{want: want}
 	var http1 http.Protocols
 	http1.SetHTTP1(true)
 	var d net.Dialer
@@ -345,7 +346,7 @@ func newFleet(cleanup func(func()), url string, header http.Header, want int, ro
 
 // poll sends an edge's request and reads the answer, which must have the
 // fleet's status.
-func (f *fleet) poll(e simEdge) (*http.Response, error) {
+func (f *simFleet) poll(e simEdge) (*http.Response, error) {
 	resp, err := e.tr.RoundTrip(e.req)
 	if err != nil {
 		return nil, err
@@ -361,7 +362,7 @@ func (f *fleet) poll(e simEdge) (*http.Response, error) {
 
 // warm polls edge i once, opening its connection if it has none, and checks
 // the protocols the timed polls are meant to use.
-func (f *fleet) warm(i int) error {
+func (f *simFleet) warm(i int) error {
 	resp, err := f.poll(f.edges[i])
 	switch {
 	case err != nil:
@@ -375,7 +376,7 @@ func (f *fleet) warm(i int) error {
 // run warms every edge's connection, times b.N polls by pollWorkers
 // goroutines and reports polls/s and the median and 99th percentile
 // latencies.
-func (f *fleet) run(b *testing.B) {
+func (f *simFleet) run(b *testing.B) {
 	if err := inParallel(pollWorkers, len(f.edges), f.warm); err != nil {
 		b.Fatal(err)
 	}

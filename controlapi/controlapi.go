@@ -3,8 +3,13 @@
 // edge-control API over TLS, mutual for everything but enrollment), the
 // control plane's keys (a CA for edge identities and an Ed25519 key that
 // signs artifacts, both sealed at rest with a key file), and the in-memory
-// cache that keeps the polls of a whole fleet cheap. Its store is
-// controlapi/store; cmd/cellvisor-control runs it.
+// cache that keeps the polls of a whole fleet cheap, and it wires its
+// parts together: the admin API's wire contract (controlapi/adminapi),
+// the store (controlapi/store), the fleet page (controlapi/fleet), the
+// egress lease service (controlapi/lease), the snapshot file cache
+// (controlapi/snapcache), the metrics and the PKI. cmd/cellvisor-control
+// and cmd/cellvisor-demo run it (Serve), as do cmd/cellvisor's end-to-end
+// tests.
 package controlapi
 
 import (
@@ -25,8 +30,11 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/fleet"
+	"cellvisor/controlapi/lease"
 	"cellvisor/controlapi/metrics"
 	"cellvisor/controlapi/pki"
+	"cellvisor/controlapi/snapcache"
 	"cellvisor/controlapi/store"
 )
 
@@ -112,13 +120,15 @@ type Server struct {
 	clients *x509.CertPool
 	cache   *cache
 	metrics *metrics.Metrics
+	fleet   *fleet.Pages
+	leases  *lease.Service
 
 	keyMu sync.Mutex // guards the following fields
 	// keys caches opened signing keys by their sealed form: the current
 	// one is read from the store by every write that signs (see
 	// store.Signer), so that a rotation on any replica holds on all.
 	keys  map[string]ed25519.PrivateKey
-	snaps *snapshots
+	snaps *snapcache.Cache
 	// moveNudge wakes the move loop (acks, status reports, new moves).
 	moveNudge chan struct{}
 }
@@ -181,17 +191,23 @@ func New(ctx context.Context, o Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1)}
+	var err error
 	if o.SnapshotPerOrg <= 0 {
 		o.SnapshotPerOrg = DefaultSnapshotPerOrg(o.SnapshotDownloads)
 	}
-	s.snaps = newSnapshots(o.SnapshotDir, o.SnapshotDownloads, o.SnapshotPerEdge, o.SnapshotPerOrg, o.SnapshotMinRate, s.log)
+	if s.snaps, err = snapcache.New(snapcache.Options{Dir: o.SnapshotDir, Downloads: o.SnapshotDownloads, PerEdge: o.SnapshotPerEdge,
+		PerOrg: o.SnapshotPerOrg, MinRate: o.SnapshotMinRate, Logger: s.log}); err != nil {
+		return nil, err
+	}
+	if s.fleet, err = fleet.New(fleet.Options{Reader: fleetReader{s}, AdminToken: o.AdminToken, Logger: s.log, Now: o.Now}); err != nil {
+		return nil, err
+	}
 	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})
 	// The store is this server's: it reports its writes and placements here.
 	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement, Retried: func(err error) {
 		s.metrics.Retry()
 		s.log.Debug("database write run again: the database could not serialize it at once", zap.Error(err))
 	}}
-	var err error
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
 	}
@@ -220,6 +236,10 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	s.cert = tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}
 	s.cache = newCache(s.st, s.log)
+	if s.leases, err = lease.New(lease.Options{Store: s.st, Lease: o.EgressLease, ReachWindow: o.EgressReachWindow,
+		TouchInterval: o.TouchInterval, LastSeen: s.cache.lastSeen, Logger: s.log, Now: o.Now}); err != nil {
+		return nil, err
+	}
 	if err := s.cache.refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -359,7 +379,7 @@ func (s *Server) Run(ctx context.Context) {
 			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			s.flushSeen(fctx, 0)
 			cancel()
-			s.snaps.close()
+			s.snaps.Close()
 			return
 		case <-refresh.C:
 			if err := s.cache.refresh(ctx); err != nil && ctx.Err() == nil {

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
@@ -37,7 +38,7 @@ import (
 type env struct {
 	srv     *controlapi.Server
 	edgeURL string
-	admin   *controlapi.AdminClient
+	admin   *adminapi.Client
 	caFile  string
 	st      *store.Store
 	sealKey []byte
@@ -120,13 +121,13 @@ func serveOn(t testing.TB, dsn string, key []byte, opts ...func(*controlapi.Opti
 	if err := os.WriteFile(caFile, []byte(srv.CAPEM()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return &env{srv: srv, edgeURL: edge.URL, admin: &controlapi.AdminClient{URL: admin.URL, Token: "test-admin-token-0123456789"},
+	return &env{srv: srv, edgeURL: edge.URL, admin: &adminapi.Client{URL: admin.URL, Token: "test-admin-token-0123456789"},
 		caFile: caFile, st: st, sealKey: key, dsn: dsn}
 }
 
-func (e *env) createEdge(t testing.TB, name string) controlapi.CreatedEdge {
+func (e *env) createEdge(t testing.TB, name string) adminapi.CreatedEdge {
 	t.Helper()
-	c, err := e.admin.CreateEdge(ctx(t), controlapi.EdgeRequest{Name: name, Org: "acme", Country: "de", Continent: "eu", MgmtIPv4: "192.0.2.10"})
+	c, err := e.admin.CreateEdge(ctx(t), adminapi.EdgeRequest{Name: name, Org: "acme", Country: "de", Continent: "eu", MgmtIPv4: "192.0.2.10"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +193,7 @@ func (e *env) rawEnroll(t *testing.T, token, csrPEM string) (int, edgeapi.Enroll
 func TestEnrollmentRetriesAndRefusals(t *testing.T) {
 	eachStore(t, func(t *testing.T, e *env) {
 		created := e.createEdge(t, "fra-1")
-		if created.Edge.Enrollment != controlapi.EnrollmentPending || created.Edge.Slots != 8 || created.Edge.Country != "DE" || !strings.HasPrefix(created.Token, "cvt_") {
+		if created.Edge.Enrollment != adminapi.EnrollmentPending || created.Edge.Slots != 8 || created.Edge.Country != "DE" || !strings.HasPrefix(created.Token, "cvt_") {
 			t.Fatalf("created %+v", created)
 		}
 		req := csr(t)
@@ -246,7 +247,7 @@ func TestRotationRefusesTheOldIdentity(t *testing.T) {
 			t.Fatalf("second enroll: %v", err)
 		}
 		rotated, err := e.admin.Rotate(ctx(t), created.Edge.ID)
-		if err != nil || rotated.Token == created.Token || rotated.Edge.Enrollment != controlapi.EnrollmentPending {
+		if err != nil || rotated.Token == created.Token || rotated.Edge.Enrollment != adminapi.EnrollmentPending {
 			t.Fatalf("rotate: %+v, %v", rotated, err)
 		}
 		_, err = c.Page(ctx(t), 1, "")
@@ -267,7 +268,7 @@ func TestRotationRefusesTheOldIdentity(t *testing.T) {
 			t.Fatalf("poll after re-enrollment: %v", err)
 		}
 		v, _ := e.admin.Edge(ctx(t), created.Edge.ID)
-		if v.Enrollment != controlapi.EnrollmentEnrolled || v.Rotations != 1 {
+		if v.Enrollment != adminapi.EnrollmentEnrolled || v.Rotations != 1 {
 			t.Fatalf("edge after re-enrollment %+v", v)
 		}
 	})
@@ -308,12 +309,12 @@ func TestUnauthenticatedAndForeignCertificatesAreRefused(t *testing.T) {
 		t.Fatalf("self-signed client certificate: HTTP %d, want a failed handshake", resp.StatusCode)
 	}
 	// The admin API wants its token.
-	bad := &controlapi.AdminClient{URL: e.admin.URL, Token: "wrong"}
-	var ae *controlapi.AdminError
+	bad := &adminapi.Client{URL: e.admin.URL, Token: "wrong"}
+	var ae *adminapi.Error
 	if _, err := bad.Edges(ctx(t)); !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized || !strings.Contains(err.Error(), "rejected") {
 		t.Fatalf("admin with a wrong token: %v, want 401 saying the token was rejected", err)
 	}
-	none := &controlapi.AdminClient{URL: e.admin.URL}
+	none := &adminapi.Client{URL: e.admin.URL}
 	if _, err := none.Edges(ctx(t)); !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized || !strings.Contains(err.Error(), "required") {
 		t.Fatalf("admin without a token: %v, want 401 saying a token is required", err)
 	}
@@ -321,27 +322,27 @@ func TestUnauthenticatedAndForeignCertificatesAreRefused(t *testing.T) {
 
 func TestCreateEdgeRefusesNamingTheField(t *testing.T) {
 	e := start(t, filepath.Join(t.TempDir(), "control.db"))
-	ok := controlapi.EdgeRequest{Name: "fra-1", Org: "acme", Country: "DE", Continent: "EU"}
+	ok := adminapi.EdgeRequest{Name: "fra-1", Org: "acme", Country: "DE", Continent: "EU"}
 	for _, tc := range []struct {
 		field string
-		edit  func(*controlapi.EdgeRequest)
+		edit  func(*adminapi.EdgeRequest)
 	}{
-		{"name", func(r *controlapi.EdgeRequest) { r.Name = "" }},
-		{"name", func(r *controlapi.EdgeRequest) { r.Name = "Bad Name" }},
-		{"org", func(r *controlapi.EdgeRequest) { r.Org = "" }},
-		{"country", func(r *controlapi.EdgeRequest) { r.Country = "XX" }},
-		{"country", func(r *controlapi.EdgeRequest) { r.Country = "DEU" }},
-		{"continent", func(r *controlapi.EdgeRequest) { r.Continent = "Europe" }},
-		{"slots", func(r *controlapi.EdgeRequest) { r.Slots = 33 }},
-		{"slots", func(r *controlapi.EdgeRequest) { r.Slots = -1 }},
-		{"mgmt_ipv4", func(r *controlapi.EdgeRequest) { r.MgmtIPv4 = "2001:db8::1" }},
-		{"mgmt_ipv6", func(r *controlapi.EdgeRequest) { r.MgmtIPv6 = "192.0.2.1" }},
-		{"mgmt_ipv6", func(r *controlapi.EdgeRequest) { r.MgmtIPv6 = "::ffff:192.0.2.1" }},
+		{"name", func(r *adminapi.EdgeRequest) { r.Name = "" }},
+		{"name", func(r *adminapi.EdgeRequest) { r.Name = "Bad Name" }},
+		{"org", func(r *adminapi.EdgeRequest) { r.Org = "" }},
+		{"country", func(r *adminapi.EdgeRequest) { r.Country = "XX" }},
+		{"country", func(r *adminapi.EdgeRequest) { r.Country = "DEU" }},
+		{"continent", func(r *adminapi.EdgeRequest) { r.Continent = "Europe" }},
+		{"slots", func(r *adminapi.EdgeRequest) { r.Slots = 33 }},
+		{"slots", func(r *adminapi.EdgeRequest) { r.Slots = -1 }},
+		{"mgmt_ipv4", func(r *adminapi.EdgeRequest) { r.MgmtIPv4 = "2001:db8::1" }},
+		{"mgmt_ipv6", func(r *adminapi.EdgeRequest) { r.MgmtIPv6 = "192.0.2.1" }},
+		{"mgmt_ipv6", func(r *adminapi.EdgeRequest) { r.MgmtIPv6 = "::ffff:192.0.2.1" }},
 	} {
 		r := ok
 		tc.edit(&r)
 		_, err := e.admin.CreateEdge(ctx(t), r)
-		var ae *controlapi.AdminError
+		var ae *adminapi.Error
 		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !strings.HasPrefix(ae.Message, tc.field+":") {
 			t.Errorf("%+v: %v, want 400 naming %s", r, err, tc.field)
 		}
@@ -361,9 +362,9 @@ func TestCreateEdgeRefusesNamingTheField(t *testing.T) {
 
 const demoConfig = `{"hostnames":["%s"],"routes":[{"prefix":"/","respond":{"status":200,"body":"%s\n"}}]}`
 
-func publish(t *testing.T, e *env, name, body string) controlapi.PublishedView {
+func publish(t *testing.T, e *env, name, body string) adminapi.PublishedView {
 	t.Helper()
-	p, err := e.admin.Publish(ctx(t), name, controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(fmt.Sprintf(demoConfig, name, body))})
+	p, err := e.admin.Publish(ctx(t), name, adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(fmt.Sprintf(demoConfig, name, body))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +429,7 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 			t.Fatalf("edge after ack %+v", v)
 		}
 		// An edge without the domain's pool gets neither entry nor artifact.
-		c, err := e.admin.CreateEdge(ctx(t), controlapi.EdgeRequest{Name: "c", Org: "acme", Country: "FR", Continent: "EU", Slots: 1})
+		c, err := e.admin.CreateEdge(ctx(t), adminapi.EdgeRequest{Name: "c", Org: "acme", Country: "FR", Continent: "EU", Slots: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -436,8 +437,8 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 			t.Fatalf("new edge in shared-default starts at sequence %d, want 1", c.Edge.Sequence)
 		}
 		// A bad config is refused and nothing moves.
-		_, err = e.admin.Publish(ctx(t), "shop.example.test", controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(`{"hostnames":["Not Valid"],"routes":[]}`)})
-		var ae *controlapi.AdminError
+		_, err = e.admin.Publish(ctx(t), "shop.example.test", adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(`{"hostnames":["Not Valid"],"routes":[]}`)})
+		var ae *adminapi.Error
 		if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
 			t.Fatalf("bad config: %v", err)
 		}
@@ -485,10 +486,10 @@ func TestTasksAreDeliveredByPolling(t *testing.T) {
 	eachStore(t, func(t *testing.T, e *env) {
 		a := e.createEdge(t, "a")
 		c, _, _ := e.enroll(t, a.Token)
-		if _, err := e.admin.CreateTask(ctx(t), a.Edge.ID, controlapi.TaskRequest{Cell: "cell-09", Action: "drain"}); err == nil {
+		if _, err := e.admin.CreateTask(ctx(t), a.Edge.ID, adminapi.TaskRequest{Cell: "cell-09", Action: "drain"}); err == nil {
 			t.Fatal("a task for cell-09 of an 8-slot edge was accepted")
 		}
-		task, err := e.admin.CreateTask(ctx(t), a.Edge.ID, controlapi.TaskRequest{Cell: "cell-01", Action: edgeapi.ActionDrain})
+		task, err := e.admin.CreateTask(ctx(t), a.Edge.ID, adminapi.TaskRequest{Cell: "cell-01", Action: edgeapi.ActionDrain})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -639,7 +640,7 @@ func TestDeletedEdgeIsRefused(t *testing.T) {
 		if v, err := a.admin.DeleteEdge(ctx(t), created.Edge.ID); err != nil || v.ID != created.Edge.ID {
 			t.Fatalf("delete: %+v, %v", v, err)
 		}
-		var ae *controlapi.AdminError
+		var ae *adminapi.Error
 		if _, err := a.admin.Edge(ctx(t), created.Edge.ID); !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
 			t.Fatalf("show a deleted edge: %v", err)
 		}

@@ -12,13 +12,14 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
 	"cellvisor/manifest"
 )
 
 func publishTo(t *testing.T, e *env, name, pool string) {
 	t.Helper()
-	if _, err := e.admin.Publish(ctx(t), name, controlapi.DomainRequest{Pool: pool, Config: json.RawMessage(fmt.Sprintf(demoConfig, name, "v1"))}); err != nil {
+	if _, err := e.admin.Publish(ctx(t), name, adminapi.DomainRequest{Pool: pool, Config: json.RawMessage(fmt.Sprintf(demoConfig, name, "v1"))}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -34,11 +35,11 @@ func cellsOf(m manifest.Manifest) map[string][]string {
 
 // awaitDrain polls edge show until the cell's drain is in state, bounded
 // by the test's context.
-func awaitDrain(t *testing.T, e *env, edge, cell, state string) controlapi.DrainView {
+func awaitDrain(t *testing.T, e *env, edge, cell, state string) adminapi.DrainView {
 	t.Helper()
-	var found controlapi.DrainView
-	poll(t, func(c context.Context) (controlapi.EdgeView, error) { return e.admin.Edge(c, edge) },
-		func(v controlapi.EdgeView) bool {
+	var found adminapi.DrainView
+	poll(t, func(c context.Context) (adminapi.EdgeView, error) { return e.admin.Edge(c, edge) },
+		func(v adminapi.EdgeView) bool {
 			for _, d := range v.Drains {
 				if d.Cell == cell && d.State == state {
 					found = d
@@ -47,7 +48,7 @@ func awaitDrain(t *testing.T, e *env, edge, cell, state string) controlapi.Drain
 			}
 			return false
 		},
-		func(v controlapi.EdgeView) string {
+		func(v adminapi.EdgeView) string {
 			return fmt.Sprintf("the drain of %s never got %s: %+v", cell, state, v.Drains)
 		})
 	return found
@@ -100,7 +101,7 @@ func drainThroughAPI(t *testing.T, e *env, c *controlclient.Client, id controlcl
 	if err != nil {
 		t.Fatal(err)
 	}
-	i := slices.IndexFunc(v.Drains, func(d controlapi.DrainView) bool { return d.Cell == cell })
+	i := slices.IndexFunc(v.Drains, func(d adminapi.DrainView) bool { return d.Cell == cell })
 	if i < 0 || v.Drains[i].State != "waiting" || !strings.Contains(v.Drains[i].WaitingFor, "ready") {
 		t.Fatalf("edge show during the drain of %s: %+v", cell, v.Drains)
 	}
@@ -141,10 +142,10 @@ func TestUnassignAndReassignCellThroughTheAPIs(t *testing.T) {
 		a := e.createEdge(t, "a")
 		c, id, _ := e.enroll(t, a.Token)
 		drain := "200ms"
-		if _, err := e.admin.CreatePoolWith(ctx(t), controlapi.PoolRequest{Name: "reserved-eu", Drain: &drain}); err != nil {
+		if _, err := e.admin.CreatePoolWith(ctx(t), adminapi.PoolRequest{Name: "reserved-eu", Drain: &drain}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.admin.CreatePoolWith(ctx(t), controlapi.PoolRequest{Name: "reserved-us"}); err != nil {
+		if _, err := e.admin.CreatePoolWith(ctx(t), adminapi.PoolRequest{Name: "reserved-us"}); err != nil {
 			t.Fatal(err)
 		}
 		for _, cell := range []string{"cell-03", "cell-04"} {
@@ -201,7 +202,7 @@ func TestUnassignRefusedAtTheBoundThroughTheAPIs(t *testing.T) {
 		a := e.createEdge(t, "a")
 		c, id, _ := e.enroll(t, a.Token)
 		one, zero := 1, 0
-		if _, err := e.admin.CreatePoolWith(ctx(t), controlapi.PoolRequest{Name: "reserved-small", Bound: &one, MinReady: &zero}); err != nil {
+		if _, err := e.admin.CreatePoolWith(ctx(t), adminapi.PoolRequest{Name: "reserved-small", Bound: &one, MinReady: &zero}); err != nil {
 			t.Fatal(err)
 		}
 		for _, cell := range []string{"cell-03", "cell-04"} {
@@ -214,7 +215,7 @@ func TestUnassignRefusedAtTheBoundThroughTheAPIs(t *testing.T) {
 		before := collect(t, c, id)
 		cell := cellsOf(before)["one.example.test"][0]
 		_, err := e.admin.AssignCell(ctx(t), "a", cell, "")
-		var ae *controlapi.AdminError
+		var ae *adminapi.Error
 		if !errors.As(err, &ae) || ae.Status != http.StatusConflict || !strings.Contains(ae.Message, "one.example.test") || !strings.Contains(ae.Message, "at most 1 domain(s) a cell") {
 			t.Fatalf("unassign with the other cell at its bound: %v", err)
 		}

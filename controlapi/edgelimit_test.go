@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
 )
@@ -19,7 +19,7 @@ import (
 // bucket, and the other edges of its org are not.
 func TestElectFloodFromOneEdgeIsLimited(t *testing.T) {
 	e := serveOn(t, filepath.Join(t.TempDir(), "control.db"), make([]byte, 32))
-	if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest}); err != nil {
+	if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", adminapi.EgressPolicyRequest{Destination: egressDest}); err != nil {
 		t.Fatal(err)
 	}
 	flood := e.egressEdge(t, "flood", "acme", "eu-west")

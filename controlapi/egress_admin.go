@@ -1,7 +1,6 @@
 package controlapi
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"net/url"
@@ -9,65 +8,17 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
 )
 
-// AdminEgress is the admin API's governed-egress root: policies/{org}/{class}
-// and leases.
-const AdminEgress = "/v1/egress"
-
-// EgressPolicyRequest sets an org's policy for a class (PUT
-// /v1/egress/policies/{org}/{class}).
-type EgressPolicyRequest struct {
-	// Destination is the class's destination URL (http or https).
-	Destination string `json:"destination"`
-	// Region is the preferred residency region: its edges rank first.
-	Region string `json:"region,omitempty"`
-	// Require is the hard requirement on the owner; never relaxed.
-	Require edgeapi.Requirement `json:"require,omitzero"`
-}
-
-// EgressPolicyView is a policy.
-type EgressPolicyView struct {
-	Org         string              `json:"org"`
-	Class       string              `json:"class"`
-	Destination string              `json:"destination"`
-	Region      string              `json:"region,omitempty"`
-	Require     edgeapi.Requirement `json:"require,omitzero"`
-	UpdatedAt   time.Time           `json:"updated_at"`
-}
-
-// LeaseView is an active lease: who owns (org, class).
-type LeaseView struct {
-	Org        string    `json:"org"`
-	Class      string    `json:"class"`
-	Holder     string    `json:"holder"`
-	HolderName string    `json:"holder_name,omitempty"`
-	Region     string    `json:"region,omitempty"`
-	Epoch      int64     `json:"epoch"`
-	AcquiredAt time.Time `json:"acquired_at"`
-	ExpiresAt  time.Time `json:"expires_at"`
-	// Expired: the holder did not renew; the next election ends it.
-	Expired bool `json:"expired"`
-}
-
-// EdgeUpdateRequest changes an edge's topology and ranking (PATCH
-// /v1/edges/{id}); an absent field keeps its value.
-type EdgeUpdateRequest struct {
-	Region   *string `json:"region,omitempty"`
-	Zone     *string `json:"zone,omitempty"`
-	Priority *int    `json:"priority,omitempty"`
-	CostTier *int    `json:"cost_tier,omitempty"`
-	Weight   *int    `json:"weight,omitempty"`
-}
-
 // maxRank bounds priority, cost tier and weight.
 const maxRank = 65535
 
-// apply validates u and applies it to t.
-func (u EdgeUpdateRequest) apply(t *store.Topology) error {
+// applyTopology validates u and applies it to t.
+func applyTopology(u adminapi.EdgeUpdateRequest, t *store.Topology) error {
 	for _, f := range []struct {
 		name string
 		v    *string
@@ -98,16 +49,16 @@ func (u EdgeUpdateRequest) apply(t *store.Topology) error {
 }
 
 func (s *Server) egressAdminRoutes(mux *http.ServeMux) {
-	mux.HandleFunc("PATCH "+AdminEdges+"/{id}", s.handle(s.updateEdge))
-	mux.HandleFunc("GET "+AdminEgress+"/policies", s.handle(s.listEgressPolicies))
-	mux.HandleFunc("GET "+AdminEgress+"/policies/{org}/{class}", s.handle(s.showEgressPolicy))
-	mux.HandleFunc("PUT "+AdminEgress+"/policies/{org}/{class}", s.handle(s.setEgressPolicy))
-	mux.HandleFunc("DELETE "+AdminEgress+"/policies/{org}/{class}", s.handle(s.clearEgressPolicy))
-	mux.HandleFunc("GET "+AdminEgress+"/leases", s.handle(s.listLeases))
+	mux.HandleFunc("PATCH "+adminapi.PathEdges+"/{id}", s.handle(s.updateEdge))
+	mux.HandleFunc("GET "+adminapi.PathEgress+"/policies", s.handle(s.listEgressPolicies))
+	mux.HandleFunc("GET "+adminapi.PathEgress+"/policies/{org}/{class}", s.handle(s.showEgressPolicy))
+	mux.HandleFunc("PUT "+adminapi.PathEgress+"/policies/{org}/{class}", s.handle(s.setEgressPolicy))
+	mux.HandleFunc("DELETE "+adminapi.PathEgress+"/policies/{org}/{class}", s.handle(s.clearEgressPolicy))
+	mux.HandleFunc("GET "+adminapi.PathEgress+"/leases", s.handle(s.listLeases))
 }
 
 func (s *Server) updateEdge(w http.ResponseWriter, r *http.Request) error {
-	var req EdgeUpdateRequest
+	var req adminapi.EdgeUpdateRequest
 	if err := decode(r, 64<<10, &req); err != nil {
 		return err
 	}
@@ -116,7 +67,7 @@ func (s *Server) updateEdge(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	t := e.Topology
-	if err := req.apply(&t); err != nil {
+	if err := applyTopology(req, &t); err != nil {
 		return err
 	}
 	if err := s.st.SetTopology(r.Context(), e.ID, t); err != nil {
@@ -141,8 +92,8 @@ func scope(r *http.Request) (org string, class egress.Class, err error) {
 	return org, class, nil
 }
 
-func policyView(p store.EgressPolicy) EgressPolicyView {
-	return EgressPolicyView{Org: p.Org, Class: p.Class, Destination: p.Destination, Region: p.Region,
+func policyView(p store.EgressPolicy) adminapi.EgressPolicyView {
+	return adminapi.EgressPolicyView{Org: p.Org, Class: p.Class, Destination: p.Destination, Region: p.Region,
 		Require: edgeapi.Requirement{Region: p.RequireRegion, Zone: p.RequireZone}, UpdatedAt: p.UpdatedAt}
 }
 
@@ -151,7 +102,7 @@ func (s *Server) setEgressPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req EgressPolicyRequest
+	var req adminapi.EgressPolicyRequest
 	if err := decode(r, 16<<10, &req); err != nil {
 		return err
 	}
@@ -194,7 +145,7 @@ func (s *Server) listEgressPolicies(w http.ResponseWriter, r *http.Request) erro
 	if err != nil {
 		return err
 	}
-	out := []EgressPolicyView{}
+	out := []adminapi.EgressPolicyView{}
 	for _, p := range ps {
 		out = append(out, policyView(p))
 	}
@@ -225,9 +176,9 @@ func (s *Server) listLeases(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	now := s.o.Now()
-	out := []LeaseView{}
+	out := []adminapi.LeaseView{}
 	for _, l := range ls {
-		v := LeaseView{Org: l.Org, Class: l.Class, Holder: l.Holder, Epoch: l.Epoch, AcquiredAt: l.AcquiredAt, ExpiresAt: l.ExpiresAt,
+		v := adminapi.LeaseView{Org: l.Org, Class: l.Class, Holder: l.Holder, Epoch: l.Epoch, AcquiredAt: l.AcquiredAt, ExpiresAt: l.ExpiresAt,
 			Expired: !now.Before(l.ExpiresAt)}
 		e, err := s.st.Edge(r.Context(), l.Holder)
 		switch {
@@ -242,56 +193,9 @@ func (s *Server) listLeases(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// UpdateEdge changes an edge's topology and ranking.
-func (c *AdminClient) UpdateEdge(ctx context.Context, id string, r EdgeUpdateRequest) (EdgeView, error) {
-	var out EdgeView
-	err := c.do(ctx, http.MethodPatch, AdminEdges+"/"+url.PathEscape(id), r, &out)
-	return out, err
-}
-
-func policyPath(org, class string) string {
-	return AdminEgress + "/policies/" + url.PathEscape(org) + "/" + url.PathEscape(class)
-}
-
-// SetEgressPolicy sets an org's policy for a class.
-func (c *AdminClient) SetEgressPolicy(ctx context.Context, org, class string, r EgressPolicyRequest) (EgressPolicyView, error) {
-	var out EgressPolicyView
-	err := c.do(ctx, http.MethodPut, policyPath(org, class), r, &out)
-	return out, err
-}
-
-// EgressPolicy shows an org's policy for a class.
-func (c *AdminClient) EgressPolicy(ctx context.Context, org, class string) (EgressPolicyView, error) {
-	var out EgressPolicyView
-	err := c.do(ctx, http.MethodGet, policyPath(org, class), nil, &out)
-	return out, err
-}
-
-// ClearEgressPolicy removes an org's policy for a class; the answer is the
-// policy as it was.
-func (c *AdminClient) ClearEgressPolicy(ctx context.Context, org, class string) (EgressPolicyView, error) {
-	var out EgressPolicyView
-	err := c.do(ctx, http.MethodDelete, policyPath(org, class), nil, &out)
-	return out, err
-}
-
-// EgressPolicies lists the policies of org, every org's for "".
-func (c *AdminClient) EgressPolicies(ctx context.Context, org string) ([]EgressPolicyView, error) {
-	var out []EgressPolicyView
-	err := c.do(ctx, http.MethodGet, AdminEgress+"/policies?org="+url.QueryEscape(org), nil, &out)
-	return out, err
-}
-
-// Leases lists the active leases of org, every org's for "".
-func (c *AdminClient) Leases(ctx context.Context, org string) ([]LeaseView, error) {
-	var out []LeaseView
-	err := c.do(ctx, http.MethodGet, AdminEgress+"/leases?org="+url.QueryEscape(org), nil, &out)
-	return out, err
-}
-
-// topology is a new edge's: the defaults with what the request sets.
-func (r *EdgeRequest) topology() store.Topology {
+// edgeTopology is a new edge's: the defaults with what the request sets.
+func edgeTopology(r adminapi.EdgeRequest) store.Topology {
 	t := store.DefaultTopology
-	r.apply(&t) //nolint:errcheck // Validate checked it
+	applyTopology(r.EdgeUpdateRequest, &t) //nolint:errcheck // validateEdge checked it
 	return t
 }

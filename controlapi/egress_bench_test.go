@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
@@ -37,7 +37,7 @@ func BenchmarkElectDistinct(b *testing.B) {
 func benchElect(b *testing.B, dsn string, distinct bool) {
 	e := serveOn(b, dsn, make([]byte, 32))
 	c := ctx(b)
-	if _, err := e.admin.SetEgressPolicy(c, "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
+	if _, err := e.admin.SetEgressPolicy(c, "acme", "metering", adminapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
 		b.Fatal(err)
 	}
 	noSign := func(string) (ed25519.PrivateKey, error) { return nil, errors.New("no domains, nothing to sign") }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
 )
@@ -32,8 +33,8 @@ type egressEdge struct {
 func (e *env) egressEdge(t *testing.T, name, org, region string) egressEdge {
 	t.Helper()
 	zone := region + "-a"
-	ce, err := e.admin.CreateEdge(ctx(t), controlapi.EdgeRequest{Name: name, Org: org, Country: "de", Continent: "eu",
-		EdgeUpdateRequest: controlapi.EdgeUpdateRequest{Region: &region, Zone: &zone}})
+	ce, err := e.admin.CreateEdge(ctx(t), adminapi.EdgeRequest{Name: name, Org: org, Country: "de", Continent: "eu",
+		EdgeUpdateRequest: adminapi.EdgeUpdateRequest{Region: &region, Zone: &zone}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func TestElectionCascadeAndFailover(t *testing.T) {
 
 		r := eu1.elect(t, egress.Metering, true)
 		want(t, "no policy", r, edgeapi.OutcomeRefused, edgeapi.StageLiveResolve, egress.ReasonNoDestination)
-		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
+		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", adminapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
 			t.Fatal(err)
 		}
 		r = eu1.elect(t, egress.Metering, false)
@@ -238,12 +239,12 @@ func TestElectionCascadeAndFailover(t *testing.T) {
 		}
 
 		// Hard requirement no live edge meets; a destination nobody reaches.
-		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "license", controlapi.EgressPolicyRequest{Destination: egressDest,
+		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "license", adminapi.EgressPolicyRequest{Destination: egressDest,
 			Require: edgeapi.Requirement{Region: "ap"}}); err != nil {
 			t.Fatal(err)
 		}
 		want(t, "hard requirement", eu1.elect(t, egress.License, true), edgeapi.OutcomeRefused, edgeapi.StageLiveResolve, egress.ReasonHardRequirementUnmet)
-		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "siem_forwarding", controlapi.EgressPolicyRequest{Destination: "https://127.0.0.1:9/siem"}); err != nil {
+		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "siem_forwarding", adminapi.EgressPolicyRequest{Destination: "https://127.0.0.1:9/siem"}); err != nil {
 			t.Fatal(err)
 		}
 		// eu-1 and us-1 reported reaching the metering destination, not this one.
@@ -259,7 +260,7 @@ func TestElectionCascadeAndFailover(t *testing.T) {
 func TestElectRace(t *testing.T) {
 	clk := newClock()
 	e := serveOn(t, t.TempDir()+"/control.db", make([]byte, 32), egressOpts(clk))
-	if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest}); err != nil {
+	if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", adminapi.EgressPolicyRequest{Destination: egressDest}); err != nil {
 		t.Fatal(err)
 	}
 	var edges []egressEdge
@@ -322,20 +323,20 @@ func TestEgressRequestsAreStrict(t *testing.T) {
 func TestEgressAdmin(t *testing.T) {
 	e := start(t, t.TempDir()+"/control.db")
 	c := ctx(t)
-	for _, bad := range []controlapi.EgressPolicyRequest{
+	for _, bad := range []adminapi.EgressPolicyRequest{
 		{Destination: "ftp://x/"}, {Destination: "https://user:pw@x/"}, {Destination: "https://x/", Region: "EU WEST"},
 		{Destination: "https://x/", Require: edgeapi.Requirement{Zone: "-a"}},
 	} {
-		var ae *controlapi.AdminError
+		var ae *adminapi.Error
 		if _, err := e.admin.SetEgressPolicy(c, "acme", "metering", bad); !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
 			t.Fatalf("policy %+v: %v, want 400", bad, err)
 		}
 	}
-	var ae *controlapi.AdminError
-	if _, err := e.admin.SetEgressPolicy(c, "acme", "telemetry", controlapi.EgressPolicyRequest{Destination: "https://x/"}); !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
+	var ae *adminapi.Error
+	if _, err := e.admin.SetEgressPolicy(c, "acme", "telemetry", adminapi.EgressPolicyRequest{Destination: "https://x/"}); !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
 		t.Fatalf("unknown class: %v", err)
 	}
-	p, err := e.admin.SetEgressPolicy(c, "acme", "metering", controlapi.EgressPolicyRequest{Destination: "https://x/m", Region: "eu",
+	p, err := e.admin.SetEgressPolicy(c, "acme", "metering", adminapi.EgressPolicyRequest{Destination: "https://x/m", Region: "eu",
 		Require: edgeapi.Requirement{Zone: "eu-a"}})
 	if err != nil || p.Destination != "https://x/m" || p.Require.Zone != "eu-a" {
 		t.Fatalf("set: %+v, %v", p, err)
@@ -355,7 +356,7 @@ func TestEgressAdmin(t *testing.T) {
 
 	ce := e.createEdge(t, "fra-1")
 	region, prio, weight := "eu-central", 10, 7
-	v, err := e.admin.UpdateEdge(c, ce.Edge.ID, controlapi.EdgeUpdateRequest{Region: &region, Priority: &prio, Weight: &weight})
+	v, err := e.admin.UpdateEdge(c, ce.Edge.ID, adminapi.EdgeUpdateRequest{Region: &region, Priority: &prio, Weight: &weight})
 	if err != nil || v.Region != region || v.Priority != 10 || v.Weight != 7 || v.CostTier != 0 || v.Zone != "" {
 		t.Fatalf("update: %+v, %v", v, err)
 	}
@@ -363,12 +364,12 @@ func TestEgressAdmin(t *testing.T) {
 		t.Fatalf("show after update: %+v, %v", v, err)
 	}
 	neg := -1
-	if _, err := e.admin.UpdateEdge(c, ce.Edge.ID, controlapi.EdgeUpdateRequest{CostTier: &neg}); !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
+	if _, err := e.admin.UpdateEdge(c, ce.Edge.ID, adminapi.EdgeUpdateRequest{CostTier: &neg}); !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
 		t.Fatalf("negative cost tier: %v", err)
 	}
 	bad := "Not A Region"
-	if _, err := e.admin.CreateEdge(c, controlapi.EdgeRequest{Name: "x-1", Org: "acme", Country: "de", Continent: "eu",
-		EdgeUpdateRequest: controlapi.EdgeUpdateRequest{Region: &bad}}); !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
+	if _, err := e.admin.CreateEdge(c, adminapi.EdgeRequest{Name: "x-1", Org: "acme", Country: "de", Continent: "eu",
+		EdgeUpdateRequest: adminapi.EdgeUpdateRequest{Region: &bad}}); !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
 		t.Fatalf("bad region at creation: %v", err)
 	}
 }
@@ -382,16 +383,16 @@ func TestRemovedHolderLosesItsLeaseAtOnce(t *testing.T) {
 			eachStore(t, func(t *testing.T, e *env) {
 				clk := newClock()
 				e = serveOn(t, e.dsn, e.sealKey, egressOpts(clk))
-				if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
+				if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", adminapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "siem_forwarding", controlapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
+				if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "siem_forwarding", adminapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
 					t.Fatal(err)
 				}
 				a := e.egressEdge(t, "eu-1", "acme", "eu")
 				b := e.egressEdge(t, "eu-2", "acme", "eu")
 				low := 200 // b ranks below a: a holds both classes
-				if _, err := e.admin.UpdateEdge(ctx(t), b.id, controlapi.EdgeUpdateRequest{Priority: &low}); err != nil {
+				if _, err := e.admin.UpdateEdge(ctx(t), b.id, adminapi.EdgeUpdateRequest{Priority: &low}); err != nil {
 					t.Fatal(err)
 				}
 				now := clk.Now()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/fleet"
 	"cellvisor/controlapi/store"
 )
 
@@ -26,7 +27,7 @@ func BenchmarkFleetPage10000(b *testing.B) {
 	// The control API's clock runs past the silence limit: the reports
 	// below are the last the edges sent.
 	e := serveWith(b, filepath.Join(b.TempDir(), "control.db"), key, func(o *controlapi.Options) {
-		o.Now = func() time.Time { return time.Now().Add(controlapi.SilentAfter + time.Minute) }
+		o.Now = func() time.Time { return time.Now().Add(fleet.SilentAfter + time.Minute) }
 	})
 	var status struct {
 		Slots []map[string]any `json:"slots"`
@@ -48,7 +49,7 @@ func BenchmarkFleetPage10000(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	for _, path := range []string{controlapi.FleetPath, controlapi.FleetPath + "?silent=1", controlapi.PathMetrics} {
+	for _, path := range []string{fleet.Path, fleet.Path + "?silent=1", controlapi.PathMetrics} {
 		b.Run(path, func(b *testing.B) {
 			var size int
 			for b.Loop() {

@@ -16,7 +16,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
+	"cellvisor/controlapi/fleet"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
 	"cellvisor/internal/testutil"
@@ -95,7 +96,7 @@ func TestFleetSeriesAndHolders(t *testing.T) {
 			{"name":"cell-04","pool":"no-such-pool","state":"ready"},
 			{"name":"cell-05","state":"stopped"}]`)
 		publish(t, e, "app.test", "v1")
-		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
+		if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", adminapi.EgressPolicyRequest{Destination: egressDest, Region: "eu"}); err != nil {
 			t.Fatal(err)
 		}
 		r := eu1.elect(t, egress.Metering, true)
@@ -125,7 +126,7 @@ func TestFleetSeriesAndHolders(t *testing.T) {
 		}
 
 		bearer := func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+e.admin.Token) }
-		_, page := fleetGet(t, e, controlapi.FleetPath, bearer)
+		_, page := fleetGet(t, e, fleet.Path, bearer)
 		holder := regexp.MustCompile(`<tr class="holder" data-scope="acme/metering"><td>acme</td><td>metering</td><td><a href="/fleet/edges/` +
 			regexp.QuoteMeta(id) + `">eu-1</a></td><td>eu / eu-a</td><td>1</td><td>[^<]+</td></tr>`)
 		if !holder.MatchString(page) {
@@ -157,7 +158,7 @@ func TestFleetSeriesAndHolders(t *testing.T) {
 				t.Errorf("%s after the lease expired: %v, want none", name, got)
 			}
 		}
-		_, page = fleetGet(t, e, controlapi.FleetPath, bearer)
+		_, page = fleetGet(t, e, fleet.Path, bearer)
 		if strings.Contains(page, `class="holder"`) {
 			t.Errorf("the fleet page shows an expired lease's holder:\n%s", page)
 		}
@@ -188,7 +189,7 @@ func TestDocsListEveryControlMetric(t *testing.T) {
 	e = serveOn(t, e.dsn, e.sealKey, egressOpts(clk))
 	eu1 := e.egressEdge(t, "eu-1", "acme", "eu")
 	eu1.reportSlots(t, clk.Now(), `[{"name":"cell-01","pool":"shared-default","state":"ready"}]`)
-	if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", controlapi.EgressPolicyRequest{Destination: egressDest}); err != nil {
+	if _, err := e.admin.SetEgressPolicy(ctx(t), "acme", "metering", adminapi.EgressPolicyRequest{Destination: egressDest}); err != nil {
 		t.Fatal(err)
 	}
 	eu1.elect(t, egress.Metering, true)

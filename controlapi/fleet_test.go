@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
+	"cellvisor/controlapi/fleet"
 	"cellvisor/manifest"
 )
 
@@ -44,7 +46,7 @@ func fleetDo(t *testing.T, req *http.Request) (*http.Response, string) {
 
 func login(t *testing.T, e *env, token string, set func(*http.Request)) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequestWithContext(ctx(t), http.MethodPost, e.admin.URL+controlapi.FleetLogin, strings.NewReader(url.Values{"token": {token}}.Encode()))
+	req, _ := http.NewRequestWithContext(ctx(t), http.MethodPost, e.admin.URL+fleet.Login, strings.NewReader(url.Values{"token": {token}}.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	if set != nil {
 		set(req)
@@ -65,15 +67,15 @@ func TestFleetPageSignIn(t *testing.T) {
 	e := serveWith(t, filepath.Join(t.TempDir(), "control.db"), key, func(o *controlapi.Options) { o.Now = func() time.Time { return time.Unix(0, now.Load()) } })
 	e.createEdge(t, "fra-1")
 
-	resp, _ := fleetGet(t, e, controlapi.FleetPath, nil)
-	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != controlapi.FleetLogin {
+	resp, _ := fleetGet(t, e, fleet.Path, nil)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != fleet.Login {
 		t.Fatalf("no session: %s to %q, want 303 to the sign-in form", resp.Status, resp.Header.Get("Location"))
 	}
-	resp, _ = fleetGet(t, e, controlapi.FleetPath, func(r *http.Request) { r.Header.Set("Authorization", "Bearer wrong-token-0123456789") })
+	resp, _ = fleetGet(t, e, fleet.Path, func(r *http.Request) { r.Header.Set("Authorization", "Bearer wrong-token-0123456789") })
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("wrong bearer: %s", resp.Status)
 	}
-	resp, body := fleetGet(t, e, controlapi.FleetPath, func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+e.admin.Token) })
+	resp, body := fleetGet(t, e, fleet.Path, func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+e.admin.Token) })
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `data-edge="fra-1"`) {
 		t.Fatalf("bearer: %s\n%s", resp.Status, body)
 	}
@@ -92,24 +94,24 @@ func TestFleetPageSignIn(t *testing.T) {
 		t.Fatalf("sign-in: %s, cookies %v", resp.Status, resp.Cookies())
 	}
 	c := resp.Cookies()[0]
-	if c.Name != controlapi.SessionCookie || !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Secure || c.Path != controlapi.FleetPath ||
-		c.MaxAge != int(controlapi.SessionTTL/time.Second) {
+	if c.Name != fleet.SessionCookie || !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Secure || c.Path != fleet.Path ||
+		c.MaxAge != int(fleet.SessionTTL/time.Second) {
 		t.Fatalf("session cookie %+v", c)
 	}
-	if resp, body := fleetGet(t, e, controlapi.FleetPath, withCookie(c)); resp.StatusCode != http.StatusOK || !strings.Contains(body, `data-edge="fra-1"`) {
+	if resp, body := fleetGet(t, e, fleet.Path, withCookie(c)); resp.StatusCode != http.StatusOK || !strings.Contains(body, `data-edge="fra-1"`) {
 		t.Fatalf("with the session: %s", resp.Status)
 	}
 	// The session opens the fleet page only, not the admin API.
-	if resp, _ := fleetGet(t, e, controlapi.AdminEdges, withCookie(c)); resp.StatusCode != http.StatusUnauthorized {
+	if resp, _ := fleetGet(t, e, adminapi.PathEdges, withCookie(c)); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("admin API with the session cookie: %s", resp.Status)
 	}
 	forged := *c
 	forged.Value = c.Value[:len(c.Value)-2] + "AA"
-	if resp, _ := fleetGet(t, e, controlapi.FleetPath, withCookie(&forged)); resp.StatusCode != http.StatusSeeOther {
+	if resp, _ := fleetGet(t, e, fleet.Path, withCookie(&forged)); resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("forged cookie: %s", resp.Status)
 	}
-	now.Add(int64(controlapi.SessionTTL))
-	if resp, _ := fleetGet(t, e, controlapi.FleetPath, withCookie(c)); resp.StatusCode != http.StatusSeeOther {
+	now.Add(int64(fleet.SessionTTL))
+	if resp, _ := fleetGet(t, e, fleet.Path, withCookie(c)); resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("expired session: %s", resp.Status)
 	}
 }
@@ -134,7 +136,7 @@ func TestFleetPageContent(t *testing.T) {
 		}
 
 		var seen []string
-		next := controlapi.FleetPath + "?limit=2"
+		next := fleet.Path + "?limit=2"
 		for pages := 0; next != ""; pages++ {
 			if pages > 3 {
 				t.Fatal("more than 3 pages of 2 for 6 edges")
@@ -160,7 +162,7 @@ func TestFleetPageContent(t *testing.T) {
 			t.Fatalf("edges over the pages: %s", got)
 		}
 
-		resp, body := fleetGet(t, e, controlapi.FleetPath, bearer)
+		resp, body := fleetGet(t, e, fleet.Path, bearer)
 		if resp.StatusCode != http.StatusOK {
 			t.Fatal(resp.Status)
 		}
@@ -177,26 +179,26 @@ func TestFleetPageContent(t *testing.T) {
 
 		// Three minutes on, the enrolled edge has gone silent.
 		later := serveWith(t, e.dsn, e.sealKey, func(o *controlapi.Options) {
-			o.Now = func() time.Time { return time.Now().Add(controlapi.SilentAfter + time.Minute) }
+			o.Now = func() time.Time { return time.Now().Add(fleet.SilentAfter + time.Minute) }
 		})
-		_, body = fleetGet(t, later, controlapi.FleetPath, func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+later.admin.Token) })
+		_, body = fleetGet(t, later, fleet.Path, func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+later.admin.Token) })
 		if !strings.Contains(body, `<tr class="edge silent" data-edge="live">`) || !strings.Contains(body, "⚠ SILENT") || !strings.Contains(body, `<span id="silent">1</span>`) {
 			t.Fatalf("the silent edge does not stand out:\n%s", body)
 		}
-		_, body = fleetGet(t, later, controlapi.FleetPath+"?silent=1", func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+later.admin.Token) })
+		_, body = fleetGet(t, later, fleet.Path+"?silent=1", func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+later.admin.Token) })
 		if strings.Count(body, `<tr class="edge`) != 1 || !strings.Contains(body, `data-edge="live"`) {
 			t.Fatalf("silent edges only:\n%s", body)
 		}
 
-		resp, body = fleetGet(t, e, controlapi.FleetEdges+"/"+created.Edge.ID, bearer)
+		resp, body = fleetGet(t, e, fleet.Edges+"/"+created.Edge.ID, bearer)
 		if resp.StatusCode != http.StatusOK || !strings.Contains(body, `<tr data-cell="cell-01">`) || !strings.Contains(body, "shared-default") ||
 			!strings.Contains(body, `<tr class="ack-refused">`) {
 			t.Fatalf("edge page: %s\n%s", resp.Status, body)
 		}
-		if resp, _ := fleetGet(t, e, controlapi.FleetEdges+"/no-such-edge", bearer); resp.StatusCode != http.StatusNotFound {
+		if resp, _ := fleetGet(t, e, fleet.Edges+"/no-such-edge", bearer); resp.StatusCode != http.StatusNotFound {
 			t.Fatalf("unknown edge: %s", resp.Status)
 		}
-		if resp, _ := fleetGet(t, e, controlapi.FleetPath+"?limit=100000", bearer); resp.StatusCode != http.StatusBadRequest {
+		if resp, _ := fleetGet(t, e, fleet.Path+"?limit=100000", bearer); resp.StatusCode != http.StatusBadRequest {
 			t.Fatalf("limit 100000: %s", resp.Status)
 		}
 	})

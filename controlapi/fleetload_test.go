@@ -26,6 +26,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 	"cellvisor/internal/testutil"
@@ -160,10 +161,10 @@ func runFleetLoad(t testing.TB, dsn string, c loadConfig) loadResult {
 	hc := &http.Client{Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: tg.roots}, MaxIdleConnsPerHost: setupWorkers}}
 	defer hc.CloseIdleConnections()
-	admin := &controlapi.AdminClient{URL: tg.adminURL, Token: tg.adminToken, HTTP: hc}
+	admin := &adminapi.Client{URL: tg.adminURL, Token: tg.adminToken, HTTP: hc}
 	publish := func(rev int) error {
 		cfg := fmt.Sprintf(`{"hostnames":["load.example.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":"%d"}}]}`, rev)
-		_, err := admin.Publish(ctx, "load.example.test", controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(cfg)})
+		_, err := admin.Publish(ctx, "load.example.test", adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(cfg)})
 		return err
 	}
 	if err := publish(0); err != nil {

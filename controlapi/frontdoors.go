@@ -1,78 +1,23 @@
 package controlapi
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
-	"net/url"
 	"time"
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 	"cellvisor/frontdoor"
 )
 
-// Admin API paths of front doors: list (GET AdminFrontDoors), resolve (GET
-// AdminFrontDoors/resolve?url=U[&org=O]), and an edge's own, set (PUT) and
-// cleared (DELETE) at AdminEdges/{id}/frontdoor.
-const AdminFrontDoors = "/v1/frontdoors"
-
-// DefaultFrontDoorService is the gateway service a front door is set on
-// when the request names none: the edge's public HTTPS group.
-const DefaultFrontDoorService = "https"
-
-// FrontDoorRequest sets an edge's front door.
-type FrontDoorRequest struct {
-	// URL is normalized (frontdoor.Normalize) before it is stored; a URL
-	// the resolver would refuse as malformed is refused here.
-	URL string `json:"url"`
-	// Service is the edge's gateway service; empty means "https".
-	Service string `json:"service,omitempty"`
-}
-
-// FrontDoorView is a gateway row with its front door.
-type FrontDoorView struct {
-	URL      string `json:"url"`
-	EdgeID   string `json:"edge_id"`
-	Org      string `json:"org"`
-	Service  string `json:"service"`
-	Protocol string `json:"protocol,omitempty"`
-	Host     string `json:"host,omitempty"`
-	Port     int    `json:"port,omitempty"`
-	TLS      bool   `json:"tls"`
-	MTLS     bool   `json:"mtls"`
-	Region   string `json:"region,omitempty"`
-	Zone     string `json:"zone,omitempty"`
-	Locality string `json:"locality,omitempty"`
-	Priority int    `json:"priority"`
-	CostTier int    `json:"cost_tier"`
-	Weight   int    `json:"weight"`
-	// RTTMicros is the edge's last reported round trip to the control API.
-	RTTMicros int64      `json:"rtt_us"`
-	Healthy   bool       `json:"healthy"`
-	LastSeen  *time.Time `json:"last_seen,omitempty"`
-	SetAt     *time.Time `json:"set_at,omitempty"`
-}
-
-// ResolveView is a resolve's answer: the edge (200), or the refusal's
-// stable Reason with a 4xx (400 malformed, 404 unmapped, 409 ambiguous or
-// corrupt_row).
-type ResolveView struct {
-	URL       string `json:"url"`
-	Canonical string `json:"canonical,omitempty"`
-	Org       string `json:"org,omitempty"`
-	EdgeID    string `json:"edge_id,omitempty"`
-	Reason    string `json:"reason,omitempty"`
-	Error     string `json:"error,omitempty"`
-}
-
-func frontDoorView(g store.Gateway) FrontDoorView {
-	v := FrontDoorView{URL: g.FrontDoorURL, EdgeID: g.EdgeID, Org: g.Org, Service: g.Service, Protocol: g.Protocol,
+func frontDoorView(g store.Gateway) adminapi.FrontDoorView {
+	v := adminapi.FrontDoorView{URL: g.FrontDoorURL, EdgeID: g.EdgeID, Org: g.Org, Service: g.Service, Protocol: g.Protocol,
 		Host: g.Host, Port: g.Port, TLS: g.TLS, MTLS: g.MTLS, Region: g.Region, Zone: g.Zone, Locality: g.Locality,
 		Priority: g.Priority, CostTier: g.CostTier, Weight: g.Weight, RTTMicros: g.RTT.Microseconds(), Healthy: g.Healthy}
 	if !g.LastSeen.IsZero() {
@@ -101,12 +46,12 @@ func validService(s string) bool {
 }
 
 func (s *Server) setFrontDoor(w http.ResponseWriter, r *http.Request) error {
-	var req FrontDoorRequest
+	var req adminapi.FrontDoorRequest
 	if err := decode(r, 16<<10, &req); err != nil {
 		return err
 	}
 	if req.Service == "" {
-		req.Service = DefaultFrontDoorService
+		req.Service = adminapi.DefaultFrontDoorService
 	}
 	if !validService(req.Service) {
 		return errorf(http.StatusBadRequest, "service %q: want 1-32 characters of a-z, 0-9 and -", req.Service)
@@ -150,7 +95,7 @@ func (s *Server) listFrontDoors(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := []FrontDoorView{}
+	out := []adminapi.FrontDoorView{}
 	for _, g := range gws {
 		out = append(out, frontDoorView(g))
 	}
@@ -183,7 +128,7 @@ func (s *Server) resolveFrontDoor(w http.ResponseWriter, r *http.Request) error 
 		rows = append(rows, frontdoor.Row{Edge: g.EdgeID, URL: g.FrontDoorURL})
 		orgOf[g.EdgeID] = g.Org
 	}
-	v := ResolveView{URL: raw}
+	v := adminapi.ResolveView{URL: raw}
 	v.Canonical, _ = frontdoor.Normalize(raw)
 	edge, err := frontdoor.Resolve(raw, rows)
 	if err != nil {
@@ -269,40 +214,4 @@ func gatewayRows(gws []edgeapi.Gateway) []store.Gateway {
 			Weight: g.Weight, RTT: time.Duration(g.RTTMicros) * time.Microsecond, Healthy: g.Healthy})
 	}
 	return rows
-}
-
-// SetFrontDoor sets an edge's front door; the answer carries the canonical
-// URL stored.
-func (c *AdminClient) SetFrontDoor(ctx context.Context, edgeID string, r FrontDoorRequest) (FrontDoorView, error) {
-	var out FrontDoorView
-	err := c.do(ctx, http.MethodPut, AdminEdges+"/"+url.PathEscape(edgeID)+"/frontdoor", r, &out)
-	return out, err
-}
-
-// ClearFrontDoor removes an edge's front door.
-func (c *AdminClient) ClearFrontDoor(ctx context.Context, edgeID string) error {
-	return c.do(ctx, http.MethodDelete, AdminEdges+"/"+url.PathEscape(edgeID)+"/frontdoor", nil, nil)
-}
-
-// FrontDoors lists the front doors, of one org or ("") of all.
-func (c *AdminClient) FrontDoors(ctx context.Context, org string) ([]FrontDoorView, error) {
-	var out []FrontDoorView
-	path := AdminFrontDoors
-	if org != "" {
-		path += "?org=" + url.QueryEscape(org)
-	}
-	err := c.do(ctx, http.MethodGet, path, nil, &out)
-	return out, err
-}
-
-// Resolve resolves a URL to its edge, within one org or ("") all. A
-// refusal is an *AdminError whose Reason is the stable code.
-func (c *AdminClient) Resolve(ctx context.Context, rawURL, org string) (ResolveView, error) {
-	var out ResolveView
-	q := url.Values{"url": {rawURL}}
-	if org != "" {
-		q.Set("org", org)
-	}
-	err := c.do(ctx, http.MethodGet, AdminFrontDoors+"/resolve?"+q.Encode(), nil, &out)
-	return out, err
 }

@@ -14,14 +14,14 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
 )
 
-func refusal(t *testing.T, err error) *controlapi.AdminError {
+func refusal(t *testing.T, err error) *adminapi.Error {
 	t.Helper()
-	var ae *controlapi.AdminError
+	var ae *adminapi.Error
 	if !errors.As(err, &ae) {
 		t.Fatalf("want an admin refusal, got %v", err)
 	}
@@ -33,20 +33,20 @@ func refusal(t *testing.T, err error) *controlapi.AdminError {
 func TestFrontDoorAdmin(t *testing.T) {
 	eachStore(t, func(t *testing.T, e *env) {
 		a, b := e.createEdge(t, "fra-1"), e.createEdge(t, "fra-2")
-		v, err := e.admin.SetFrontDoor(ctx(t), a.Edge.ID, controlapi.FrontDoorRequest{URL: "HTTPS://Shop.Example.COM./cart"})
+		v, err := e.admin.SetFrontDoor(ctx(t), a.Edge.ID, adminapi.FrontDoorRequest{URL: "HTTPS://Shop.Example.COM./cart"})
 		if err != nil || v.URL != "https://shop.example.com:443" || v.EdgeID != a.Edge.ID || v.Service != "https" || v.Org != "acme" {
 			t.Fatalf("set: %+v, %v", v, err)
 		}
-		if _, err := e.admin.SetFrontDoor(ctx(t), b.Edge.ID, controlapi.FrontDoorRequest{URL: "https://shop.example.com:443"}); refusal(t, err).Status != http.StatusConflict {
+		if _, err := e.admin.SetFrontDoor(ctx(t), b.Edge.ID, adminapi.FrontDoorRequest{URL: "https://shop.example.com:443"}); refusal(t, err).Status != http.StatusConflict {
 			t.Fatalf("a second edge took the URL: %v", err)
 		}
-		if _, err := e.admin.SetFrontDoor(ctx(t), b.Edge.ID, controlapi.FrontDoorRequest{URL: "https://user@api.example.com"}); refusal(t, err).Status != http.StatusBadRequest {
+		if _, err := e.admin.SetFrontDoor(ctx(t), b.Edge.ID, adminapi.FrontDoorRequest{URL: "https://user@api.example.com"}); refusal(t, err).Status != http.StatusBadRequest {
 			t.Fatalf("a malformed URL was stored: %v", err)
 		}
-		if _, err := e.admin.SetFrontDoor(ctx(t), "no-such-edge", controlapi.FrontDoorRequest{URL: "https://x.example.com"}); refusal(t, err).Status != http.StatusNotFound {
+		if _, err := e.admin.SetFrontDoor(ctx(t), "no-such-edge", adminapi.FrontDoorRequest{URL: "https://x.example.com"}); refusal(t, err).Status != http.StatusNotFound {
 			t.Fatalf("unknown edge: %v", err)
 		}
-		if _, err := e.admin.SetFrontDoor(ctx(t), b.Edge.ID, controlapi.FrontDoorRequest{URL: "https://xn--bcher-kva.example", Service: "http"}); err != nil {
+		if _, err := e.admin.SetFrontDoor(ctx(t), b.Edge.ID, adminapi.FrontDoorRequest{URL: "https://xn--bcher-kva.example", Service: "http"}); err != nil {
 			t.Fatal(err)
 		}
 		list, err := e.admin.FrontDoors(ctx(t), "acme")
@@ -89,10 +89,10 @@ func TestFrontDoorCorruptRowRefuses(t *testing.T) {
 	e := start(t, t.TempDir()+"/control.db")
 	a := e.createEdge(t, "fra-1")
 	b := e.createEdge(t, "fra-2")
-	if _, err := e.admin.SetFrontDoor(ctx(t), a.Edge.ID, controlapi.FrontDoorRequest{URL: "https://shop.example.com"}); err != nil {
+	if _, err := e.admin.SetFrontDoor(ctx(t), a.Edge.ID, adminapi.FrontDoorRequest{URL: "https://shop.example.com"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.admin.SetFrontDoor(ctx(t), b.Edge.ID, controlapi.FrontDoorRequest{URL: "https://api.example.com"}); err != nil {
+	if _, err := e.admin.SetFrontDoor(ctx(t), b.Edge.ID, adminapi.FrontDoorRequest{URL: "https://api.example.com"}); err != nil {
 		t.Fatal(err)
 	}
 	db, err := sql.Open("sqlite", "file:"+e.dsn+"?_pragma=busy_timeout(10000)")
@@ -117,11 +117,11 @@ func TestFrontDoorSyncAndEdgeFetch(t *testing.T) {
 	eachStore(t, func(t *testing.T, e *env) {
 		created := e.createEdge(t, "fra-1")
 		cl, id, dir := e.enroll(t, created.Token)
-		other, err := e.admin.CreateEdge(ctx(t), controlapi.EdgeRequest{Name: "other", Org: "globex", Country: "de", Continent: "eu"})
+		other, err := e.admin.CreateEdge(ctx(t), adminapi.EdgeRequest{Name: "other", Org: "globex", Country: "de", Continent: "eu"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.admin.SetFrontDoor(ctx(t), other.Edge.ID, controlapi.FrontDoorRequest{URL: "https://globex.example.com"}); err != nil {
+		if _, err := e.admin.SetFrontDoor(ctx(t), other.Edge.ID, adminapi.FrontDoorRequest{URL: "https://globex.example.com"}); err != nil {
 			t.Fatal(err)
 		}
 		body, tag, err := cl.FrontDoors(ctx(t), "")
@@ -132,7 +132,7 @@ func TestFrontDoorSyncAndEdgeFetch(t *testing.T) {
 		if _, _, err := cl.FrontDoors(ctx(t), tag); !errors.Is(err, controlclient.ErrNotModified) {
 			t.Fatalf("unchanged fetch: %v", err)
 		}
-		if _, err := e.admin.SetFrontDoor(ctx(t), id.EdgeID, controlapi.FrontDoorRequest{URL: "https://shop.example.com"}); err != nil {
+		if _, err := e.admin.SetFrontDoor(ctx(t), id.EdgeID, adminapi.FrontDoorRequest{URL: "https://shop.example.com"}); err != nil {
 			t.Fatal(err)
 		}
 		body, tag2, err := cl.FrontDoors(ctx(t), tag)
@@ -217,7 +217,7 @@ func BenchmarkFrontDoorPoll304(b *testing.B) {
 	cl, _, _ := e.enroll(b, created.Token)
 	for i := range 100 {
 		c := e.createEdge(b, fmt.Sprintf("fd-%03d", i))
-		if _, err := e.admin.SetFrontDoor(ctx(b), c.Edge.ID, controlapi.FrontDoorRequest{URL: fmt.Sprintf("https://shop-%03d.example.com", i)}); err != nil {
+		if _, err := e.admin.SetFrontDoor(ctx(b), c.Edge.ID, adminapi.FrontDoorRequest{URL: fmt.Sprintf("https://shop-%03d.example.com", i)}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -241,7 +241,7 @@ func BenchmarkFrontDoorPoll304(b *testing.B) {
 // one edge, one front door per edge.
 func TestConcurrentFrontDoorSets(t *testing.T) {
 	eachStore(t, func(t *testing.T, e *env) {
-		edges := []controlapi.CreatedEdge{e.createEdge(t, "fra-1"), e.createEdge(t, "fra-2"), e.createEdge(t, "fra-3")}
+		edges := []adminapi.CreatedEdge{e.createEdge(t, "fra-1"), e.createEdge(t, "fra-2"), e.createEdge(t, "fra-3")}
 		names := map[string]string{}
 		for _, c := range edges {
 			names[c.Edge.ID] = c.Edge.Name
@@ -249,7 +249,7 @@ func TestConcurrentFrontDoorSets(t *testing.T) {
 		const calls = 120
 		type outcome struct {
 			edge, url string
-			view      controlapi.FrontDoorView
+			view      adminapi.FrontDoorView
 			err       error
 		}
 		out := make(chan outcome, calls)
@@ -261,7 +261,7 @@ func TestConcurrentFrontDoorSets(t *testing.T) {
 			svc := []string{"https", "http", "api"}[(i/7)%3]
 			wg.Go(func() {
 				<-start
-				v, err := e.admin.SetFrontDoor(ctx(t), edge, controlapi.FrontDoorRequest{URL: url, Service: svc})
+				v, err := e.admin.SetFrontDoor(ctx(t), edge, adminapi.FrontDoorRequest{URL: url, Service: svc})
 				out <- outcome{edge: edge, url: url, view: v, err: err}
 			})
 		}
@@ -270,7 +270,7 @@ func TestConcurrentFrontDoorSets(t *testing.T) {
 		close(out)
 		set, refused := 0, 0
 		for o := range out {
-			var ae *controlapi.AdminError
+			var ae *adminapi.Error
 			switch {
 			case o.err == nil:
 				set++

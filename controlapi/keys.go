@@ -1,46 +1,25 @@
 package controlapi
 
 import (
-	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
 	"net/http"
-	"net/url"
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
 	"cellvisor/domain"
 	"cellvisor/manifest"
 )
 
-// AdminKeys is the admin API's signing-key path: POST AdminKeys+"/rotate".
-const AdminKeys = "/v1/keys"
-
-// RollbackRequest asks for a domain's earlier revision back.
-type RollbackRequest struct {
-	// To is the revision to republish, lower than the current one.
-	To int64 `json:"to"`
-}
-
-// RotatedView is the outcome of a signing-key rotation.
-type RotatedView struct {
-	// PublicKey is the new standard base64 Ed25519 key; Previous the one it
-	// replaced.
-	PublicKey string `json:"public_key"`
-	Previous  string `json:"previous"`
-	// Edges maps each edge whose manifest advanced (re-signed, announcing
-	// the rotation) to its new sequence.
-	Edges map[string]int64 `json:"edges"`
-}
-
 // rollbackDomain republishes a domain's earlier revision, its artifact as
 // it was, marked as a signed rollback so that edges take the lower
 // revision.
 func (s *Server) rollbackDomain(w http.ResponseWriter, r *http.Request) error {
-	var req RollbackRequest
+	var req adminapi.RollbackRequest
 	if err := decode(r, 4<<10, &req); err != nil {
 		return err
 	}
@@ -88,25 +67,11 @@ func (s *Server) rotateKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.refresh(r.Context())
-	v := RotatedView{PublicKey: rot.Rotation.To, Previous: previous, Edges: map[string]int64{}}
+	v := adminapi.RotatedView{PublicKey: rot.Rotation.To, Previous: previous, Edges: map[string]int64{}}
 	for _, e := range rot.Edges {
 		v.Edges[e.EdgeID] = e.Sequence
 	}
 	s.log.Warn("signing key rotated", zap.String("from", rot.Rotation.From), zap.String("to", rot.Rotation.To), zap.Int("edges", len(rot.Edges)))
 	writeJSON(w, http.StatusOK, v)
 	return nil
-}
-
-// RollbackDomain republishes revision to of a domain, marked rollback.
-func (c *AdminClient) RollbackDomain(ctx context.Context, name string, to int64) (PublishedView, error) {
-	var out PublishedView
-	err := c.do(ctx, http.MethodPost, AdminDomains+"/"+url.PathEscape(name)+"/rollback", RollbackRequest{To: to}, &out)
-	return out, err
-}
-
-// RotateKey replaces the control plane's signing key.
-func (c *AdminClient) RotateKey(ctx context.Context) (RotatedView, error) {
-	var out RotatedView
-	err := c.do(ctx, http.MethodPost, AdminKeys+"/rotate", struct{}{}, &out)
-	return out, err
 }

@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"cellvisor/controlapi/store"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/domain"
 )
 
@@ -86,7 +86,7 @@ func (s *Server) stepMoves(ctx context.Context) {
 		}
 		changed = true
 		log := s.log.Info
-		if m.State == store.MoveFailed {
+		if m.State == adminapi.MoveFailed {
 			log = s.log.Warn
 		}
 		log("move", zap.String("domain", d), zap.String("from", m.From), zap.String("to", m.To), zap.String("state", m.State),
@@ -123,7 +123,7 @@ func (s *Server) stepDrains(ctx context.Context) bool {
 		}
 		changed = true
 		log := s.log.Info
-		if d.State == store.MoveFailed {
+		if d.State == adminapi.MoveFailed {
 			log = s.log.Warn
 		}
 		log("cell drain", zap.String("edge", edge), zap.String("cell", cell), zap.String("from", d.From), zap.String("to", d.To),

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
 	"cellvisor/manifest"
@@ -19,10 +20,10 @@ import (
 
 // await polls the admin API until ok says the domain's move is where the
 // test wants it, bounded by the test's context.
-func await(t *testing.T, e *env, domain string, ok func(controlapi.DomainView) bool) controlapi.DomainView {
+func await(t *testing.T, e *env, domain string, ok func(adminapi.DomainView) bool) adminapi.DomainView {
 	t.Helper()
-	return poll(t, func(c context.Context) (controlapi.DomainView, error) { return e.admin.Domain(c, domain) }, ok,
-		func(d controlapi.DomainView) string {
+	return poll(t, func(c context.Context) (adminapi.DomainView, error) { return e.admin.Domain(c, domain) }, ok,
+		func(d adminapi.DomainView) string {
 			return fmt.Sprintf("domain %s never got there: %+v, move %+v", domain, d, d.Move)
 		})
 }
@@ -50,8 +51,8 @@ func poll[T any](t *testing.T, get func(context.Context) (T, error), ok func(T) 
 	}
 }
 
-func moveState(state string) func(controlapi.DomainView) bool {
-	return func(d controlapi.DomainView) bool { return d.Move != nil && d.Move.State == state }
+func moveState(state string) func(adminapi.DomainView) bool {
+	return func(d adminapi.DomainView) bool { return d.Move != nil && d.Move.State == state }
 }
 
 // collect reads the edge's newest manifest and checks its header, the
@@ -117,11 +118,11 @@ func TestMoveThroughTheAPIs(t *testing.T) {
 		c, id, _ := e.enroll(t, a.Token)
 		publish(t, e, "shop.example.test", "v1")
 		drain := "300ms"
-		if _, err := e.admin.UpdatePool(ctx(t), "shared-default", controlapi.PoolRequest{Drain: &drain}); err != nil {
+		if _, err := e.admin.UpdatePool(ctx(t), "shared-default", adminapi.PoolRequest{Drain: &drain}); err != nil {
 			t.Fatal(err)
 		}
 		two := 2
-		if _, err := e.admin.CreatePoolWith(ctx(t), controlapi.PoolRequest{Name: "reserved-eu", Replicas: &two}); err != nil {
+		if _, err := e.admin.CreatePoolWith(ctx(t), adminapi.PoolRequest{Name: "reserved-eu", Replicas: &two}); err != nil {
 			t.Fatal(err)
 		}
 		for _, cell := range []string{"cell-03", "cell-04"} {
@@ -147,7 +148,7 @@ func TestMoveThroughTheAPIs(t *testing.T) {
 		}
 		// Applied, but cell-04 not ready: routing stays on the source.
 		applyAndReport(t, c, m.Sequence, "cell-01", "cell-03", "cell-04!")
-		d := await(t, e, "shop.example.test", func(d controlapi.DomainView) bool { return strings.Contains(d.Move.WaitingFor, "cell-04") })
+		d := await(t, e, "shop.example.test", func(d adminapi.DomainView) bool { return strings.Contains(d.Move.WaitingFor, "cell-04") })
 		if d.Move.State != "waiting" || !strings.Contains(d.Move.WaitingFor, "starting") {
 			t.Fatalf("switched with a target not ready: %+v", d.Move)
 		}
@@ -155,7 +156,7 @@ func TestMoveThroughTheAPIs(t *testing.T) {
 			t.Fatalf("routing while a target is not ready: %v", got)
 		}
 		applyAndReport(t, c, m.Sequence, "cell-01", "cell-03", "cell-04")
-		await(t, e, "shop.example.test", func(d controlapi.DomainView) bool { return d.Move.State != "waiting" })
+		await(t, e, "shop.example.test", func(d adminapi.DomainView) bool { return d.Move.State != "waiting" })
 		if got := routes(t, e, "shop.example.test"); !slices.Equal(got, []string{"cell-03@192.0.2.10:8003", "cell-04@192.0.2.10:8004"}) {
 			t.Fatalf("routing after the switch: %v", got)
 		}

@@ -13,35 +13,27 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 )
 
-// Bootstrap token lifetimes.
-const (
-	// DefaultTokenTTL is how long a bootstrap token enrolls unless the
-	// admin request says otherwise.
-	DefaultTokenTTL = 24 * time.Hour
-	// MinTokenTTL and MaxTokenTTL bound what an admin request may ask.
-	MinTokenTTL = time.Minute
-	MaxTokenTTL = 30 * 24 * time.Hour
-	// RetryGrace is how long after its use an exact retry of an enrollment
-	// is still answered when the token has expired meanwhile: an agent
-	// that enrolled a moment before expiry and lost the answer gets it
-	// again, without a rotation.
-	RetryGrace = time.Hour
-)
+// RetryGrace is how long after its use an exact retry of an enrollment
+// is still answered when the token has expired meanwhile: an agent that
+// enrolled a moment before expiry and lost the answer gets it again,
+// without a rotation.
+const RetryGrace = time.Hour
 
 // tokenTTL parses an admin request's token lifetime: a Go duration, or
-// empty for DefaultTokenTTL.
+// empty for adminapi.DefaultTokenTTL.
 func tokenTTL(field, v string) (time.Duration, error) {
 	if v == "" {
-		return DefaultTokenTTL, nil
+		return adminapi.DefaultTokenTTL, nil
 	}
 	d, err := time.ParseDuration(v)
-	if err != nil || d < MinTokenTTL || d > MaxTokenTTL {
-		return 0, errorf(http.StatusBadRequest, "%s: %q: want a duration from %s to %s, such as 24h", field, v, MinTokenTTL, MaxTokenTTL)
+	if err != nil || d < adminapi.MinTokenTTL || d > adminapi.MaxTokenTTL {
+		return 0, errorf(http.StatusBadRequest, "%s: %q: want a duration from %s to %s, such as 24h", field, v, adminapi.MinTokenTTL, adminapi.MaxTokenTTL)
 	}
 	return d, nil
 }

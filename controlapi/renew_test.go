@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
@@ -406,33 +407,33 @@ func TestBootstrapTokensExpire(t *testing.T) {
 		e := serveOn(t, dsn, key, func(o *controlapi.Options) { o.Now, o.Store.Now = clk.Now, clk.Now })
 
 		created := e.createEdge(t, "fra-1")
-		if want := clk.Now().Add(controlapi.DefaultTokenTTL); !created.TokenExpiresAt.Equal(want) || created.Edge.TokenExpiresAt == nil || !created.Edge.TokenExpiresAt.Equal(want) {
+		if want := clk.Now().Add(adminapi.DefaultTokenTTL); !created.TokenExpiresAt.Equal(want) || created.Edge.TokenExpiresAt == nil || !created.Edge.TokenExpiresAt.Equal(want) {
 			t.Fatalf("token expires %v (view %v), want %v", created.TokenExpiresAt, created.Edge.TokenExpiresAt, want)
 		}
-		clk.add(controlapi.DefaultTokenTTL)
+		clk.add(adminapi.DefaultTokenTTL)
 		code, msg := e.rawEnrollErr(t, created.Token, csr(t))
 		if code != http.StatusUnauthorized || !strings.Contains(msg, "bootstrap token expired at "+created.TokenExpiresAt.Format(time.RFC3339)) || !strings.Contains(msg, "rotate") {
 			t.Fatalf("expired token: HTTP %d %q", code, msg)
 		}
-		if v, _ := e.admin.Edge(ctx(t), created.Edge.ID); v.Enrollment != controlapi.EnrollmentPending {
+		if v, _ := e.admin.Edge(ctx(t), created.Edge.ID); v.Enrollment != adminapi.EnrollmentPending {
 			t.Fatalf("edge after an expired token: %+v", v)
 		}
 		// A rotation issues a fresh token with the default lifetime.
 		rotated, err := e.admin.Rotate(ctx(t), created.Edge.ID)
-		if err != nil || !rotated.TokenExpiresAt.Equal(clk.Now().Add(controlapi.DefaultTokenTTL)) {
+		if err != nil || !rotated.TokenExpiresAt.Equal(clk.Now().Add(adminapi.DefaultTokenTTL)) {
 			t.Fatalf("rotate: token expires %v, %v", rotated.TokenExpiresAt, err)
 		}
 		if code, msg := e.rawEnrollErr(t, rotated.Token, csr(t)); code != http.StatusOK {
 			t.Fatalf("rotated token: HTTP %d %q", code, msg)
 		}
-		if again, err := e.admin.RotateWith(ctx(t), created.Edge.ID, controlapi.RotateRequest{TokenTTL: "48h"}); err != nil ||
+		if again, err := e.admin.RotateWith(ctx(t), created.Edge.ID, adminapi.RotateRequest{TokenTTL: "48h"}); err != nil ||
 			!again.TokenExpiresAt.Equal(clk.Now().Add(48*time.Hour)) {
 			t.Fatalf("rotate with 48h: token expires %v, %v", again.TokenExpiresAt, err)
 		}
 
 		// A 2-hour token, used a minute before it expires: its exact retry
 		// is answered for an hour after its use, then refused.
-		short, err := e.admin.CreateEdge(ctx(t), controlapi.EdgeRequest{Name: "fra-2", Org: "acme", Country: "DE", Continent: "EU", TokenTTL: "2h"})
+		short, err := e.admin.CreateEdge(ctx(t), adminapi.EdgeRequest{Name: "fra-2", Org: "acme", Country: "DE", Continent: "EU", TokenTTL: "2h"})
 		if err != nil || !short.TokenExpiresAt.Equal(clk.Now().Add(2*time.Hour)) {
 			t.Fatalf("create with 2h: token expires %v, %v", short.TokenExpiresAt, err)
 		}
@@ -455,12 +456,12 @@ func TestBootstrapTokensExpire(t *testing.T) {
 		}
 
 		for _, ttl := range []string{"1s", "abc", "721h", "-1h"} {
-			_, err := e.admin.CreateEdge(ctx(t), controlapi.EdgeRequest{Name: "fra-3", Org: "acme", Country: "DE", Continent: "EU", TokenTTL: ttl})
-			var ae *controlapi.AdminError
+			_, err := e.admin.CreateEdge(ctx(t), adminapi.EdgeRequest{Name: "fra-3", Org: "acme", Country: "DE", Continent: "EU", TokenTTL: ttl})
+			var ae *adminapi.Error
 			if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !strings.Contains(err.Error(), "token_ttl") {
 				t.Fatalf("token_ttl %q: %v, want 400 naming token_ttl", ttl, err)
 			}
-			if _, err := e.admin.RotateWith(ctx(t), created.Edge.ID, controlapi.RotateRequest{TokenTTL: ttl}); !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
+			if _, err := e.admin.RotateWith(ctx(t), created.Edge.ID, adminapi.RotateRequest{TokenTTL: ttl}); !errors.As(err, &ae) || ae.Status != http.StatusBadRequest {
 				t.Fatalf("rotate with token_ttl %q: %v, want 400", ttl, err)
 			}
 		}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
 	"cellvisor/manifest"
@@ -50,7 +51,7 @@ func publishBig(t testing.TB, e *env, n, size int) {
 		rand.Read(raw)
 		name := fmt.Sprintf("big%03d.example.com", i)
 		cfg := fmt.Sprintf(`{"hostnames":["%s"],"routes":[{"prefix":"/","respond":{"status":200,"body":"%s"}}]}`, name, base64.StdEncoding.EncodeToString(raw))
-		if _, err := e.admin.Publish(ctx(t), name, controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(cfg)}); err != nil {
+		if _, err := e.admin.Publish(ctx(t), name, adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(cfg)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
 	"cellvisor/internal/testutil"
 )
@@ -26,7 +27,7 @@ func TestSnapshotSlotsAreShared(t *testing.T) {
 		o.SnapshotMinRate = 4 << 20 // bytes/s: a download that reads nothing is cut within seconds
 	})
 	_, _, greedy := e.enroll(t, e.createEdge(t, "greedy").Token)
-	other, err := e.admin.CreateEdge(ctx(t), controlapi.EdgeRequest{Name: "other", Org: "globex", Country: "de", Continent: "eu"})
+	other, err := e.admin.CreateEdge(ctx(t), adminapi.EdgeRequest{Name: "other", Org: "globex", Country: "de", Continent: "eu"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +35,7 @@ func TestSnapshotSlotsAreShared(t *testing.T) {
 	// Bigger than loopback's socket buffers hold: a download not read
 	// stays under way.
 	publishBig(t, e, 24, 1000<<10)
-	if _, err := e.admin.Publish(ctx(t), "globex.example.com", controlapi.DomainRequest{Pool: "shared-default",
+	if _, err := e.admin.Publish(ctx(t), "globex.example.com", adminapi.DomainRequest{Pool: "shared-default",
 		Config: []byte(`{"hostnames":["globex.example.com"],"routes":[{"prefix":"/","respond":{"status":200,"body":"g"}}]}`)}); err != nil {
 		t.Fatal(err)
 	}

@@ -6,32 +6,10 @@ import (
 	"net/netip"
 	"strings"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/domain"
 )
-
-// EdgeRequest creates an edge.
-type EdgeRequest struct {
-	Name      string `json:"name"`
-	Org       string `json:"org"`
-	Country   string `json:"country"`
-	Continent string `json:"continent"`
-	// MgmtIPv4 and MgmtIPv6 are inventory for operator access and
-	// monitoring: never used for control delivery or customer traffic.
-	MgmtIPv4 string `json:"mgmt_ipv4,omitempty"`
-	MgmtIPv6 string `json:"mgmt_ipv6,omitempty"`
-	// Slots is 1–32; zero means 8. Fixed once created.
-	Slots int `json:"slots,omitempty"`
-	// TokenTTL is how long the bootstrap token enrolls, a Go duration from
-	// MinTokenTTL to MaxTokenTTL; empty means DefaultTokenTTL.
-	TokenTTL string `json:"token_ttl,omitempty"`
-	// Region, Zone and the egress ranking (absent: priority 100, cost
-	// tier 0, weight 100), changed later with PATCH /v1/edges/{id}.
-	EdgeUpdateRequest
-}
-
-// DefaultSlots is an edge's slot count unless chosen at creation.
-const DefaultSlots = 8
 
 // continents are the seven continent codes.
 var continents = map[string]string{
@@ -57,15 +35,15 @@ SV SX SY SZ TC TD TF TG TH TJ TK TL TM TN TO TR TT TV TW TZ UA UG UM US UY UZ VA
 // dots (domain.ValidName): a name that reads well in a table and a log line.
 func validName(s string, max int) bool { return domain.ValidName(s, max) }
 
-// Validate checks every field and fills the defaults, naming the field it
-// refuses.
-func (r *EdgeRequest) Validate() error {
+// validateEdge checks every field of a new edge and fills the defaults,
+// naming the field it refuses.
+func validateEdge(r *adminapi.EdgeRequest) error {
 	bad := func(field, format string, args ...any) error {
 		return errorf(http.StatusBadRequest, "%s: %s", field, fmt.Sprintf(format, args...))
 	}
 	r.Country, r.Continent = strings.ToUpper(r.Country), strings.ToUpper(r.Continent)
 	if r.Slots == 0 {
-		r.Slots = DefaultSlots
+		r.Slots = adminapi.DefaultSlots
 	}
 	switch {
 	case !validName(r.Name, 63):
@@ -79,7 +57,7 @@ func (r *EdgeRequest) Validate() error {
 	case r.Slots < 1 || r.Slots > 32:
 		return bad("slots", "%d: want 1–32", r.Slots)
 	}
-	if err := r.apply(new(store.Topology)); err != nil {
+	if err := applyTopology(r.EdgeUpdateRequest, new(store.Topology)); err != nil {
 		return err
 	}
 	if r.MgmtIPv4 != "" {

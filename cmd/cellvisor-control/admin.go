@@ -18,7 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/cli"
 )
 
@@ -68,7 +68,7 @@ func (g *globals) token() (token, from string, err error) {
 }
 
 // client opens the admin API's client; from says where its token came from.
-func (g *globals) client() (ac *controlapi.AdminClient, from string, err error) {
+func (g *globals) client() (ac *adminapi.Client, from string, err error) {
 	u, err := url.Parse(g.admin)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, "", fmt.Errorf("--admin %q: want http://HOST:PORT or https://HOST:PORT", g.admin)
@@ -89,14 +89,14 @@ func (g *globals) client() (ac *controlapi.AdminClient, from string, err error) 
 		}
 		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
 	}
-	return &controlapi.AdminClient{URL: g.admin, Token: token, HTTP: &http.Client{Transport: tr}}, from, nil
+	return &adminapi.Client{URL: g.admin, Token: token, HTTP: &http.Client{Transport: tr}}, from, nil
 }
 
 // TokenRejectedError is the admin API's 401 to a request that carried a
 // token (the CLI never sends none): the token is wrong, not missing.
 type TokenRejectedError struct {
 	From string // $CELLVISOR_ADMIN_TOKEN or the token file
-	Err  *controlapi.AdminError
+	Err  *adminapi.Error
 }
 
 func (e *TokenRejectedError) Error() string {
@@ -115,7 +115,7 @@ type app struct {
 
 // adminCmd is an admin command: it opens the admin client and runs call
 // with a bounded context; errors name the command and its arguments.
-func (c *app) adminCmd(cmd *cobra.Command, call func(ctx context.Context, ac *controlapi.AdminClient, args []string) error) *cobra.Command {
+func (c *app) adminCmd(cmd *cobra.Command, call func(ctx context.Context, ac *adminapi.Client, args []string) error) *cobra.Command {
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		ac, from, err := c.g.client()
 		if err != nil {
@@ -124,7 +124,7 @@ func (c *app) adminCmd(cmd *cobra.Command, call func(ctx context.Context, ac *co
 		ctx, cancel := context.WithTimeout(cmd.Context(), adminTimeout)
 		defer cancel()
 		if err := call(ctx, ac, args); err != nil {
-			var ae *controlapi.AdminError
+			var ae *adminapi.Error
 			if errors.As(err, &ae) && ae.Status == http.StatusUnauthorized {
 				err = &TokenRejectedError{From: from, Err: ae}
 			}
@@ -166,7 +166,7 @@ func (c *app) ca() *cobra.Command {
 		Short:   "print the CA certificate (PEM): agents pass it as --ca-file",
 		Example: "  cellvisor-control ca > ca.pem",
 		Args:    cli.ExactArgs(0),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) error {
+	}, func(ctx context.Context, ac *adminapi.Client, _ []string) error {
 		pem, err := ac.CA(ctx)
 		if err != nil {
 			return err
@@ -178,10 +178,10 @@ func (c *app) ca() *cobra.Command {
 
 // listCmd is the shape of every list command: fetch the rows, then print
 // them as JSON or as a table with header, one row a line.
-func listCmd[T any](c *app, cmd *cobra.Command, fetch func(context.Context, *controlapi.AdminClient, []string) ([]T, error),
+func listCmd[T any](c *app, cmd *cobra.Command, fetch func(context.Context, *adminapi.Client, []string) ([]T, error),
 	header string, row func(T, time.Time) string) *cobra.Command {
 	format := cli.Output(cmd, "table", "json")
-	return c.adminCmd(cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) error {
+	return c.adminCmd(cmd, func(ctx context.Context, ac *adminapi.Client, args []string) error {
 		f, err := format()
 		if err != nil {
 			return err
@@ -205,13 +205,13 @@ func listCmd[T any](c *app, cmd *cobra.Command, fetch func(context.Context, *con
 
 // oneCmd is the shape of a command that makes one call and prints its
 // answer, by text (nil: JSON only) or as JSON with -o json.
-func oneCmd[T any](c *app, cmd *cobra.Command, call func(context.Context, *controlapi.AdminClient, []string) (T, error),
+func oneCmd[T any](c *app, cmd *cobra.Command, call func(context.Context, *adminapi.Client, []string) (T, error),
 	text func(io.Writer, T, time.Time) error) *cobra.Command {
 	format := func() (string, error) { return "json", nil }
 	if text != nil {
 		format = cli.Output(cmd, "text", "json")
 	}
-	return c.adminCmd(cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) error {
+	return c.adminCmd(cmd, func(ctx context.Context, ac *adminapi.Client, args []string) error {
 		f, err := format()
 		if err != nil {
 			return err

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/cli"
 )
 
@@ -56,24 +56,24 @@ with a cell in the pool gets a new signed manifest, delivered by its next poll.`
     cellvisor-control domain publish demo.cellvisor.test --pool shared-default --file -`,
 		Args: cli.ExactArgs(1),
 	}
-	var r controlapi.DomainRequest
+	var r adminapi.DomainRequest
 	cmd.Flags().StringVar(&r.Pool, "pool", "", "the pool that serves the domain")
 	file := cmd.Flags().String("file", "", "the domain's JSON configuration, - for stdin")
-	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.PublishedView, error) {
+	return oneCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.PublishedView, error) {
 		if *file == "" {
-			return controlapi.PublishedView{}, errors.New("--file is required (- for stdin)")
+			return adminapi.PublishedView{}, errors.New("--file is required (- for stdin)")
 		}
 		var err error
 		if r.Config, err = c.readConfig(*file); err != nil {
-			return controlapi.PublishedView{}, err
+			return adminapi.PublishedView{}, err
 		}
 		return ac.Publish(ctx, args[0], r)
 	}, printPublished("published"))
 }
 
 // printPublished is the human-readable outcome of a publish or delete.
-func printPublished(verb string) func(io.Writer, controlapi.PublishedView, time.Time) error {
-	return func(w io.Writer, p controlapi.PublishedView, _ time.Time) error {
+func printPublished(verb string) func(io.Writer, adminapi.PublishedView, time.Time) error {
+	return func(w io.Writer, p adminapi.PublishedView, _ time.Time) error {
 		d := p.Domain
 		fmt.Fprintf(w, "%s %s revision %d to %s (%d bytes, sha256 %.12s)\n", verb, d.Name, d.Revision, d.Pool, d.Size, d.SHA256)
 		if len(p.Edges) == 0 {
@@ -95,9 +95,9 @@ func printPublished(verb string) func(io.Writer, controlapi.PublishedView, time.
 
 func (c *app) domainList() *cobra.Command {
 	return listCmd(c, &cobra.Command{Use: "list", Short: "list the domains", Args: cli.ExactArgs(0)},
-		func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.DomainView, error) {
+		func(ctx context.Context, ac *adminapi.Client, _ []string) ([]adminapi.DomainView, error) {
 			return ac.Domains(ctx)
-		}, "NAME\tPOOL\tREVISION\tSIZE\tSHA256\tUPDATED", func(d controlapi.DomainView, now time.Time) string {
+		}, "NAME\tPOOL\tREVISION\tSIZE\tSHA256\tUPDATED", func(d adminapi.DomainView, now time.Time) string {
 			return fmt.Sprintf("%s\t%s\t%d\t%d\t%.12s\t%s", d.Name, d.Pool, d.Revision, d.Size, d.SHA256, age(&d.UpdatedAt, now))
 		})
 }
@@ -107,7 +107,7 @@ func (c *app) domainDelete() *cobra.Command {
 		Use:   "delete NAME",
 		Short: "withdraw the domain from every edge",
 		Args:  cli.ExactArgs(1),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.PublishedView, error) {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.PublishedView, error) {
 		return ac.DeleteDomain(ctx, args[0])
 	}, nil)
 }
@@ -122,9 +122,9 @@ revision otherwise). The next ordinary publish gets a revision above every earli
 		Args: cli.ExactArgs(1),
 	}
 	to := cmd.Flags().Int64("to", 0, "the earlier revision to republish (required)")
-	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.PublishedView, error) {
+	return oneCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.PublishedView, error) {
 		if *to < 1 {
-			return controlapi.PublishedView{}, errors.New("--to REVISION is required")
+			return adminapi.PublishedView{}, errors.New("--to REVISION is required")
 		}
 		return ac.RollbackDomain(ctx, args[0], *to)
 	}, printPublished("rolled back"))
@@ -139,9 +139,9 @@ signed by the old key and the new one, carried in every manifest header, and eve
 manifest is signed again with the new key under a new sequence. Edges verify the chain from
 the key they pinned and pin the new one; nothing needs re-enrolling.`,
 		Args: cli.ExactArgs(0),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) (controlapi.RotatedView, error) {
+	}, func(ctx context.Context, ac *adminapi.Client, _ []string) (adminapi.RotatedView, error) {
 		return ac.RotateKey(ctx)
-	}, func(w io.Writer, r controlapi.RotatedView, _ time.Time) error {
+	}, func(w io.Writer, r adminapi.RotatedView, _ time.Time) error {
 		_, err := fmt.Fprintf(w, "signing key rotated: %s (was %s); %d edge manifest(s) advanced, delivered by each edge's next poll\n",
 			r.PublicKey, r.Previous, len(r.Edges))
 		return err

@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/cli"
 )
 
@@ -31,7 +31,7 @@ line to run on the edge host. The token is shown once.`,
 			"    --control-url https://control.example.net:8443",
 		Args: cli.ExactArgs(0),
 	}
-	var r controlapi.EdgeRequest
+	var r adminapi.EdgeRequest
 	f := cmd.Flags()
 	f.StringVar(&r.Name, "name", "", "the edge's name")
 	f.StringVar(&r.Org, "org", "", "the organization that runs it")
@@ -43,11 +43,11 @@ line to run on the edge host. The token is shown once.`,
 	fill := topologyFlags(cmd, &r.EdgeUpdateRequest)
 	ttl := tokenTTLFlag(cmd)
 	controlURL := controlURLFlag(cmd)
-	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) (controlapi.CreatedEdge, error) {
+	return oneCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, _ []string) (adminapi.CreatedEdge, error) {
 		fill()
 		r.TokenTTL = ttl.String()
 		return ac.CreateEdge(ctx, r)
-	}, func(w io.Writer, ce controlapi.CreatedEdge, _ time.Time) error {
+	}, func(w io.Writer, ce adminapi.CreatedEdge, _ time.Time) error {
 		fmt.Fprintf(w, "edge %s created (%d slots)\n", ce.Edge.Name, ce.Edge.Slots)
 		printToken(w, ce, *controlURL)
 		return nil
@@ -56,12 +56,12 @@ line to run on the edge host. The token is shown once.`,
 
 // tokenTTLFlag adds --token-ttl: how long the bootstrap token enrolls.
 func tokenTTLFlag(cmd *cobra.Command) *time.Duration {
-	return cmd.Flags().Duration("token-ttl", controlapi.DefaultTokenTTL,
-		fmt.Sprintf("how long the bootstrap token enrolls, %s to %s", controlapi.MinTokenTTL, controlapi.MaxTokenTTL))
+	return cmd.Flags().Duration("token-ttl", adminapi.DefaultTokenTTL,
+		fmt.Sprintf("how long the bootstrap token enrolls, %s to %s", adminapi.MinTokenTTL, adminapi.MaxTokenTTL))
 }
 
 // printToken shows an edge's one-time token and how to enroll with it.
-func printToken(w io.Writer, ce controlapi.CreatedEdge, controlURL string) {
+func printToken(w io.Writer, ce adminapi.CreatedEdge, controlURL string) {
 	fmt.Fprintf(w, "id:    %s\n", ce.Edge.ID)
 	fmt.Fprintf(w, "token: %s\n", ce.Token)
 	fmt.Fprintf(w, "The token is shown once and never again, and expires at %s; a lost or expired token needs `cellvisor-control edge rotate ID`.\n",
@@ -72,9 +72,9 @@ func printToken(w io.Writer, ce controlapi.CreatedEdge, controlURL string) {
 
 func (c *app) edgeList() *cobra.Command {
 	return listCmd(c, &cobra.Command{Use: "list", Short: "list the edges", Args: cli.ExactArgs(0)},
-		func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.EdgeView, error) {
+		func(ctx context.Context, ac *adminapi.Client, _ []string) ([]adminapi.EdgeView, error) {
 			return ac.Edges(ctx)
-		}, "NAME\tID\tORG\tCOUNTRY\tCONTINENT\tREGION\tZONE\tSLOTS\tENROLLMENT\tLAST SEEN\tSEQUENCE/ACTIVE", func(e controlapi.EdgeView, now time.Time) string {
+		}, "NAME\tID\tORG\tCOUNTRY\tCONTINENT\tREGION\tZONE\tSLOTS\tENROLLMENT\tLAST SEEN\tSEQUENCE/ACTIVE", func(e adminapi.EdgeView, now time.Time) string {
 			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d/%d", e.Name, e.ID, e.Org, e.Country, e.Continent,
 				dash(e.Region), dash(e.Zone), e.Slots, e.Enrollment, age(e.LastSeen, now), e.Sequence, e.ActiveSequence)
 		})
@@ -85,13 +85,13 @@ func (c *app) edgeShow() *cobra.Command {
 		Use:   "show ID",
 		Short: "show one edge: its status, its cells as last reported, acks and tasks",
 		Args:  cli.ExactArgs(1),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.EdgeView, error) {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.EdgeView, error) {
 		return ac.Edge(ctx, args[0])
 	}, printEdge)
 }
 
 // printEdge is edge show's human-readable form.
-func printEdge(w io.Writer, e controlapi.EdgeView, now time.Time) error {
+func printEdge(w io.Writer, e adminapi.EdgeView, now time.Time) error {
 	fmt.Fprintf(w, "edge %s (%s)\n", e.Name, e.ID)
 	mgmt := strings.Join(slices.DeleteFunc([]string{e.MgmtIPv4, e.MgmtIPv6}, func(s string) bool { return s == "" }), ", ")
 	if mgmt == "" {
@@ -169,7 +169,7 @@ func (c *app) edgeDelete() *cobra.Command {
 		Use:   "delete ID",
 		Short: "remove a retired edge: its certificate is refused, its manifests, acks and tasks go",
 		Args:  cli.ExactArgs(1),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.EdgeView, error) {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.EdgeView, error) {
 		return ac.DeleteEdge(ctx, args[0])
 	}, nil)
 }
@@ -184,9 +184,9 @@ one-time token is printed for enrolling it again (cellvisor enroll --replace).`,
 	}
 	ttl := tokenTTLFlag(cmd)
 	controlURL := controlURLFlag(cmd)
-	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.CreatedEdge, error) {
-		return ac.RotateWith(ctx, args[0], controlapi.RotateRequest{TokenTTL: ttl.String()})
-	}, func(w io.Writer, ce controlapi.CreatedEdge, _ time.Time) error {
+	return oneCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.CreatedEdge, error) {
+		return ac.RotateWith(ctx, args[0], adminapi.RotateRequest{TokenTTL: ttl.String()})
+	}, func(w io.Writer, ce adminapi.CreatedEdge, _ time.Time) error {
 		fmt.Fprintf(w, "edge %s rotated: its certificate is refused from now on\n", ce.Edge.Name)
 		printToken(w, ce, *controlURL)
 		return nil
@@ -199,9 +199,9 @@ func (c *app) taskCreate() *cobra.Command {
 		Short:   "drain, undrain or restart one cell of an edge; the edge's next poll delivers it",
 		Example: "  cellvisor-control task create 6f1c… cell-01 drain",
 		Args:    cli.ExactArgs(3),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.TaskView, error) {
-		return ac.CreateTask(ctx, args[0], controlapi.TaskRequest{Cell: args[1], Action: args[2]})
-	}, func(w io.Writer, t controlapi.TaskView, _ time.Time) error {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.TaskView, error) {
+		return ac.CreateTask(ctx, args[0], adminapi.TaskRequest{Cell: args[1], Action: args[2]})
+	}, func(w io.Writer, t adminapi.TaskView, _ time.Time) error {
 		_, err := fmt.Fprintf(w, "task %d created: %s %s of edge %s, %s; delivered by the edge's next poll (cellvisor-control task list %s)\n",
 			t.ID, t.Action, t.Cell, t.EdgeID, t.State, t.EdgeID)
 		return err
@@ -210,11 +210,11 @@ func (c *app) taskCreate() *cobra.Command {
 
 func (c *app) taskList() *cobra.Command {
 	return listCmd(c, &cobra.Command{Use: "list EDGE-ID", Short: "list an edge's tasks", Args: cli.ExactArgs(1)},
-		func(ctx context.Context, ac *controlapi.AdminClient, args []string) ([]controlapi.TaskView, error) {
+		func(ctx context.Context, ac *adminapi.Client, args []string) ([]adminapi.TaskView, error) {
 			return ac.Tasks(ctx, args[0])
 		}, "ID\tCELL\tACTION\tSTATE\tRESULT\tCREATED", taskRow)
 }
 
-func taskRow(t controlapi.TaskView, now time.Time) string {
+func taskRow(t adminapi.TaskView, now time.Time) string {
 	return fmt.Sprintf("%d\t%s\t%s\t%s\t%s\t%s", t.ID, t.Cell, t.Action, t.State, dash(t.Result), age(&t.CreatedAt, now))
 }

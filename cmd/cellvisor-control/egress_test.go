@@ -5,12 +5,12 @@ import (
 	"strings"
 	"testing"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 )
 
 func TestEgressCommands(t *testing.T) {
 	ep := startControl(t)
-	ce := decodeJSON[controlapi.CreatedEdge](t, mustCtl(t, ep, "edge", "create", "--name", "fra-1", "--org", "acme", "--country", "DE",
+	ce := decodeJSON[adminapi.CreatedEdge](t, mustCtl(t, ep, "edge", "create", "--name", "fra-1", "--org", "acme", "--country", "DE",
 		"--continent", "EU", "--region", "eu-central", "--zone", "eu-central-1a", "--weight", "7", "-o", "json"))
 	if e := ce.Edge; e.Region != "eu-central" || e.Zone != "eu-central-1a" || e.Weight != 7 || e.Priority != 100 || e.CostTier != 0 {
 		t.Errorf("edge create with topology: %+v", e)
@@ -33,7 +33,7 @@ func TestEgressCommands(t *testing.T) {
 	if want := "egress policy acme/metering: destination https://ingest.example.net/m, preferred region eu-central, required region -, required zone eu-central-1a"; !strings.Contains(out, want) {
 		t.Errorf("policy set printed %q", out)
 	}
-	p := decodeJSON[controlapi.EgressPolicyView](t, mustCtl(t, ep, "egress", "policy", "show", "acme", "metering", "-o", "json"))
+	p := decodeJSON[adminapi.EgressPolicyView](t, mustCtl(t, ep, "egress", "policy", "show", "acme", "metering", "-o", "json"))
 	if p.Destination != "https://ingest.example.net/m" || p.Require.Zone != "eu-central-1a" {
 		t.Errorf("policy show: %+v", p)
 	}

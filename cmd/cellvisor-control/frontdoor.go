@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/cli"
 )
 
@@ -32,10 +32,10 @@ setting another moves it.`,
 		Example: "  cellvisor-control frontdoor set 3f2c…-… https://shop.example.com",
 		Args:    cli.ExactArgs(2),
 	}
-	service := cmd.Flags().String("service", controlapi.DefaultFrontDoorService, "the edge's gateway service that carries it")
-	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.FrontDoorView, error) {
-		return ac.SetFrontDoor(ctx, args[0], controlapi.FrontDoorRequest{URL: args[1], Service: *service})
-	}, func(w io.Writer, v controlapi.FrontDoorView, _ time.Time) error {
+	service := cmd.Flags().String("service", adminapi.DefaultFrontDoorService, "the edge's gateway service that carries it")
+	return oneCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.FrontDoorView, error) {
+		return ac.SetFrontDoor(ctx, args[0], adminapi.FrontDoorRequest{URL: args[1], Service: *service})
+	}, func(w io.Writer, v adminapi.FrontDoorView, _ time.Time) error {
 		_, err := fmt.Fprintf(w, "front door of edge %s (%s): %s\n", v.EdgeID, v.Service, v.URL)
 		return err
 	})
@@ -46,7 +46,7 @@ func (c *app) frontDoorClear() *cobra.Command {
 		Use:   "clear EDGE-ID",
 		Short: "remove the edge's front door",
 		Args:  cli.ExactArgs(1),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) error {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) error {
 		if err := ac.ClearFrontDoor(ctx, args[0]); err != nil {
 			return err
 		}
@@ -58,9 +58,9 @@ func (c *app) frontDoorClear() *cobra.Command {
 func (c *app) frontDoorList() *cobra.Command {
 	cmd := &cobra.Command{Use: "list", Short: "list the front doors, with their gateways' topology and health", Args: cli.ExactArgs(0)}
 	org := cmd.Flags().String("org", "", "only this organization's")
-	return listCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.FrontDoorView, error) {
+	return listCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, _ []string) ([]adminapi.FrontDoorView, error) {
 		return ac.FrontDoors(ctx, *org)
-	}, "URL\tEDGE\tORG\tSERVICE\tREGION/ZONE/LOCALITY\tHEALTHY\tRTT\tLAST SEEN", func(v controlapi.FrontDoorView, now time.Time) string {
+	}, "URL\tEDGE\tORG\tSERVICE\tREGION/ZONE/LOCALITY\tHEALTHY\tRTT\tLAST SEEN", func(v adminapi.FrontDoorView, now time.Time) string {
 		return fmt.Sprintf("%s\t%s\t%s\t%s\t%s/%s/%s\t%t\t%s\t%s", v.URL, v.EdgeID, v.Org, v.Service,
 			dash(v.Region), dash(v.Zone), dash(v.Locality), v.Healthy, time.Duration(v.RTTMicros)*time.Microsecond, age(v.LastSeen, now))
 	})
@@ -76,14 +76,14 @@ its stable reason code, and a non-zero exit status. Never a guess, never a fallb
 		Args:    cli.ExactArgs(1),
 	}
 	org := cmd.Flags().String("org", "", "resolve among this organization's front doors only")
-	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.ResolveView, error) {
+	return oneCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.ResolveView, error) {
 		v, err := ac.Resolve(ctx, args[0], *org)
-		var ae *controlapi.AdminError
+		var ae *adminapi.Error
 		if errors.As(err, &ae) && ae.Reason != "" {
 			return v, fmt.Errorf("refused (%s): %s", ae.Reason, ae.Message)
 		}
 		return v, err
-	}, func(w io.Writer, v controlapi.ResolveView, _ time.Time) error {
+	}, func(w io.Writer, v adminapi.ResolveView, _ time.Time) error {
 		_, err := fmt.Fprintf(w, "%s -> edge %s (org %s, front door %s)\n", cli.Printable(v.URL), v.EdgeID, v.Org, v.Canonical)
 		return err
 	})

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/cli"
 )
 
@@ -36,7 +36,7 @@ func TestFrontDoorCommands(t *testing.T) {
 	if shown := cli.Printable(err.Error()); strings.ContainsAny(shown, "\r\n") || !strings.Contains(shown, `\r\n`) {
 		t.Errorf("the refusal as printed: %q", shown)
 	}
-	list := decodeJSON[[]controlapi.FrontDoorView](t, mustCtl(t, ep, "frontdoor", "list", "-o", "json"))
+	list := decodeJSON[[]adminapi.FrontDoorView](t, mustCtl(t, ep, "frontdoor", "list", "-o", "json"))
 	if len(list) != 1 || list[0].EdgeID != a.Edge.ID || list[0].URL != "https://shop.example.com:443" {
 		t.Fatalf("list: %+v", list)
 	}

@@ -1,6 +1,6 @@
 // Command cellvisor-control runs the control API (serve) and is its operator
 // CLI: every other command talks to the admin API through
-// controlapi.AdminClient.
+// adminapi.Client.
 package main
 
 import (

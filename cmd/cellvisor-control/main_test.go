@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 )
 
 // startControl runs the real control API on loopback with a SQLite store in
@@ -90,9 +91,9 @@ func decodeJSON[T any](t *testing.T, s string) T {
 	return v
 }
 
-func createEdge(t *testing.T, ep controlapi.Endpoints, name string) controlapi.CreatedEdge {
+func createEdge(t *testing.T, ep controlapi.Endpoints, name string) adminapi.CreatedEdge {
 	t.Helper()
-	return decodeJSON[controlapi.CreatedEdge](t, mustCtl(t, ep, "edge", "create", "--name", name, "--org", "acme",
+	return decodeJSON[adminapi.CreatedEdge](t, mustCtl(t, ep, "edge", "create", "--name", name, "--org", "acme",
 		"--country", "de", "--continent", "eu", "--slots", "4", "-o", "json"))
 }
 
@@ -100,9 +101,9 @@ func createEdge(t *testing.T, ep controlapi.Endpoints, name string) controlapi.C
 // message naming field.
 func wantAdminError(t *testing.T, err error, status int, field string) {
 	t.Helper()
-	var ae *controlapi.AdminError
+	var ae *adminapi.Error
 	if !errors.As(err, &ae) {
-		t.Fatalf("error %v: want a *controlapi.AdminError", err)
+		t.Fatalf("error %v: want a *adminapi.Error", err)
 	}
 	if ae.Status != status || !strings.HasPrefix(ae.Message, field+":") {
 		t.Errorf("error %q (HTTP %d): want HTTP %d naming %s", ae.Message, ae.Status, status, field)
@@ -114,13 +115,13 @@ func TestEdgeCreateListShow(t *testing.T) {
 	out := mustCtl(t, ep, "edge", "create", "--name", "fra-1", "--org", "acme", "--country", "DE", "--continent", "EU",
 		"--mgmt-ipv4", "192.0.2.10", "--control-url", "https://control.example.test:8443")
 
-	edges := decodeJSON[[]controlapi.EdgeView](t, mustCtl(t, ep, "edge", "list", "-o", "json"))
+	edges := decodeJSON[[]adminapi.EdgeView](t, mustCtl(t, ep, "edge", "list", "-o", "json"))
 	if len(edges) != 1 {
 		t.Fatalf("edge list: %d edges, want 1", len(edges))
 	}
 	e := edges[0]
-	if e.Name != "fra-1" || e.Enrollment != controlapi.EnrollmentPending || e.Slots != controlapi.DefaultSlots || e.MgmtIPv4 != "192.0.2.10" {
-		t.Errorf("edge list: %+v, want fra-1, pending, %d slots, 192.0.2.10", e, controlapi.DefaultSlots)
+	if e.Name != "fra-1" || e.Enrollment != adminapi.EnrollmentPending || e.Slots != adminapi.DefaultSlots || e.MgmtIPv4 != "192.0.2.10" {
+		t.Errorf("edge list: %+v, want fra-1, pending, %d slots, 192.0.2.10", e, adminapi.DefaultSlots)
 	}
 	var token string
 	for _, line := range strings.Split(out, "\n") {
@@ -144,7 +145,7 @@ func TestEdgeCreateListShow(t *testing.T) {
 		t.Errorf("edge list table:\n%s\nwant a header and fra-1 pending, never seen", table)
 	}
 
-	shown := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "show", e.ID, "-o", "json"))
+	shown := decodeJSON[adminapi.EdgeView](t, mustCtl(t, ep, "edge", "show", e.ID, "-o", "json"))
 	if shown.ID != e.ID || shown.Assignments["cell-01"] != "shared-default" {
 		t.Errorf("edge show: %+v, want %s with cell-01 in shared-default", shown, e.ID)
 	}
@@ -162,10 +163,10 @@ func TestEdgeCreateListShow(t *testing.T) {
 		t.Errorf("edge rotate printed:\n%s\nwant a new token", rotated)
 	}
 
-	if deleted := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "delete", e.ID)); deleted.ID != e.ID {
+	if deleted := decodeJSON[adminapi.EdgeView](t, mustCtl(t, ep, "edge", "delete", e.ID)); deleted.ID != e.ID {
 		t.Errorf("edge delete printed %+v", deleted)
 	}
-	if left := decodeJSON[[]controlapi.EdgeView](t, mustCtl(t, ep, "edge", "list", "-o", "json")); len(left) != 0 {
+	if left := decodeJSON[[]adminapi.EdgeView](t, mustCtl(t, ep, "edge", "list", "-o", "json")); len(left) != 0 {
 		t.Errorf("edges after the delete: %+v", left)
 	}
 	_, err := ctl(t, ep, "edge", "delete", e.ID)
@@ -176,7 +177,7 @@ func TestEdgeCreateRefused(t *testing.T) {
 	ep := startControl(t)
 	_, err := ctl(t, ep, "edge", "create", "--name", "x", "--org", "acme", "--country", "XX", "--continent", "EU")
 	wantAdminError(t, err, http.StatusBadRequest, "country")
-	edges := decodeJSON[[]controlapi.EdgeView](t, mustCtl(t, ep, "edge", "list", "-o", "json"))
+	edges := decodeJSON[[]adminapi.EdgeView](t, mustCtl(t, ep, "edge", "list", "-o", "json"))
 	if len(edges) != 0 {
 		t.Errorf("edge list after a refused create: %d edges, want 0", len(edges))
 	}
@@ -203,7 +204,7 @@ func TestToken(t *testing.T) {
 
 	t.Setenv("CELLVISOR_ADMIN_TOKEN", "cva_not-the-admin-token")
 	err = run(ctx, []string{"--admin", ep.AdminURL, "--token-file", missing, "edge", "list"}, nil, io.Discard, io.Discard)
-	var ae *controlapi.AdminError
+	var ae *adminapi.Error
 	if !errors.As(err, &ae) || ae.Status != http.StatusUnauthorized {
 		t.Errorf("edge list with a wrong CELLVISOR_ADMIN_TOKEN: %v, want HTTP 401 (the variable wins over the file)", err)
 	}
@@ -229,18 +230,18 @@ func TestDomainPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	for rev := int64(1); rev <= 2; rev++ {
-		p := decodeJSON[controlapi.PublishedView](t, mustCtl(t, ep, "domain", "publish", "shop.example.test",
+		p := decodeJSON[adminapi.PublishedView](t, mustCtl(t, ep, "domain", "publish", "shop.example.test",
 			"--pool", "shared-default", "--file", file, "-o", "json"))
 		// Sequence 1 is the edge's first manifest, empty.
 		if p.Domain.Revision != rev || p.Domain.Pool != "shared-default" || p.Edges[edge.Edge.ID] != rev+1 {
 			t.Errorf("publish %d: %+v, want revision %d advancing %s to sequence %d", rev, p, rev, edge.Edge.ID, rev+1)
 		}
 	}
-	shown := decodeJSON[controlapi.EdgeView](t, mustCtl(t, ep, "edge", "show", edge.Edge.ID, "-o", "json"))
+	shown := decodeJSON[adminapi.EdgeView](t, mustCtl(t, ep, "edge", "show", edge.Edge.ID, "-o", "json"))
 	if shown.Sequence != 3 {
 		t.Errorf("edge show after two publishes: sequence %d, want 3", shown.Sequence)
 	}
-	ds := decodeJSON[[]controlapi.DomainView](t, mustCtl(t, ep, "domain", "list", "-o", "json"))
+	ds := decodeJSON[[]adminapi.DomainView](t, mustCtl(t, ep, "domain", "list", "-o", "json"))
 	if len(ds) != 1 || ds[0].Name != "shop.example.test" || ds[0].Revision != 2 {
 		t.Errorf("domain list: %+v, want shop.example.test at revision 2", ds)
 	}
@@ -258,7 +259,7 @@ func TestDomainPublish(t *testing.T) {
 	_, err := ctl(t, ep, "domain", "publish", "shop.example.test", "--pool", "bogus", "--file", file)
 	wantAdminError(t, err, http.StatusBadRequest, "pool")
 
-	deleted := decodeJSON[controlapi.PublishedView](t, mustCtl(t, ep, "domain", "delete", "shop.example.test"))
+	deleted := decodeJSON[adminapi.PublishedView](t, mustCtl(t, ep, "domain", "delete", "shop.example.test"))
 	if deleted.Edges[edge.Edge.ID] != 5 {
 		t.Errorf("domain delete: %+v, want %s advanced to sequence 5", deleted, edge.Edge.ID)
 	}
@@ -270,7 +271,7 @@ func TestTask(t *testing.T) {
 	_, err := ctl(t, ep, "task", "create", edge.Edge.ID, "cell-01", "explode")
 	wantAdminError(t, err, http.StatusBadRequest, "action")
 
-	task := decodeJSON[controlapi.TaskView](t, mustCtl(t, ep, "task", "create", edge.Edge.ID, "cell-02", "drain", "-o", "json"))
+	task := decodeJSON[adminapi.TaskView](t, mustCtl(t, ep, "task", "create", edge.Edge.ID, "cell-02", "drain", "-o", "json"))
 	if task.EdgeID != edge.Edge.ID || task.Cell != "cell-02" || task.Action != "drain" || task.ID == 0 {
 		t.Errorf("task create: %+v, want drain cell-02 of %s", task, edge.Edge.ID)
 	}
@@ -309,7 +310,7 @@ func TestPool(t *testing.T) {
 	if out := mustCtl(t, ep, "pool", "create", "reserved-gold"); !strings.HasPrefix(out, "pool reserved-gold created (class reserved)\n") {
 		t.Errorf("pool create printed %q", out)
 	}
-	pools := decodeJSON[[]controlapi.PoolView](t, mustCtl(t, ep, "pool", "list", "-o", "json"))
+	pools := decodeJSON[[]adminapi.PoolView](t, mustCtl(t, ep, "pool", "list", "-o", "json"))
 	found := false
 	for _, p := range pools {
 		found = found || p.Name == "reserved-gold" && p.Class == "reserved"
@@ -420,7 +421,7 @@ func TestGlobalFlagsAnywhere(t *testing.T) {
 			t.Errorf("cellvisor-control %q: %v", args, err)
 			continue
 		}
-		if v := decodeJSON[controlapi.EdgeView](t, out.String()); v.ID != edge.Edge.ID {
+		if v := decodeJSON[adminapi.EdgeView](t, out.String()); v.ID != edge.Edge.ID {
 			t.Errorf("cellvisor-control %q: edge %s, want %s", args, v.ID, edge.Edge.ID)
 		}
 	}

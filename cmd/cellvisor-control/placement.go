@@ -11,22 +11,22 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/cli"
 )
 
 func (c *app) poolList() *cobra.Command {
 	return listCmd(c, &cobra.Command{Use: "list", Short: "list the pools", Args: cli.ExactArgs(0)},
-		func(ctx context.Context, ac *controlapi.AdminClient, _ []string) ([]controlapi.PoolView, error) {
+		func(ctx context.Context, ac *adminapi.Client, _ []string) ([]adminapi.PoolView, error) {
 			return ac.Pools(ctx)
-		}, "NAME\tCLASS\tREPLICAS\tBOUND\tMIN READY\tDRAIN\tMAX CONNS\tRATE/BURST\tCREATED", func(p controlapi.PoolView, now time.Time) string {
+		}, "NAME\tCLASS\tREPLICAS\tBOUND\tMIN READY\tDRAIN\tMAX CONNS\tRATE/BURST\tCREATED", func(p adminapi.PoolView, now time.Time) string {
 			return fmt.Sprintf("%s\t%s\t%d\t%d\t%d\t%s\t%d\t%d/%d\t%s", p.Name, p.Class, p.Replicas, p.Bound, p.MinReady, p.Drain,
 				p.MaxConns, p.Rate, p.Burst, age(&p.CreatedAt, now))
 		})
 }
 
 // poolFlags adds the settings of a pool; only the flags given are sent.
-func poolFlags(cmd *cobra.Command, withReplicas bool) func(*controlapi.PoolRequest) {
+func poolFlags(cmd *cobra.Command, withReplicas bool) func(*adminapi.PoolRequest) {
 	f := cmd.Flags()
 	replicas := f.Int("replicas", 1, "distinct cells per edge for each domain: 1 for shared and quarantine, 1–3 for reserved and dedicated")
 	if !withReplicas {
@@ -38,7 +38,7 @@ func poolFlags(cmd *cobra.Command, withReplicas bool) func(*controlapi.PoolReque
 	maxConns := f.Int("max-conns", 0, "each cell's limit of concurrent connections (503 past it); 0 for none")
 	rate := f.Int("rate", 0, "each cell's request rate per client address, per second (429 past it); 0 for none")
 	burst := f.Int("burst", 0, "requests allowed above the rate in a burst")
-	return func(r *controlapi.PoolRequest) {
+	return func(r *adminapi.PoolRequest) {
 		set := func(name string, v *int, dst **int) {
 			if f.Changed(name) {
 				*dst = v
@@ -69,11 +69,11 @@ A pool serves domains on an edge only once cells are assigned to it (cell assign
 		Args:    cli.ExactArgs(1),
 	}
 	fill := poolFlags(cmd, true)
-	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.PoolView, error) {
-		r := controlapi.PoolRequest{Name: args[0]}
+	return oneCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.PoolView, error) {
+		r := adminapi.PoolRequest{Name: args[0]}
 		fill(&r)
 		return ac.CreatePoolWith(ctx, r)
-	}, func(w io.Writer, p controlapi.PoolView, now time.Time) error {
+	}, func(w io.Writer, p adminapi.PoolView, now time.Time) error {
 		fmt.Fprintf(w, "pool %s created (class %s)\n", p.Name, p.Class)
 		return printPool(w, p, now)
 	})
@@ -87,11 +87,11 @@ func (c *app) poolUpdate() *cobra.Command {
 		Args:    cli.ExactArgs(1),
 	}
 	fill := poolFlags(cmd, false)
-	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.PoolView, error) {
-		var r controlapi.PoolRequest
+	return oneCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.PoolView, error) {
+		var r adminapi.PoolRequest
 		fill(&r)
 		return ac.UpdatePool(ctx, args[0], r)
-	}, func(w io.Writer, p controlapi.PoolView, now time.Time) error {
+	}, func(w io.Writer, p adminapi.PoolView, now time.Time) error {
 		fmt.Fprintf(w, "pool %s updated; %d edge manifest(s) advanced\n", p.Name, len(p.Sequences))
 		return printPool(w, p, now)
 	})
@@ -102,7 +102,7 @@ func (c *app) poolShow() *cobra.Command {
 		Use:   "show NAME",
 		Short: "show a pool, its cells on every edge and whether enough of them are ready",
 		Args:  cli.ExactArgs(1),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.PoolView, error) {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.PoolView, error) {
 		return ac.Pool(ctx, args[0])
 	}, printPool)
 }
@@ -112,7 +112,7 @@ func (c *app) poolDelete() *cobra.Command {
 		Use:   "delete NAME",
 		Short: "delete a pool that has no domains and no cells",
 		Args:  cli.ExactArgs(1),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) error {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) error {
 		if err := ac.DeletePool(ctx, args[0]); err != nil {
 			return err
 		}
@@ -121,7 +121,7 @@ func (c *app) poolDelete() *cobra.Command {
 	})
 }
 
-func printPool(w io.Writer, p controlapi.PoolView, _ time.Time) error {
+func printPool(w io.Writer, p adminapi.PoolView, _ time.Time) error {
 	fmt.Fprintf(w, "pool %s: class %s, %d replica(s) per edge, bound %d domains per cell, minimum %d ready cell(s), drain %s\n",
 		p.Name, p.Class, p.Replicas, p.Bound, p.MinReady, p.Drain)
 	fmt.Fprintf(w, "  each cell: %d connections, %d requests/s per client (burst %d)\n", p.MaxConns, p.Rate, p.Burst)
@@ -131,7 +131,7 @@ func printPool(w io.Writer, p controlapi.PoolView, _ time.Time) error {
 
 // printPoolHealth lists pools' cells on edges, flagging those below their
 // minimum of ready cells.
-func printPoolHealth(w io.Writer, hs []controlapi.PoolHealth) {
+func printPoolHealth(w io.Writer, hs []adminapi.PoolHealth) {
 	if len(hs) == 0 {
 		return
 	}
@@ -160,9 +160,9 @@ func (c *app) cellAssign() *cobra.Command {
 		Short:   "assign an edge's cell to a pool (EDGE is its id or name); the edge applies it from its next signed manifest",
 		Example: "  cellvisor-control cell assign fra-1 cell-03 reserved-eu",
 		Args:    cli.ExactArgs(3),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.CellAssignment, error) {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.CellAssignment, error) {
 		return ac.AssignCell(ctx, args[0], args[1], args[2])
-	}, func(w io.Writer, a controlapi.CellAssignment, _ time.Time) error {
+	}, func(w io.Writer, a adminapi.CellAssignment, _ time.Time) error {
 		if a.Drain != nil {
 			return printDrain(w, a)
 		}
@@ -177,9 +177,9 @@ func (c *app) cellUnassign() *cobra.Command {
 		Short:   "unassign an edge's cell: the edge drains and stops it",
 		Example: "  cellvisor-control cell unassign fra-1 cell-03",
 		Args:    cli.ExactArgs(2),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.CellAssignment, error) {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.CellAssignment, error) {
 		return ac.AssignCell(ctx, args[0], args[1], "")
-	}, func(w io.Writer, a controlapi.CellAssignment, _ time.Time) error {
+	}, func(w io.Writer, a adminapi.CellAssignment, _ time.Time) error {
 		if a.Drain != nil {
 			return printDrain(w, a)
 		}
@@ -189,7 +189,7 @@ func (c *app) cellUnassign() *cobra.Command {
 }
 
 // printDrain says that a cell holding domains drains before it changes.
-func printDrain(w io.Writer, a controlapi.CellAssignment) error {
+func printDrain(w io.Writer, a adminapi.CellAssignment) error {
 	change := "unassigned"
 	if a.Pool != "" {
 		change = "assigned to " + a.Pool
@@ -211,9 +211,9 @@ func (c *app) domainShow() *cobra.Command {
 		Use:   "show NAME",
 		Short: "show a domain: its revision, its cells on every edge and its latest move, step by step",
 		Args:  cli.ExactArgs(1),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.DomainView, error) {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.DomainView, error) {
 		return ac.Domain(ctx, args[0])
-	}, func(w io.Writer, d controlapi.DomainView, now time.Time) error {
+	}, func(w io.Writer, d adminapi.DomainView, now time.Time) error {
 		fmt.Fprintf(w, "domain %s: pool %s, revision %d (%d bytes, sha256 %s), updated %s\n", d.Name, d.Pool, d.Revision, d.Size, d.SHA256, age(&d.UpdatedAt, now))
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		if len(d.Placements) > 0 {
@@ -230,7 +230,7 @@ func (c *app) domainShow() *cobra.Command {
 	})
 }
 
-func printMove(w io.Writer, m controlapi.MoveView) {
+func printMove(w io.Writer, m adminapi.MoveView) {
 	fmt.Fprintf(w, "move %s → %s: %s", m.From, m.To, m.State)
 	if m.Reason != "" {
 		fmt.Fprintf(w, " (%s)", m.Reason)
@@ -253,17 +253,17 @@ serving for the source pool's drain interval, then let it go. domain show follow
 	}
 	to := cmd.Flags().String("to", "", "the target pool")
 	cancel := cmd.Flags().Bool("cancel", false, "cancel the move under way (before it switched)")
-	return oneCmd(c, cmd, func(ctx context.Context, ac *controlapi.AdminClient, args []string) (controlapi.MoveView, error) {
+	return oneCmd(c, cmd, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.MoveView, error) {
 		switch {
 		case *cancel && *to != "":
-			return controlapi.MoveView{}, errors.New("--to and --cancel: give one")
+			return adminapi.MoveView{}, errors.New("--to and --cancel: give one")
 		case *cancel:
 			return ac.CancelMove(ctx, args[0])
 		case *to == "":
-			return controlapi.MoveView{}, errors.New("--to POOL or --cancel required")
+			return adminapi.MoveView{}, errors.New("--to POOL or --cancel required")
 		}
 		return ac.Move(ctx, args[0], *to)
-	}, func(w io.Writer, m controlapi.MoveView, _ time.Time) error {
+	}, func(w io.Writer, m adminapi.MoveView, _ time.Time) error {
 		printMove(w, m)
 		return nil
 	})
@@ -274,10 +274,10 @@ func (c *app) domainRouting() *cobra.Command {
 		Use:   "routing NAME",
 		Short: "what DNS would publish for a domain: its active cells' addresses and ports",
 		Args:  cli.ExactArgs(1),
-	}, func(ctx context.Context, ac *controlapi.AdminClient, args []string) ([]controlapi.Route, error) {
+	}, func(ctx context.Context, ac *adminapi.Client, args []string) ([]adminapi.Route, error) {
 		v, err := ac.Routing(ctx, args[0])
 		return v.Routes, err
-	}, "EDGE\tCELL\tADDRESS", func(r controlapi.Route, _ time.Time) string {
+	}, "EDGE\tCELL\tADDRESS", func(r adminapi.Route, _ time.Time) string {
 		return fmt.Sprintf("%s\t%s\t%s", r.EdgeName, r.Cell, r.HostPort())
 	})
 }

@@ -9,14 +9,14 @@ import (
 	"strings"
 	"testing"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 )
 
 func TestPlacementCommands(t *testing.T) {
 	ep := startControl(t)
 	edge := createEdge(t, ep, "fra-1")
 
-	p := decodeJSON[controlapi.PoolView](t, mustCtl(t, ep, "pool", "create", "reserved-eu", "--replicas", "2", "--drain", "2m", "--max-conns", "100", "-o", "json"))
+	p := decodeJSON[adminapi.PoolView](t, mustCtl(t, ep, "pool", "create", "reserved-eu", "--replicas", "2", "--drain", "2m", "--max-conns", "100", "-o", "json"))
 	if p.Replicas != 2 || p.Drain != "2m0s" || p.MaxConns != 100 || p.Bound != 500 {
 		t.Errorf("pool create: %+v, want 2 replicas, drain 2m, 100 connections and the class's bound 500", p)
 	}
@@ -29,11 +29,11 @@ func TestPlacementCommands(t *testing.T) {
 			t.Errorf("cell assign printed %q", out)
 		}
 	}
-	show := decodeJSON[controlapi.PoolView](t, mustCtl(t, ep, "pool", "show", "reserved-eu", "-o", "json"))
+	show := decodeJSON[adminapi.PoolView](t, mustCtl(t, ep, "pool", "show", "reserved-eu", "-o", "json"))
 	if len(show.Edges) != 1 || !slices.Equal(show.Edges[0].Cells, []string{"cell-03", "cell-04"}) || show.Edges[0].Reported {
 		t.Errorf("pool show: %+v", show.Edges)
 	}
-	up := decodeJSON[controlapi.PoolView](t, mustCtl(t, ep, "pool", "update", "reserved-eu", "--rate", "50", "--burst", "100", "-o", "json"))
+	up := decodeJSON[adminapi.PoolView](t, mustCtl(t, ep, "pool", "update", "reserved-eu", "--rate", "50", "--burst", "100", "-o", "json"))
 	if up.Rate != 50 || up.Burst != 100 || up.MaxConns != 100 || len(up.Sequences) != 1 {
 		t.Errorf("pool update: %+v, want the new rate, the old connections and one edge advanced", up)
 	}
@@ -43,11 +43,11 @@ func TestPlacementCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustCtl(t, ep, "domain", "publish", "shop.example.test", "--pool", "shared-default", "--file", file)
-	m := decodeJSON[controlapi.MoveView](t, mustCtl(t, ep, "domain", "move", "shop.example.test", "--to", "reserved-eu", "-o", "json"))
+	m := decodeJSON[adminapi.MoveView](t, mustCtl(t, ep, "domain", "move", "shop.example.test", "--to", "reserved-eu", "-o", "json"))
 	if m.State != "waiting" || m.From != "shared-default" || m.To != "reserved-eu" {
 		t.Errorf("domain move: %+v", m)
 	}
-	d := decodeJSON[controlapi.DomainView](t, mustCtl(t, ep, "domain", "show", "shop.example.test", "-o", "json"))
+	d := decodeJSON[adminapi.DomainView](t, mustCtl(t, ep, "domain", "show", "shop.example.test", "-o", "json"))
 	roles := map[string]string{}
 	for _, p := range d.Placements {
 		roles[p.Cell] = p.Role
@@ -85,9 +85,9 @@ func TestPlacementCommands(t *testing.T) {
 // says why.
 func wantRefused(t *testing.T, err error, status int, why string) {
 	t.Helper()
-	var ae *controlapi.AdminError
+	var ae *adminapi.Error
 	if !errors.As(err, &ae) {
-		t.Fatalf("error %v: want a *controlapi.AdminError", err)
+		t.Fatalf("error %v: want a *adminapi.Error", err)
 	}
 	if ae.Status != status || !strings.Contains(ae.Message, why) {
 		t.Errorf("error %q (HTTP %d): want HTTP %d saying %q", ae.Message, ae.Status, status, why)

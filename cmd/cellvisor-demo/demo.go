@@ -18,6 +18,7 @@ import (
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/corpingest"
 	"cellvisor/runtime"
 )
@@ -65,7 +66,7 @@ type env struct {
 	cfgPath  string
 	cfg      config.Agent
 	ep       controlapi.Endpoints
-	admin    *controlapi.AdminClient
+	admin    *adminapi.Client
 	edgeID   string
 	edgeName string
 	cli      agentCLI
@@ -176,7 +177,7 @@ func demo(ctx context.Context, o options) error {
 		stopCtl()
 		return errors.Join(ctx.Err(), <-ctlDone)
 	}
-	e.admin = &controlapi.AdminClient{URL: e.ep.AdminURL, Token: e.ep.AdminToken}
+	e.admin = &adminapi.Client{URL: e.ep.AdminURL, Token: e.ep.AdminToken}
 	e.tokenRel = shortPath(filepath.Join(data, "admin.token"))
 	// The corp ingest: the egress policies' destination, on loopback.
 	e.ingest = corpingest.New()
@@ -248,7 +249,7 @@ func (e *env) steps(ctx context.Context) error {
 	if err := e.awaitServing(wait, demoBody); err != nil {
 		return err
 	}
-	var view controlapi.EdgeView
+	var view adminapi.EdgeView
 	err := poll(wait, func() error {
 		var err error
 		view, err = e.admin.Edge(wait, e.edgeID)
@@ -293,7 +294,7 @@ func (e *env) steps(ctx context.Context) error {
 	fmt.Fprintf(out, "          $CTL domain show %s; $CTL domain routing %s; $CTL pool list\n", demoHost, demoHost)
 	fmt.Fprintf(out, "          $CTL egress leases --org %s; $CTL egress policy list --org %s; $CTL frontdoor list\n", demoOrg, demoOrg)
 	fmt.Fprintf(out, "Edge id:  %s\n", e.edgeID)
-	fmt.Fprintf(out, "Fleet:    %s%s (a browser; sign in with the admin token in %s)\n", e.ep.AdminURL, controlapi.FleetPath, e.tokenRel)
+	fmt.Fprintf(out, "Fleet:    %s%s (a browser; sign in with the admin token in %s)\n", e.ep.AdminURL, adminapi.PathFleet, e.tokenRel)
 	fmt.Fprintf(out, "Metrics:  %s/metrics\n", e.ep.AdminURL)
 	fmt.Fprintf(out, "Logs:     %s/%s, %s, %s\n", shortPath(e.logs.dir), controlLog, agentLog, edge2AgentLog)
 	if e.o.check {
@@ -318,8 +319,8 @@ func (e *env) enroll(ctx context.Context) error {
 	if err := e.egressPolicies(ctx); err != nil {
 		return err
 	}
-	created, err := e.admin.CreateEdge(ctx, controlapi.EdgeRequest{Name: "demo-edge", Org: demoOrg, Country: "DE", Continent: "EU",
-		MgmtIPv4: "127.0.0.1", Slots: e.cfg.Slots, EdgeUpdateRequest: controlapi.EdgeUpdateRequest{Region: ptr(regionEU)}})
+	created, err := e.admin.CreateEdge(ctx, adminapi.EdgeRequest{Name: "demo-edge", Org: demoOrg, Country: "DE", Continent: "EU",
+		MgmtIPv4: "127.0.0.1", Slots: e.cfg.Slots, EdgeUpdateRequest: adminapi.EdgeUpdateRequest{Region: ptr(regionEU)}})
 	if err != nil {
 		return fmt.Errorf("create edge: %w", err)
 	}
@@ -347,7 +348,7 @@ func (e *env) enroll(ctx context.Context) error {
 // publish publishes the sample domain answering body to shared-default; it
 // returns the revision.
 func (e *env) publish(ctx context.Context, body string) (int64, error) {
-	p, err := e.admin.Publish(ctx, demoHost, controlapi.DomainRequest{Pool: "shared-default", Config: domainConfig(demoHost, body)})
+	p, err := e.admin.Publish(ctx, demoHost, adminapi.DomainRequest{Pool: "shared-default", Config: domainConfig(demoHost, body)})
 	if err != nil {
 		return 0, fmt.Errorf("publish %s: %w", demoHost, err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	"cellvisor/cellapi"
 	"cellvisor/config"
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
 )
 
@@ -69,7 +69,7 @@ func (d *edge2) stop() error {
 // the corp ingest, each preferring its region.
 func (e *env) egressPolicies(ctx context.Context) error {
 	for _, c := range demoClasses {
-		if _, err := e.admin.SetEgressPolicy(ctx, demoOrg, c.class, controlapi.EgressPolicyRequest{Destination: e.ingestURL, Region: c.region}); err != nil {
+		if _, err := e.admin.SetEgressPolicy(ctx, demoOrg, c.class, adminapi.EgressPolicyRequest{Destination: e.ingestURL, Region: c.region}); err != nil {
 			return fmt.Errorf("egress policy %s: %w", c.class, err)
 		}
 		fmt.Fprintf(e.o.out, "$ $CTL egress policy set %s %s --destination %s --region %s\n", demoOrg, c.class, e.ingestURL, c.region)
@@ -89,8 +89,8 @@ func (e *env) startEdge2(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	created, err := e.admin.CreateEdge(ctx, controlapi.EdgeRequest{Name: edge2Name, Org: demoOrg, Country: "US", Continent: "NA",
-		MgmtIPv4: "127.0.0.1", Slots: edge2Slots, EdgeUpdateRequest: controlapi.EdgeUpdateRequest{Region: ptr(regionUS)}})
+	created, err := e.admin.CreateEdge(ctx, adminapi.EdgeRequest{Name: edge2Name, Org: demoOrg, Country: "US", Continent: "NA",
+		MgmtIPv4: "127.0.0.1", Slots: edge2Slots, EdgeUpdateRequest: adminapi.EdgeUpdateRequest{Region: ptr(regionUS)}})
 	if err != nil {
 		return fmt.Errorf("create edge %s: %w", edge2Name, err)
 	}
@@ -106,7 +106,7 @@ func (e *env) startEdge2(ctx context.Context) error {
 	}
 	fmt.Fprintf(out, "$ ./bin/cellvisor --config %s enroll --control %s --token cvt_… --ca-file %s\n%s", relPath(cfgPath), e.ep.EdgeURL, relPath(caFile), enrolled)
 	// An edge's first manifest comes with a domain for its cells.
-	p, err := e.admin.Publish(ctx, sharedHost, controlapi.DomainRequest{Pool: "shared-default", Config: domainConfig(sharedHost, sharedBody)})
+	p, err := e.admin.Publish(ctx, sharedHost, adminapi.DomainRequest{Pool: "shared-default", Config: domainConfig(sharedHost, sharedBody)})
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", sharedHost, err)
 	}
@@ -182,7 +182,7 @@ func (e *env) egress(ctx context.Context) error {
 
 	names := map[string]string{e.edgeID: e.edgeName, d.id: edge2Name}
 	want := map[string]string{"metering": e.edgeID, "siem_forwarding": d.id}
-	var leases []controlapi.LeaseView
+	var leases []adminapi.LeaseView
 	var routes [2][]edgeapi.RouteStatus
 	err := poll(ctx, func() error {
 		var err error
@@ -191,7 +191,7 @@ func (e *env) egress(ctx context.Context) error {
 		}
 		var errs []error
 		for _, c := range demoClasses {
-			i := slices.IndexFunc(leases, func(l controlapi.LeaseView) bool { return l.Class == c.class })
+			i := slices.IndexFunc(leases, func(l adminapi.LeaseView) bool { return l.Class == c.class })
 			switch {
 			case i < 0:
 				errs = append(errs, fmt.Errorf("%s: no lease", c.class))

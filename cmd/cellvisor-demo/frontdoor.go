@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"cellvisor/cellapi"
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 )
 
 // The demo edge's front door, and URLs the resolver must refuse.
@@ -34,7 +34,7 @@ func (e *env) frontDoor(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, checkWait)
 	defer cancel()
 	out := e.o.out
-	v, err := e.admin.SetFrontDoor(ctx, e.edgeID, controlapi.FrontDoorRequest{URL: demoFrontDoor})
+	v, err := e.admin.SetFrontDoor(ctx, e.edgeID, adminapi.FrontDoorRequest{URL: demoFrontDoor})
 	if err != nil {
 		return fmt.Errorf("set the front door: %w", err)
 	}
@@ -44,7 +44,7 @@ func (e *env) frontDoor(ctx context.Context) error {
 		return fmt.Errorf("resolve %s: %w", demoResolve, err)
 	}
 	fmt.Fprintf(out, "$ $CTL frontdoor resolve '%s'\n%s -> edge %s (org %s, front door %s)\n", demoResolve, r.URL, r.EdgeID, r.Org, r.Canonical)
-	v2, err := e.admin.SetFrontDoor(ctx, e.edge2.id, controlapi.FrontDoorRequest{URL: edge2FrontDoor})
+	v2, err := e.admin.SetFrontDoor(ctx, e.edge2.id, adminapi.FrontDoorRequest{URL: edge2FrontDoor})
 	if err != nil {
 		return fmt.Errorf("set the second edge's front door: %w", err)
 	}
@@ -55,7 +55,7 @@ func (e *env) frontDoor(ctx context.Context) error {
 	}
 	fmt.Fprintf(out, "$ $CTL frontdoor resolve '%s'\n%s -> edge %s (org %s, front door %s)\n", edge2Resolve, r2.URL, r2.EdgeID, r2.Org, r2.Canonical)
 	_, uerr := e.admin.Resolve(ctx, demoUnmapped, "")
-	var ae *controlapi.AdminError
+	var ae *adminapi.Error
 	if errors.As(uerr, &ae) {
 		fmt.Fprintf(out, "$ $CTL frontdoor resolve %s\nrefused (%s): %s\n", demoUnmapped, ae.Reason, ae.Message)
 	}

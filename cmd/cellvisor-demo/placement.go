@@ -13,8 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"cellvisor/controlapi"
-	"cellvisor/controlapi/store"
+	"cellvisor/controlapi/adminapi"
 )
 
 const (
@@ -66,13 +65,13 @@ func (e *env) placement(ctx context.Context) error {
 
 	replicas, drain := 2, poolDrain
 	fmt.Fprintf(out, "\n$ $CTL pool create %s --replicas 2 --drain %s\n", reservedPool, poolDrain)
-	p, err := e.admin.CreatePoolWith(ctx, controlapi.PoolRequest{Name: reservedPool, Replicas: &replicas, Drain: &drain})
+	p, err := e.admin.CreatePoolWith(ctx, adminapi.PoolRequest{Name: reservedPool, Replicas: &replicas, Drain: &drain})
 	if err != nil {
 		return fmt.Errorf("create pool %s: %w", reservedPool, err)
 	}
 	fmt.Fprintf(out, "pool %s created: class %s, %d replicas per edge, minimum %d ready cell(s), drain %s\n", p.Name, p.Class, p.Replicas, p.MinReady, p.Drain)
 	fmt.Fprintf(out, "$ $CTL pool update shared-default --drain %s   # how long cell-01 keeps a domain moving out\n", poolDrain)
-	if p, err = e.admin.UpdatePool(ctx, "shared-default", controlapi.PoolRequest{Drain: &drain}); err != nil {
+	if p, err = e.admin.UpdatePool(ctx, "shared-default", adminapi.PoolRequest{Drain: &drain}); err != nil {
 		return fmt.Errorf("update pool shared-default: %w", err)
 	}
 	fmt.Fprintf(out, "pool %s updated: drain %s\n", p.Name, p.Drain)
@@ -99,7 +98,7 @@ func (e *env) placement(ctx context.Context) error {
 func (e *env) awaitPoolReady(ctx context.Context, n int) error {
 	fmt.Fprintf(e.o.out, "$ $CTL pool show %s   # until the edge reports both cells ready\n", reservedPool)
 	start := time.Now()
-	var h controlapi.PoolHealth
+	var h adminapi.PoolHealth
 	err := poll(ctx, func() error {
 		if err := e.agentAlive(); err != nil {
 			return err
@@ -134,7 +133,7 @@ func (e *env) publishReserved(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(out, "\n$ $CTL domain publish %s --pool %s --file %s\n", reservedHost, reservedPool, relPath(file))
-	pub, err := e.admin.Publish(ctx, reservedHost, controlapi.DomainRequest{Pool: reservedPool, Config: cfg})
+	pub, err := e.admin.Publish(ctx, reservedHost, adminapi.DomainRequest{Pool: reservedPool, Config: cfg})
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", reservedHost, err)
 	}
@@ -243,8 +242,8 @@ func (e *env) move(ctx context.Context) error {
 
 // followMove polls the domain until its move ends, printing every new step
 // with its time and its offset from the start of the move.
-func (e *env) followMove(ctx context.Context) (controlapi.DomainView, error) {
-	var d controlapi.DomainView
+func (e *env) followMove(ctx context.Context) (adminapi.DomainView, error) {
+	var d adminapi.DomainView
 	printed := 0
 	err := poll(ctx, func() error {
 		if err := e.agentAlive(); err != nil {
@@ -261,7 +260,7 @@ func (e *env) followMove(ctx context.Context) (controlapi.DomainView, error) {
 			fmt.Fprintf(e.o.out, "  %s  +%.2fs  %-10s %s\n", s.At.Local().Format("15:04:05.000"), s.At.Sub(d.Move.StartedAt).Seconds(), s.Step, s.Detail)
 		}
 		printed = len(d.Move.Steps)
-		if d.Move.State == store.MoveWaiting || d.Move.State == store.MoveDraining {
+		if d.Move.State == adminapi.MoveWaiting || d.Move.State == adminapi.MoveDraining {
 			return fmt.Errorf("move %s, waiting for %s", d.Move.State, d.Move.WaitingFor)
 		}
 		return nil
@@ -269,7 +268,7 @@ func (e *env) followMove(ctx context.Context) (controlapi.DomainView, error) {
 	if err != nil {
 		return d, fmt.Errorf("move of %s to %s: %w", demoHost, reservedPool, err)
 	}
-	if d.Move.State != store.MoveDone {
+	if d.Move.State != adminapi.MoveDone {
 		return d, fmt.Errorf("move of %s to %s ended %s: %s", demoHost, reservedPool, d.Move.State, d.Move.Reason)
 	}
 	fmt.Fprintf(e.o.out, "move %s → %s: %s in %s\n", d.Move.From, d.Move.To, d.Move.State, d.Move.Steps[len(d.Move.Steps)-1].At.Sub(d.Move.StartedAt).Round(time.Millisecond))
@@ -279,7 +278,7 @@ func (e *env) followMove(ctx context.Context) (controlapi.DomainView, error) {
 // checkMoved checks the moved domain: in the reserved pool at a new
 // revision, placed and routed on both reserved cells, which serve it, and
 // applied by the edge.
-func (e *env) checkMoved(ctx context.Context, before, d controlapi.DomainView) error {
+func (e *env) checkMoved(ctx context.Context, before, d adminapi.DomainView) error {
 	if d.Pool != reservedPool || d.Revision <= before.Revision {
 		return fmt.Errorf("after the move %s is in %s at revision %d, want %s at a revision after %d", demoHost, d.Pool, d.Revision, reservedPool, before.Revision)
 	}
@@ -303,7 +302,7 @@ func (e *env) checkMoved(ctx context.Context, before, d controlapi.DomainView) e
 			return err
 		}
 	}
-	var view controlapi.EdgeView
+	var view adminapi.EdgeView
 	if err := poll(ctx, func() error {
 		var err error
 		if view, err = e.admin.Edge(ctx, e.edgeID); err == nil && view.ActiveSequence != view.Sequence {
@@ -347,12 +346,12 @@ func (e *env) agentAlive() error {
 
 // routed is the routing view's routes for host that have a port; an
 // address that is not loopback is refused, never dialled.
-func (e *env) routed(ctx context.Context, host string) ([]controlapi.Route, error) {
+func (e *env) routed(ctx context.Context, host string) ([]adminapi.Route, error) {
 	v, err := e.admin.Routing(ctx, host)
 	if err != nil {
 		return nil, fmt.Errorf("routing %s: %w", host, err)
 	}
-	var rs []controlapi.Route
+	var rs []adminapi.Route
 	for _, r := range v.Routes {
 		if ip := net.ParseIP(r.Address); ip == nil || !ip.IsLoopback() {
 			return nil, fmt.Errorf("routing %s: route %s@%s is not on loopback", host, r.Cell, r.Address)
@@ -424,7 +423,7 @@ func (t *traffic) result() (int, []string, map[string]int) {
 }
 
 // activeCells are a domain's active cells, sorted.
-func activeCells(d controlapi.DomainView) []string {
+func activeCells(d adminapi.DomainView) []string {
 	var cells []string
 	for _, p := range d.Placements {
 		if p.Role == "active" {

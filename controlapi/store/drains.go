@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/placement"
 )
 
@@ -21,18 +22,20 @@ import (
 // interval (draining); then the cell lets them go and its assignment
 // changes, in one sequence (done). A new cell that refuses or is not
 // ready in time fails the drain: the cell stays assigned and serving.
-// States are a move's (MoveWaiting, MoveDraining, MoveDone, MoveFailed).
+// States are a move's (adminapi.MoveWaiting, MoveDraining, MoveDone, MoveFailed).
 type Drain struct {
 	EdgeID, Cell, From, To, State, Reason string
 	// Domains are the ones the cell held when the drain started.
 	Domains []string
-	Steps   []MoveStep
+	Steps   []adminapi.MoveStep
 	// Deadline is when a drain still waiting for the new cells fails.
 	StartedAt, Deadline, DrainUntil time.Time
 }
 
 // Active reports a drain under way.
-func (d Drain) Active() bool { return d.State == MoveWaiting || d.State == MoveDraining }
+func (d Drain) Active() bool {
+	return d.State == adminapi.MoveWaiting || d.State == adminapi.MoveDraining
+}
 
 func (d Drain) target() string {
 	if d.To == "" {
@@ -42,7 +45,7 @@ func (d Drain) target() string {
 }
 
 func (d *Drain) step(now time.Time, step, detail string) {
-	d.Steps = append(d.Steps, MoveStep{Step: step, At: fromMS(ms(now)), Detail: detail})
+	d.Steps = append(d.Steps, adminapi.MoveStep{Step: step, At: fromMS(ms(now)), Detail: detail})
 }
 
 const drainColumns = `edge_id, cell, from_pool, to_pool, state, reason, domains, steps, started_at, deadline, drain_until`
@@ -183,7 +186,7 @@ func (s *Store) ChangeCell(ctx context.Context, edgeID, cell, pool string, ready
 			return err
 		}
 		now := s.Now()
-		d := Drain{EdgeID: edgeID, Cell: cell, From: old, To: pool, State: MoveWaiting, Domains: held,
+		d := Drain{EdgeID: edgeID, Cell: cell, From: old, To: pool, State: adminapi.MoveWaiting, Domains: held,
 			StartedAt: fromMS(ms(now)), Deadline: fromMS(ms(now.Add(readyWithin)))}
 		d.step(now, "started", fmt.Sprintf("%s holds %d domain(s) of %s; then %s", cell, len(held), old, strings.TrimPrefix(d.target(), "its ")))
 		d.step(now, "placed", moved)
@@ -268,7 +271,7 @@ func (s *Store) StepDrain(ctx context.Context, edgeID, cell string, sign Signer)
 	}
 	now := s.Now()
 	switch d.State {
-	case MoveWaiting:
+	case adminapi.MoveWaiting:
 		waiting, refused, err := s.drainReady(ctx, d)
 		if err != nil {
 			return d, "", err
@@ -287,7 +290,7 @@ func (s *Store) StepDrain(ctx context.Context, edgeID, cell string, sign Signer)
 			d, err = s.Drain(ctx, edgeID, cell)
 		}
 		return d, "", err
-	case MoveDraining:
+	case adminapi.MoveDraining:
 		if now.Before(d.DrainUntil) {
 			return d, "the drain interval", nil
 		}
@@ -303,13 +306,13 @@ func (s *Store) StepDrain(ctx context.Context, edgeID, cell string, sign Signer)
 // DrainWaitingFor says what a drain waits for now (empty: nothing).
 func (s *Store) DrainWaitingFor(ctx context.Context, d Drain) (string, error) {
 	switch d.State {
-	case MoveWaiting:
+	case adminapi.MoveWaiting:
 		waiting, refused, err := s.drainReady(ctx, d)
 		if refused != "" {
 			return refused, err
 		}
 		return waiting, err
-	case MoveDraining:
+	case adminapi.MoveDraining:
 		return "the drain interval, until " + d.DrainUntil.Format(time.RFC3339), nil
 	}
 	return "", nil
@@ -347,7 +350,7 @@ func (s *Store) switchDrain(ctx context.Context, edgeID, cell string) (Drain, er
 			return err
 		}
 		var err error
-		if d, err = s.lockDrain(ctx, tx, edgeID, cell, MoveWaiting); err != nil {
+		if d, err = s.lockDrain(ctx, tx, edgeID, cell, adminapi.MoveWaiting); err != nil {
 			return err
 		}
 		p, err := s.pool(ctx, tx, d.From)
@@ -363,7 +366,7 @@ func (s *Store) switchDrain(ctx context.Context, edgeID, cell string) (Drain, er
 			}
 		}
 		now := s.Now()
-		d.State, d.DrainUntil = MoveDraining, fromMS(ms(now.Add(p.Drain)))
+		d.State, d.DrainUntil = adminapi.MoveDraining, fromMS(ms(now.Add(p.Drain)))
 		d.step(now, "applied", "every new cell applied the domains and reports ready")
 		d.step(now, "switched", "routing publishes the new cells; "+cell+" drains for "+p.Drain.String())
 		return s.saveDrain(ctx, tx, d)
@@ -380,7 +383,7 @@ func (s *Store) finishDrain(ctx context.Context, edgeID, cell string, sign Signe
 		if err != nil {
 			return err
 		}
-		if d, err = s.lockDrain(ctx, tx, edgeID, cell, MoveDraining); err != nil {
+		if d, err = s.lockDrain(ctx, tx, edgeID, cell, adminapi.MoveDraining); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, s.q(`DELETE FROM placements WHERE edge_id = ? AND cell = ?`), edgeID, cell); err != nil {
@@ -390,7 +393,7 @@ func (s *Store) finishDrain(ctx context.Context, edgeID, cell string, sign Signe
 		if err != nil {
 			return err
 		}
-		d.State = MoveDone
+		d.State = adminapi.MoveDone
 		d.step(s.Now(), "drained", fmt.Sprintf("withdrawn from %s; %s in sequence %d", cell, strings.TrimPrefix(d.target(), "its "), es.Sequence))
 		return s.saveDrain(ctx, tx, d)
 	})
@@ -406,7 +409,7 @@ func (s *Store) failDrain(ctx context.Context, edgeID, cell, reason string, sign
 		if err != nil {
 			return err
 		}
-		if d, err = s.lockDrain(ctx, tx, edgeID, cell, MoveWaiting); err != nil {
+		if d, err = s.lockDrain(ctx, tx, edgeID, cell, adminapi.MoveWaiting); err != nil {
 			return err
 		}
 		for _, dom := range d.Domains {
@@ -414,8 +417,8 @@ func (s *Store) failDrain(ctx context.Context, edgeID, cell, reason string, sign
 				return err
 			}
 		}
-		d.State, d.Reason = MoveFailed, reason
-		d.step(s.Now(), MoveFailed, reason)
+		d.State, d.Reason = adminapi.MoveFailed, reason
+		d.step(s.Now(), adminapi.MoveFailed, reason)
 		if err := s.saveDrain(ctx, tx, d); err != nil {
 			return err
 		}

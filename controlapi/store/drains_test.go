@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/manifest"
 )
 
@@ -72,7 +73,7 @@ func drainCell(t *testing.T, s *Store, edge, cell, pool string, replicas int, do
 	from := mustEdge(t, s, edge).Sequence
 	before, _ := s.Assignments(ctx(t), edge)
 	_, d, err := s.ChangeCell(ctx(t), edge, cell, pool, time.Hour, fakeSign)
-	if err != nil || d == nil || d.State != MoveWaiting || !slices.Equal(d.Domains, domains) {
+	if err != nil || d == nil || d.State != adminapi.MoveWaiting || !slices.Equal(d.Domains, domains) {
 		t.Fatalf("change %s: drain %+v, %v", cell, d, err)
 	}
 	for _, dom := range domains {
@@ -88,7 +89,7 @@ func drainCell(t *testing.T, s *Store, edge, cell, pool string, replicas int, do
 		t.Fatalf("a new domain went to the draining %s: %v", cell, got)
 	}
 	// Not applied yet: it waits and the cell stays assigned.
-	if got, waiting, err := s.StepDrain(ctx(t), edge, cell, fakeSign); err != nil || got.State != MoveWaiting || waiting == "" {
+	if got, waiting, err := s.StepDrain(ctx(t), edge, cell, fakeSign); err != nil || got.State != adminapi.MoveWaiting || waiting == "" {
 		t.Fatalf("before the ack: %+v, %q, %v", got, waiting, err)
 	}
 	// A second change of the draining cell is refused.
@@ -98,7 +99,7 @@ func drainCell(t *testing.T, s *Store, edge, cell, pool string, replicas int, do
 	cells := []string{"cell-01", "cell-02", "cell-03", "cell-04", "cell-05"}
 	report(t, s, edge, cells...)
 	got, _, err := s.StepDrain(ctx(t), edge, cell, fakeSign)
-	if err != nil || got.State != MoveDraining {
+	if err != nil || got.State != adminapi.MoveDraining {
 		t.Fatalf("switch: %+v, %v", got, err)
 	}
 	if a, _ := s.Assignments(ctx(t), edge); a[cell] != before[cell] {
@@ -112,7 +113,7 @@ func drainCell(t *testing.T, s *Store, edge, cell, pool string, replicas int, do
 	s.Now = func() time.Time { return time.Now().Add(2 * time.Minute) }
 	defer func() { s.Now = time.Now }()
 	got, _, err = s.StepDrain(ctx(t), edge, cell, fakeSign)
-	if err != nil || got.State != MoveDone {
+	if err != nil || got.State != adminapi.MoveDone {
 		t.Fatalf("finish: %+v, %v", got, err)
 	}
 	if want := []string{"started", "placed", "delivering", "applied", "switched", "drained"}; !slices.Equal(steps(got), want) {
@@ -232,7 +233,7 @@ func TestDrainFailsOnRefusal(t *testing.T) {
 			t.Fatal(err)
 		}
 		d, _, err := s.StepDrain(ctx(t), a.ID, "cell-03", fakeSign)
-		if err != nil || d.State != MoveFailed || !strings.Contains(d.Reason, "refused") {
+		if err != nil || d.State != adminapi.MoveFailed || !strings.Contains(d.Reason, "refused") {
 			t.Fatalf("after a refusal: %+v, %v", d, err)
 		}
 		if as, _ := s.Assignments(ctx(t), a.ID); as["cell-03"] != "reserved-eu" {

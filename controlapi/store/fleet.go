@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/manifest"
 )
 
@@ -107,7 +108,7 @@ func (s *Store) RecentAcks(ctx context.Context, status string, limit int) ([]Edg
 // their target past their deadline, newest first.
 func (s *Store) FailingMoves(ctx context.Context, limit int) ([]Move, error) {
 	rows, err := s.db.QueryContext(ctx, s.q(`SELECT domain, from_pool, to_pool, state, reason, steps, started_at, deadline, drain_until FROM moves
-		WHERE state = ? OR (state = ? AND deadline < ?) ORDER BY started_at DESC, domain LIMIT ?`), MoveFailed, MoveWaiting, ms(s.Now()), limit)
+		WHERE state = ? OR (state = ? AND deadline < ?) ORDER BY started_at DESC, domain LIMIT ?`), adminapi.MoveFailed, adminapi.MoveWaiting, ms(s.Now()), limit)
 	if err != nil {
 		return nil, fmt.Errorf("failing moves: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/manifest"
 )
 
@@ -28,7 +29,7 @@ func TestFleetQueries(t *testing.T) {
 		if err := s.Ack(ctx(t), a.ID, manifest.Ack{Sequence: seq, Status: manifest.AckRefused, Reason: "artifact invalid", At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
-		if m, _, err := s.StepMove(ctx(t), "f.example", fakeSign, fakeRebuild); err != nil || m.State != MoveFailed {
+		if m, _, err := s.StepMove(ctx(t), "f.example", fakeSign, fakeRebuild); err != nil || m.State != adminapi.MoveFailed {
 			t.Fatalf("f: %+v, %v", m, err)
 		}
 		if _, _, err := s.StartMove(ctx(t), "g.example", "reserved-eu", time.Second, fakeSign); err != nil {

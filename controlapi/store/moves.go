@@ -13,26 +13,16 @@ import (
 	"strings"
 	"time"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
 	"cellvisor/manifest"
 )
 
-// Move states. A move is under way while waiting (its target cells are
-// receiving the domain) or draining (routing switched; the source cells
-// serve until the drain interval passed); it ends done, failed or
-// cancelled.
-const (
-	MoveWaiting   = "waiting"
-	MoveDraining  = "draining"
-	MoveDone      = "done"
-	MoveFailed    = "failed"
-	MoveCancelled = "cancelled"
-)
-
-// Move is a domain's move from its active pool to a target pool.
+// Move is a domain's move from its active pool to a target pool. Its
+// states are adminapi's (MoveWaiting … MoveCancelled).
 type Move struct {
 	Domain, From, To, State, Reason string
-	Steps                           []MoveStep
+	Steps                           []adminapi.MoveStep
 	StartedAt                       time.Time
 	// Deadline is when a move still waiting for its target fails.
 	Deadline time.Time
@@ -40,15 +30,10 @@ type Move struct {
 	DrainUntil time.Time
 }
 
-// MoveStep is one step of a move, when it happened.
-type MoveStep struct {
-	Step   string    `json:"step"`
-	At     time.Time `json:"at"`
-	Detail string    `json:"detail,omitempty"`
-}
-
 // Active reports a move under way.
-func (m Move) Active() bool { return m.State == MoveWaiting || m.State == MoveDraining }
+func (m Move) Active() bool {
+	return m.State == adminapi.MoveWaiting || m.State == adminapi.MoveDraining
+}
 
 func (s *Store) move(ctx context.Context, q querier, domain string, forUpdate bool) (Move, error) {
 	lock := ""
@@ -97,7 +82,7 @@ func (s *Store) saveMove(ctx context.Context, tx *sql.Tx, m Move) error {
 }
 
 func (m *Move) step(now time.Time, step, detail string) {
-	m.Steps = append(m.Steps, MoveStep{Step: step, At: fromMS(ms(now)), Detail: detail})
+	m.Steps = append(m.Steps, adminapi.MoveStep{Step: step, At: fromMS(ms(now)), Detail: detail})
 }
 
 // StartMove starts moving domain to pool to, target-first: it is placed
@@ -137,7 +122,7 @@ func (s *Store) StartMove(ctx context.Context, domain, to string, readyWithin ti
 			return err
 		}
 		now := s.Now()
-		m = Move{Domain: domain, From: d.Pool, To: to, State: MoveWaiting, StartedAt: fromMS(ms(now)), Deadline: fromMS(ms(now.Add(readyWithin)))}
+		m = Move{Domain: domain, From: d.Pool, To: to, State: adminapi.MoveWaiting, StartedAt: fromMS(ms(now)), Deadline: fromMS(ms(now.Add(readyWithin)))}
 		m.step(now, "started", fmt.Sprintf("from %s to %s, revision %d", d.Pool, to, d.Revision))
 		ids, skipped, err := s.placePool(ctx, tx, domain, p, RoleTarget)
 		if err != nil {
@@ -178,7 +163,7 @@ func (s *Store) count(ctx context.Context, q querier, query string, args ...any)
 // CancelMove ends a move that has not switched: the target cells let the
 // domain go, the source was never touched.
 func (s *Store) CancelMove(ctx context.Context, domain string, sign Signer) (Move, error) {
-	m, err := s.endMove(ctx, domain, MoveWaiting, MoveCancelled, "cancelled by the operator", sign)
+	m, err := s.endMove(ctx, domain, adminapi.MoveWaiting, adminapi.MoveCancelled, "cancelled by the operator", sign)
 	if err != nil {
 		return Move{}, fmt.Errorf("cancel the move of %s: %w", domain, err)
 	}
@@ -231,18 +216,18 @@ func (s *Store) StepMove(ctx context.Context, domain string, sign Signer, rebuil
 	}
 	now := s.Now()
 	switch m.State {
-	case MoveWaiting:
+	case adminapi.MoveWaiting:
 		waiting, refused, err := s.targetsReady(ctx, domain, "")
 		if err != nil {
 			return m, "", err
 		}
 		switch {
 		case refused != "":
-			m, err = s.endMove(ctx, domain, MoveWaiting, MoveFailed, refused, sign)
+			m, err = s.endMove(ctx, domain, adminapi.MoveWaiting, adminapi.MoveFailed, refused, sign)
 		case waiting == "":
 			m, err = s.switchMove(ctx, domain)
 		case !now.Before(m.Deadline):
-			m, err = s.endMove(ctx, domain, MoveWaiting, MoveFailed, "not ready in time: "+waiting, sign)
+			m, err = s.endMove(ctx, domain, adminapi.MoveWaiting, adminapi.MoveFailed, "not ready in time: "+waiting, sign)
 		default:
 			return m, waiting, nil
 		}
@@ -250,7 +235,7 @@ func (s *Store) StepMove(ctx context.Context, domain string, sign Signer, rebuil
 			m, err = s.Move(ctx, domain)
 		}
 		return m, "", err
-	case MoveDraining:
+	case adminapi.MoveDraining:
 		if now.Before(m.DrainUntil) {
 			return m, "the drain interval", nil
 		}
@@ -355,7 +340,7 @@ func (s *Store) switchMove(ctx context.Context, domain string) (Move, error) {
 		if m, err = s.move(ctx, tx, domain, true); err != nil {
 			return err
 		}
-		if m.State != MoveWaiting {
+		if m.State != adminapi.MoveWaiting {
 			return fmt.Errorf("the move is %s: %w", m.State, ErrConflict)
 		}
 		from, err := s.pool(ctx, tx, m.From)
@@ -374,7 +359,7 @@ func (s *Store) switchMove(ctx context.Context, domain string) (Move, error) {
 			return err
 		}
 		now := s.Now()
-		m.State, m.DrainUntil = MoveDraining, fromMS(ms(now.Add(from.Drain)))
+		m.State, m.DrainUntil = adminapi.MoveDraining, fromMS(ms(now.Add(from.Drain)))
 		m.step(now, "applied", "every target cell applied the revision and reports ready")
 		m.step(now, "switched", "routing publishes the target cells; the source drains for "+from.Drain.String())
 		return s.saveMove(ctx, tx, m)
@@ -402,7 +387,7 @@ func (s *Store) finishMove(ctx context.Context, domain string, sign Signer, rebu
 		if m, err = s.move(ctx, tx, domain, true); err != nil {
 			return err
 		}
-		if m.State != MoveDraining {
+		if m.State != adminapi.MoveDraining {
 			return fmt.Errorf("the move is %s: %w", m.State, ErrConflict)
 		}
 		ids, err := s.strings(ctx, tx, `SELECT DISTINCT edge_id FROM placements WHERE domain = ? AND role = 'leaving'`, domain)
@@ -416,7 +401,7 @@ func (s *Store) finishMove(ctx context.Context, domain string, sign Signer, rebu
 		if err != nil {
 			return fmt.Errorf("publish %s for %s: %w", domain, m.To, err)
 		}
-		m.State = MoveDone
+		m.State = adminapi.MoveDone
 		detail := "removed from the source cells"
 		if rev > 0 {
 			detail += fmt.Sprintf("; revision %d published for %s", rev, m.To)
@@ -478,13 +463,13 @@ func (s *Store) retarget(ctx context.Context, tx *sql.Tx, domain, pool string, r
 // (its next step switches it) or when it is not waiting.
 func (s *Store) WaitingFor(ctx context.Context, m Move) (string, error) {
 	switch m.State {
-	case MoveWaiting:
+	case adminapi.MoveWaiting:
 		waiting, refused, err := s.targetsReady(ctx, m.Domain, "")
 		if refused != "" {
 			return refused, err
 		}
 		return waiting, err
-	case MoveDraining:
+	case adminapi.MoveDraining:
 		return "the drain interval, until " + m.DrainUntil.Format(time.RFC3339), nil
 	}
 	return "", nil

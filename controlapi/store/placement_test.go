@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 )
@@ -317,14 +318,14 @@ func TestMoveTargetFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 		m, _, err := s.StartMove(ctx(t), "m.example", "reserved-eu", time.Hour, fakeSign)
-		if err != nil || m.State != MoveWaiting {
+		if err != nil || m.State != adminapi.MoveWaiting {
 			t.Fatalf("start: %+v, %v", m, err)
 		}
 		if got := cellsOn(t, s, a.ID, "m.example"); !slices.Equal(got, []string{"cell-01", "cell-03", "cell-04"}) {
 			t.Fatalf("during the move the entry names %v, want source and target cells", got)
 		}
 		// Not applied yet: it waits, the source stays active.
-		if m, waiting, err := s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild); err != nil || m.State != MoveWaiting || waiting == "" {
+		if m, waiting, err := s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild); err != nil || m.State != adminapi.MoveWaiting || waiting == "" {
 			t.Fatalf("before the ack: %+v, %q, %v", m, waiting, err)
 		}
 		// A revision published during the move goes to both sides.
@@ -335,12 +336,12 @@ func TestMoveTargetFirst(t *testing.T) {
 			t.Fatalf("revision 2 went to %v", got)
 		}
 		report(t, s, a.ID, "cell-01", "cell-03") // cell-04 not ready
-		if m, waiting, _ := s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild); m.State != MoveWaiting || waiting == "" {
+		if m, waiting, _ := s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild); m.State != adminapi.MoveWaiting || waiting == "" {
 			t.Fatalf("one target not ready: %+v %q", m, waiting)
 		}
 		report(t, s, a.ID, "cell-01", "cell-03", "cell-04")
 		m, _, err = s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild)
-		if err != nil || m.State != MoveDraining {
+		if err != nil || m.State != adminapi.MoveDraining {
 			t.Fatalf("switch: %+v, %v", m, err)
 		}
 		d, _ := s.Domain(ctx(t), "m.example")
@@ -357,7 +358,7 @@ func TestMoveTargetFirst(t *testing.T) {
 		// shared-default drains for a minute: fast-forward the clock.
 		s.Now = func() time.Time { return time.Now().Add(2 * time.Minute) }
 		m, _, err = s.StepMove(ctx(t), "m.example", fakeSign, fakeRebuild)
-		if err != nil || m.State != MoveDone {
+		if err != nil || m.State != adminapi.MoveDone {
 			t.Fatalf("finish: %+v, %v", m, err)
 		}
 		if got := cellsOn(t, s, a.ID, "m.example"); !slices.Equal(got, []string{"cell-03", "cell-04"}) {
@@ -397,7 +398,7 @@ func TestMovePublishWhileDraining(t *testing.T) {
 			t.Fatal(err)
 		}
 		report(t, s, a.ID, "cell-01", "cell-03")
-		if m, _, err := s.StepMove(ctx(t), "d.example", fakeSign, fakeRebuild); err != nil || m.State != MoveDraining {
+		if m, _, err := s.StepMove(ctx(t), "d.example", fakeSign, fakeRebuild); err != nil || m.State != adminapi.MoveDraining {
 			t.Fatalf("switch: %+v, %v", m, err)
 		}
 		if _, err := s.PublishDomain(ctx(t), "d.example", "shared-default", nil, bytes([]byte("x")), fakeSign); !errors.Is(err, ErrConflict) {
@@ -412,7 +413,7 @@ func TestMovePublishWhileDraining(t *testing.T) {
 		}
 		s.Now = func() time.Time { return time.Now().Add(2 * time.Minute) }
 		m, _, err := s.StepMove(ctx(t), "d.example", fakeSign, fakeRebuild)
-		if err != nil || m.State != MoveDone {
+		if err != nil || m.State != adminapi.MoveDone {
 			t.Fatalf("finish: %+v, %v", m, err)
 		}
 		e = entryOn(t, s, a.ID, "d.example")
@@ -438,7 +439,7 @@ func TestMoveFailsOnRefusalAndTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 		m, _, err := s.StepMove(ctx(t), "f.example", fakeSign, fakeRebuild)
-		if err != nil || m.State != MoveFailed || m.Reason == "" {
+		if err != nil || m.State != adminapi.MoveFailed || m.Reason == "" {
 			t.Fatalf("refused: %+v, %v", m, err)
 		}
 		d, _ := s.Domain(ctx(t), "f.example")
@@ -450,7 +451,7 @@ func TestMoveFailsOnRefusalAndTimeout(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.Now = func() time.Time { return time.Now().Add(time.Minute) }
-		if m, _, err := s.StepMove(ctx(t), "f.example", fakeSign, fakeRebuild); err != nil || m.State != MoveFailed {
+		if m, _, err := s.StepMove(ctx(t), "f.example", fakeSign, fakeRebuild); err != nil || m.State != adminapi.MoveFailed {
 			t.Fatalf("timeout: %+v, %v", m, err)
 		}
 		// Cancel before the switch.
@@ -458,7 +459,7 @@ func TestMoveFailsOnRefusalAndTimeout(t *testing.T) {
 		if _, _, err := s.StartMove(ctx(t), "f.example", "reserved-eu", time.Hour, fakeSign); err != nil {
 			t.Fatal(err)
 		}
-		if m, err := s.CancelMove(ctx(t), "f.example", fakeSign); err != nil || m.State != MoveCancelled {
+		if m, err := s.CancelMove(ctx(t), "f.example", fakeSign); err != nil || m.State != adminapi.MoveCancelled {
 			t.Fatalf("cancel: %+v, %v", m, err)
 		}
 		if got := cellsOn(t, s, a.ID, "f.example"); !slices.Equal(got, []string{"cell-01"}) {

@@ -4,8 +4,9 @@
 // and one implementation over database/sql serve both an embedded SQLite
 // file (modernc.org/sqlite, no cgo) and PostgreSQL (pgx), so that several
 // control replicas can share one database. It stores what it is given:
-// secrets arrive hashed (tokens) or sealed (keys); only controlapi imports
-// it.
+// secrets arrive hashed (tokens) or sealed (keys). Only controlapi and
+// its egress lease service (controlapi/lease) import it; its move states
+// are adminapi's.
 package store
 
 import (

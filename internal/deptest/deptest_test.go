@@ -1,8 +1,9 @@
 // Package deptest keeps the project's layering true: it lists what each
 // package links (go list -deps) and fails when a dependency runs the wrong
 // way: the edge agent linking the control plane or a database driver, the
-// control plane linking the edge's runtime, or the shared models reaching
-// into the host. It has tests only.
+// control plane linking the edge's runtime, the shared models reaching
+// into the host, or a part of the control API (adminapi, fleet, lease,
+// snapcache, ...) linking the server that wires it. It has tests only.
 package deptest
 
 import (
@@ -72,6 +73,62 @@ func TestLayering(t *testing.T) {
 	}
 }
 
+// The control API's parts: packages under controlapi/ that the server
+// (cellvisor/controlapi itself) wires together. None of them links the
+// server; the admin API's wire contract links none of the others either,
+// nor a database driver, so that a caller of the admin API links no
+// server; the fleet page and the snapshot cache read through what the
+// server hands them, never the store.
+var controlParts = []string{"adminapi", "fleet", "lease", "metrics", "pki", "snapcache", "store"}
+
+func TestControlAPIParts(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skipf("needs the go command to list dependencies: %v", err)
+	}
+	const server = module + "controlapi"
+	for _, part := range controlParts {
+		t.Run(part, func(t *testing.T) {
+			for _, d := range listDeps(t, "./controlapi/"+part) {
+				if d == server {
+					t.Errorf("controlapi/%s links %s: the server wires its parts, never the other way", part, d)
+				}
+			}
+		})
+	}
+	drivers := []string{"modernc.org/sqlite", "github.com/jackc/pgx/v5"}
+	for _, r := range []struct {
+		part      string
+		noParts   bool // links no other part
+		forbidden []string
+		why       string
+	}{
+		{"adminapi", true, drivers, "the admin API's wire contract: the CLI and the demo call it without linking a server part"},
+		{"fleet", false, append([]string{server + "/store"}, drivers...), "the fleet page reads through its Reader, never the store"},
+		{"snapcache", true, drivers, "the snapshot cache holds files; what they hold is the server's"},
+	} {
+		self := server + "/" + r.part
+		for _, d := range listDeps(t, "./controlapi/"+r.part) {
+			if r.noParts && strings.HasPrefix(d, server+"/") && d != self {
+				t.Errorf("controlapi/%s links %s: %s", r.part, d, r.why)
+			}
+			for _, f := range r.forbidden {
+				if d == f || strings.HasPrefix(d, f+"/") {
+					t.Errorf("controlapi/%s links %s: %s", r.part, d, r.why)
+				}
+			}
+		}
+	}
+	// The CLI's admin subcommands and the demo call the admin API through
+	// adminapi; they link the server only to run it (controlapi.Serve).
+	for _, cmd := range []string{"./cmd/cellvisor-control", "./cmd/cellvisor-demo"} {
+		for _, imp := range listImports(t, cmd) {
+			if imp == server+"/store" {
+				t.Errorf("%s imports %s: its wire types and constants are adminapi's", cmd, imp)
+			}
+		}
+	}
+}
+
 // TestLeaves: the domain model and placement import no package of this
 // module: both sides use them, and placement is pure.
 func TestLeaves(t *testing.T) {
@@ -85,6 +142,21 @@ func TestLeaves(t *testing.T) {
 			}
 		}
 	}
+}
+
+// listImports returns the packages pattern imports directly (go list,
+// without tests).
+func listImports(t *testing.T, pattern string) []string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, pattern)
+	cmd.Dir = "../.."
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -f {{.Imports}} %s: %v\n%s", pattern, err, stderr.Bytes())
+	}
+	return strings.Fields(string(out))
 }
 
 // listDeps returns every package pattern links, itself included (go list

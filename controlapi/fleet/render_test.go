@@ -1,4 +1,4 @@
-package controlapi
+package fleet
 
 import (
 	"bytes"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/controlapi/store"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/manifest"
 )
 
@@ -22,24 +22,24 @@ func TestFleetRenderingEscapesHostileText(t *testing.T) {
 	seen := now.Add(-10 * time.Minute)
 	long := strings.Repeat("x", 5000)
 	edge := fleetEdge{
-		EdgeView: EdgeView{ID: `id" onclick="x`, Name: script, Org: img, Enrollment: EnrollmentEnrolled, LastSeen: &seen, Sequence: 3, ActiveSequence: 2,
-			Cells: []CellView{{Name: img, Pool: script, State: `ready" onmouseover="x`, Reason: breakTd + long}},
+		EdgeView: adminapi.EdgeView{ID: `id" onclick="x`, Name: script, Org: img, Enrollment: adminapi.EnrollmentEnrolled, LastSeen: &seen, Sequence: 3, ActiveSequence: 2,
+			Cells: []adminapi.CellView{{Name: img, Pool: script, State: `ready" onmouseover="x`, Reason: breakTd + long}},
 			Acks:  []manifest.Ack{{Sequence: 3, Status: manifest.AckRefused, Reason: script}},
-			Tasks: []TaskView{{ID: 1, Cell: img, Action: "drain", State: "done", Result: breakTd}},
+			Tasks: []adminapi.TaskView{{ID: 1, Cell: img, Action: "drain", State: "done", Result: breakTd}},
 		},
 		Silent: true, Ago: "10m ago", Lagging: true,
 	}
 	edge.Shown = edge.Cells
 	pages := map[string]any{
 		"fleet": fleetPage{Now: now, SilentAfter: SilentAfter, Total: 1, Silent: 1, Edges: []fleetEdge{edge},
-			FailingMoves: []MoveView{{Domain: script, From: img, To: "b", State: store.MoveFailed, Reason: breakTd}},
-			Refusals:     []store.EdgeAck{{EdgeID: "e1", EdgeName: img, Ack: manifest.Ack{Sequence: 3, Status: manifest.AckRefused, Reason: script + long}}}},
+			FailingMoves: []adminapi.MoveView{{Domain: script, From: img, To: "b", State: adminapi.MoveFailed, Reason: breakTd}},
+			Refusals:     []Refusal{{EdgeID: "e1", EdgeName: img, Ack: manifest.Ack{Sequence: 3, Status: manifest.AckRefused, Reason: script + long}}}},
 		"edge": edgePage{Now: now, SilentAfter: SilentAfter, Edge: edge, Assigned: []assignedCell{{Name: "cell-01", Pool: script, Cell: &edge.Cells[0]}}},
 	}
 	for name, data := range pages {
 		t.Run(name, func(t *testing.T) {
 			var buf bytes.Buffer
-			if err := fleetTemplates.ExecuteTemplate(&buf, name, data); err != nil {
+			if err := templates.ExecuteTemplate(&buf, name, data); err != nil {
 				t.Fatal(err)
 			}
 			out := buf.String()
@@ -62,7 +62,7 @@ func TestFleetRenderingEscapesHostileText(t *testing.T) {
 		})
 	}
 	var buf bytes.Buffer
-	if err := fleetTemplates.ExecuteTemplate(&buf, "fleet", pages["fleet"]); err != nil {
+	if err := templates.ExecuteTemplate(&buf, "fleet", pages["fleet"]); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(buf.String(), `<tr class="edge silent"`) {
@@ -94,16 +94,16 @@ func TestStateClassIsAFixedSet(t *testing.T) {
 
 func TestSessionCookies(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	s := &Server{o: Options{AdminToken: "test-admin-token-0123456789", Now: func() time.Time { return now }}}
+	s := &Pages{o: Options{AdminToken: "test-admin-token-0123456789", Now: func() time.Time { return now }}}
 	v, err := s.newSession(now.Add(SessionTTL))
 	if err != nil {
 		t.Fatal(err)
 	}
-	other := &Server{o: Options{AdminToken: "another-admin-token-0123456789", Now: s.o.Now}}
+	other := &Pages{o: Options{AdminToken: "another-admin-token-0123456789", Now: s.o.Now}}
 	exp, rest, _ := strings.Cut(v, ".")
 	for _, tc := range []struct {
 		name  string
-		srv   *Server
+		srv   *Pages
 		value string
 		want  bool
 	}{
@@ -134,7 +134,7 @@ func TestFleetRenderingShowsHolders(t *testing.T) {
 		{Org: `<b>x</b>`, Class: "siem_forwarding", EdgeID: "id-2", Epoch: 1, Until: until},
 	}}
 	var buf bytes.Buffer
-	if err := fleetTemplates.ExecuteTemplate(&buf, "fleet", p); err != nil {
+	if err := templates.ExecuteTemplate(&buf, "fleet", p); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()

@@ -1,4 +1,4 @@
-package controlapi
+package snapcache
 
 import (
 	"context"
@@ -17,7 +17,10 @@ import (
 // download it, a newer sequence replaces the older, a failed build is not
 // kept, and past maxFiles the least recently used idle one is closed.
 func TestSnapshotFilesAreBuiltOnceAndEvicted(t *testing.T) {
-	ss := newSnapshots(t.TempDir(), 2, 1, 1, DefaultSnapshotMinRate, zap.NewNop())
+	ss, err := New(Options{Dir: t.TempDir(), Downloads: 2, PerEdge: 1, PerOrg: 1, MinRate: 256 << 10, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	builds := map[string]int{}
@@ -28,9 +31,9 @@ func TestSnapshotFilesAreBuiltOnceAndEvicted(t *testing.T) {
 			return int64(n), err
 		}
 	}
-	get := func(edge string, seq int64) *snapshotFile {
+	get := func(edge string, seq int64) *File {
 		t.Helper()
-		sf, err := ss.acquire(ctx, edge, seq, build(edge, seq))
+		sf, err := ss.Acquire(ctx, edge, seq, build(edge, seq))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +44,7 @@ func TestSnapshotFilesAreBuiltOnceAndEvicted(t *testing.T) {
 	if a1 != a1again || builds["a/1"] != 1 {
 		t.Fatalf("a second download built again: %d builds", builds["a/1"])
 	}
-	ss.release(a1again)
+	ss.Release(a1again)
 	a2 := get("a", 2)
 	if builds["a/2"] != 1 || a2 == a1 {
 		t.Fatal("a newer sequence was not built")
@@ -51,26 +54,26 @@ func TestSnapshotFilesAreBuiltOnceAndEvicted(t *testing.T) {
 	if _, err := a1.f.ReadAt(buf, 0); err != nil {
 		t.Fatalf("a file in use was closed: %v", err)
 	}
-	ss.release(a1)
+	ss.Release(a1)
 	waitClosed(t, a1)
-	ss.release(a2)
+	ss.Release(a2)
 
 	// A failed build is answered, and retried by the next download.
 	fail := errors.New("store down")
-	if _, err := ss.acquire(ctx, "b", 1, func(*os.File) (int64, error) { return 0, fail }); !errors.Is(err, fail) {
+	if _, err := ss.Acquire(ctx, "b", 1, func(*os.File) (int64, error) { return 0, fail }); !errors.Is(err, fail) {
 		t.Fatalf("failed build: %v", err)
 	}
-	ss.release(get("b", 1))
+	ss.Release(get("b", 1))
 	if builds["b/1"] != 1 {
 		t.Fatal("a failed build was kept")
 	}
 
 	// Past maxFiles (4 here), the least recently used idle file is evicted.
-	var all []*snapshotFile
+	var all []*File
 	for i := range 6 {
 		sf := get(fmt.Sprintf("e%d", i), 1)
 		all = append(all, sf)
-		ss.release(sf)
+		ss.Release(sf)
 	}
 	ss.mu.Lock()
 	kept := len(ss.files)
@@ -79,11 +82,11 @@ func TestSnapshotFilesAreBuiltOnceAndEvicted(t *testing.T) {
 		t.Errorf("%d files kept, at most %d", kept, ss.maxFiles())
 	}
 	waitClosed(t, all[0])
-	ss.close()
+	ss.Close()
 	waitClosed(t, all[5])
 }
 
-func waitClosed(t *testing.T, sf *snapshotFile) {
+func waitClosed(t *testing.T, sf *File) {
 	t.Helper()
 	testutil.Eventually(t, 5*time.Second, func() error {
 		if _, err := sf.f.ReadAt(make([]byte, 1), 0); !errors.Is(err, os.ErrClosed) {

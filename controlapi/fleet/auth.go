@@ -1,4 +1,4 @@
-package controlapi
+package fleet
 
 import (
 	"crypto/hmac"
@@ -30,31 +30,31 @@ const (
 )
 
 // sessionKey derives the MAC key of session cookies from the admin token.
-func (s *Server) sessionKey() []byte {
-	m := hmac.New(sha256.New, []byte(s.o.AdminToken))
+func (p *Pages) sessionKey() []byte {
+	m := hmac.New(sha256.New, []byte(p.o.AdminToken))
 	m.Write([]byte("cellvisor fleet session v1"))
 	return m.Sum(nil)
 }
 
-func (s *Server) sessionMAC(payload string) string {
-	m := hmac.New(sha256.New, s.sessionKey())
+func (p *Pages) sessionMAC(payload string) string {
+	m := hmac.New(sha256.New, p.sessionKey())
 	m.Write([]byte(payload))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
 // newSession makes a session cookie value expiring at exp.
-func (s *Server) newSession(exp time.Time) (string, error) {
+func (p *Pages) newSession(exp time.Time) (string, error) {
 	nonce := make([]byte, 16)
 	if _, err := rand.Read(nonce); err != nil {
 		return "", err
 	}
 	payload := strconv.FormatInt(exp.Unix(), 10) + "." + base64.RawURLEncoding.EncodeToString(nonce)
-	return payload + "." + s.sessionMAC(payload), nil
+	return payload + "." + p.sessionMAC(payload), nil
 }
 
 // validSession reports whether v is a session cookie of ours that has not
 // expired.
-func (s *Server) validSession(v string) bool {
+func (p *Pages) validSession(v string) bool {
 	if len(v) > 256 {
 		return false
 	}
@@ -63,7 +63,7 @@ func (s *Server) validSession(v string) bool {
 		return false
 	}
 	payload, mac := v[:i], v[i+1:]
-	if subtle.ConstantTimeCompare([]byte(mac), []byte(s.sessionMAC(payload))) != 1 {
+	if subtle.ConstantTimeCompare([]byte(mac), []byte(p.sessionMAC(payload))) != 1 {
 		return false
 	}
 	expStr, _, ok := strings.Cut(payload, ".")
@@ -71,78 +71,80 @@ func (s *Server) validSession(v string) bool {
 		return false
 	}
 	exp, err := strconv.ParseInt(expStr, 10, 64)
-	return err == nil && s.o.Now().Unix() < exp
+	return err == nil && p.o.Now().Unix() < exp
 }
 
 // fleetAuth says how a fleet page request is authenticated: by a valid
 // bearer token or session cookie (ok); a bearer header that is wrong is
 // rejected outright (bearer true), as on the admin API.
-func (s *Server) fleetAuth(r *http.Request) (ok, bearer bool) {
+func (p *Pages) fleetAuth(r *http.Request) (ok, bearer bool) {
 	if h := r.Header.Get("Authorization"); h != "" {
 		got, isBearer := strings.CutPrefix(h, "Bearer ")
-		return isBearer && subtle.ConstantTimeCompare([]byte(got), []byte(s.o.AdminToken)) == 1, true
+		return isBearer && subtle.ConstantTimeCompare([]byte(got), []byte(p.o.AdminToken)) == 1, true
 	}
 	c, err := r.Cookie(SessionCookie)
-	return err == nil && s.validSession(c.Value), false
+	return err == nil && p.validSession(c.Value), false
 }
 
 // requireSession serves h to authenticated requests; it sends a browser
 // without a session to the sign-in form and refuses a wrong bearer token.
-func (s *Server) requireSession(h http.HandlerFunc) http.HandlerFunc {
+func (p *Pages) requireSession(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		ok, bearer := s.fleetAuth(r)
+		ok, bearer := p.fleetAuth(r)
 		switch {
 		case ok:
 			h(w, r)
 		case bearer:
-			s.log.Warn("security: fleet page request with a rejected admin token", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
-			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin bearer token rejected"})
+			p.log.Warn("security: fleet page request with a rejected admin token", zap.String("remote", r.RemoteAddr), zap.String("path", r.URL.Path))
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			w.Write([]byte(`{"error":"admin bearer token rejected"}` + "\n"))
 		default:
-			http.Redirect(w, r, FleetLogin, http.StatusSeeOther)
+			http.Redirect(w, r, Login, http.StatusSeeOther)
 		}
 	}
 }
 
-func (s *Server) setSessionCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
+func (p *Pages) setSessionCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{
-		Name: SessionCookie, Value: value, Path: FleetPath, MaxAge: maxAge,
+		Name: SessionCookie, Value: value, Path: Path, MaxAge: maxAge,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
 	})
 }
 
-func (s *Server) loginForm(w http.ResponseWriter, r *http.Request) {
-	s.renderPage(w, r, http.StatusOK, "login", loginPage{})
+func (p *Pages) loginForm(w http.ResponseWriter, r *http.Request) {
+	p.render(w, r, http.StatusOK, "login", loginPage{})
 }
 
 // login exchanges the admin token, posted in the sign-in form, for a
 // session cookie. A wrong token is refused, logged and changes nothing.
-func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+func (p *Pages) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4<<10)
 	if err := r.ParseForm(); err != nil {
-		s.renderPage(w, r, http.StatusBadRequest, "login", loginPage{Error: "the sign-in form could not be read"})
+		p.render(w, r, http.StatusBadRequest, "login", loginPage{Error: "the sign-in form could not be read"})
 		return
 	}
 	token := r.PostForm.Get("token")
-	if subtle.ConstantTimeCompare([]byte(token), []byte(s.o.AdminToken)) != 1 {
-		s.log.Warn("security: fleet page sign-in with a wrong admin token", zap.String("remote", r.RemoteAddr), zap.Bool("token_given", token != ""))
-		s.renderPage(w, r, http.StatusUnauthorized, "login", loginPage{Error: "admin token rejected"})
+	if subtle.ConstantTimeCompare([]byte(token), []byte(p.o.AdminToken)) != 1 {
+		p.log.Warn("security: fleet page sign-in with a wrong admin token", zap.String("remote", r.RemoteAddr), zap.Bool("token_given", token != ""))
+		p.render(w, r, http.StatusUnauthorized, "login", loginPage{Error: "admin token rejected"})
 		return
 	}
-	v, err := s.newSession(s.o.Now().Add(SessionTTL))
+	v, err := p.newSession(p.o.Now().Add(SessionTTL))
 	if err != nil {
-		s.log.Error("fleet page session", zap.Error(err))
+		p.log.Error("fleet page session", zap.Error(err))
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return
 	}
-	s.setSessionCookie(w, r, v, int(SessionTTL/time.Second))
-	s.log.Info("fleet page sign-in", zap.String("remote", r.RemoteAddr))
-	http.Redirect(w, r, FleetPath, http.StatusSeeOther)
+	p.setSessionCookie(w, r, v, int(SessionTTL/time.Second))
+	p.log.Info("fleet page sign-in", zap.String("remote", r.RemoteAddr))
+	http.Redirect(w, r, Path, http.StatusSeeOther)
 }
 
 // logout drops the browser's session cookie. The cookie is stateless: a
 // copy taken elsewhere stays valid until it expires or the admin token
 // changes.
-func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
-	s.setSessionCookie(w, r, "", -1)
-	http.Redirect(w, r, FleetLogin, http.StatusSeeOther)
+func (p *Pages) logout(w http.ResponseWriter, r *http.Request) {
+	p.setSessionCookie(w, r, "", -1)
+	http.Redirect(w, r, Login, http.StatusSeeOther)
 }

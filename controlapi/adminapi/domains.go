@@ -1,0 +1,115 @@
+package adminapi
+
+import (
+	"encoding/json"
+	"net"
+	"strconv"
+	"time"
+)
+
+// MoveRequest starts a domain's move (POST /v1/domains/{name}/move).
+type MoveRequest struct {
+	To string `json:"to"`
+}
+
+// MoveView is a domain's latest move and its steps.
+type MoveView struct {
+	Domain     string     `json:"domain"`
+	From       string     `json:"from"`
+	To         string     `json:"to"`
+	State      string     `json:"state"`
+	Reason     string     `json:"reason,omitempty"`
+	StartedAt  time.Time  `json:"started_at"`
+	Deadline   time.Time  `json:"deadline"`
+	DrainUntil *time.Time `json:"drain_until,omitempty"`
+	Steps      []MoveStep `json:"steps"`
+	// WaitingFor says what a move under way waits for.
+	WaitingFor string `json:"waiting_for,omitempty"`
+}
+
+// MoveStep is one step of a move or a cell's drain, when it happened.
+type MoveStep struct {
+	Step   string    `json:"step"`
+	At     time.Time `json:"at"`
+	Detail string    `json:"detail,omitempty"`
+}
+
+// PlacementView is one cell of a domain on an edge.
+type PlacementView struct {
+	EdgeID string `json:"edge_id"`
+	Cell   string `json:"cell"`
+	Pool   string `json:"pool"`
+	// Role is active, target (receiving it during a move) or leaving
+	// (serving it while routing drains away).
+	Role string `json:"role"`
+}
+
+// RoutingView is what DNS would publish for a domain: its active cells.
+type RoutingView struct {
+	Domain string  `json:"domain"`
+	Pool   string  `json:"pool"`
+	Routes []Route `json:"routes"`
+}
+
+// Route is one active cell of a domain that its edge last reported ready
+// (the routing view lists no other): the edge's address (its
+// management address stands in for a public one) and the cell's HTTP
+// port from the edge's last status report (0 before one).
+type Route struct {
+	EdgeID   string `json:"edge_id"`
+	EdgeName string `json:"edge_name"`
+	Cell     string `json:"cell"`
+	Address  string `json:"address,omitempty"`
+	Port     int    `json:"port"`
+}
+
+// HostPort joins a route's address and port.
+func (rt Route) HostPort() string { return net.JoinHostPort(rt.Address, strconv.Itoa(rt.Port)) }
+
+// DomainRequest publishes a domain's next revision.
+type DomainRequest struct {
+	Pool string `json:"pool"`
+	// Config is the domain's configuration (domain.Domain); its domain,
+	// pool and revision are set by the control plane.
+	Config json.RawMessage `json:"config"`
+}
+
+// DomainView is a domain's current revision; for one domain, its cells
+// and its latest move too.
+type DomainView struct {
+	Name       string          `json:"name"`
+	Pool       string          `json:"pool"`
+	Revision   int64           `json:"revision"`
+	SHA256     string          `json:"sha256"`
+	Size       int64           `json:"size"`
+	UpdatedAt  time.Time       `json:"updated_at"`
+	Placements []PlacementView `json:"placements,omitempty"`
+	Move       *MoveView       `json:"move,omitempty"`
+}
+
+// PublishedView is the outcome of publishing or deleting a domain.
+type PublishedView struct {
+	Domain DomainView `json:"domain"`
+	// Edges maps each edge whose manifest advanced to its new sequence.
+	Edges map[string]int64 `json:"edges"`
+	// Skipped maps each edge of the pool where the domain could not be
+	// placed (too few ready cells, no room) to the reason.
+	Skipped map[string]string `json:"skipped,omitempty"`
+}
+
+// RollbackRequest asks for a domain's earlier revision back.
+type RollbackRequest struct {
+	// To is the revision to republish, lower than the current one.
+	To int64 `json:"to"`
+}
+
+// RotatedView is the outcome of a signing-key rotation.
+type RotatedView struct {
+	// PublicKey is the new standard base64 Ed25519 key; Previous the one it
+	// replaced.
+	PublicKey string `json:"public_key"`
+	Previous  string `json:"previous"`
+	// Edges maps each edge whose manifest advanced (re-signed, announcing
+	// the rotation) to its new sequence.
+	Edges map[string]int64 `json:"edges"`
+}
