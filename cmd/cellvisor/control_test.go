@@ -15,6 +15,7 @@ import (
 
 	"cellvisor/agent"
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
@@ -28,7 +29,7 @@ type control struct {
 	data   string
 	listen string
 	ep     controlapi.Endpoints
-	admin  *controlapi.AdminClient
+	admin  *adminapi.Client
 	stop   func()
 }
 
@@ -64,7 +65,7 @@ func startControl(t *testing.T, data, listen string, opts ...func(*controlapi.Co
 		t.Fatal("control API not ready in 30s")
 	}
 	c.listen = strings.TrimPrefix(c.ep.EdgeURL, "https://")
-	c.admin = &controlapi.AdminClient{URL: c.ep.AdminURL, Token: c.ep.AdminToken}
+	c.admin = &adminapi.Client{URL: c.ep.AdminURL, Token: c.ep.AdminToken}
 	return c
 }
 
@@ -74,9 +75,9 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-func (c *control) publish(t testing.TB, body string) controlapi.PublishedView {
+func (c *control) publish(t testing.TB, body string) adminapi.PublishedView {
 	t.Helper()
-	p, err := c.admin.Publish(ctxT(t), "app.test", controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(
+	p, err := c.admin.Publish(ctxT(t), "app.test", adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(
 		fmt.Sprintf(`{"hostnames":["app.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":%q}}]}`, body))})
 	if err != nil {
 		t.Fatal(err)
@@ -85,9 +86,9 @@ func (c *control) publish(t testing.TB, body string) controlapi.PublishedView {
 }
 
 // awaitEdge waits until the control API's view of the edge satisfies ok.
-func (c *control) awaitEdge(t *testing.T, id string, what string, ok func(controlapi.EdgeView) bool) controlapi.EdgeView {
+func (c *control) awaitEdge(t *testing.T, id string, what string, ok func(adminapi.EdgeView) bool) adminapi.EdgeView {
 	t.Helper()
-	var v controlapi.EdgeView
+	var v adminapi.EdgeView
 	testutil.Eventually(t, 30*time.Second, func() error {
 		var err error
 		if v, err = c.admin.Edge(ctxT(t), id); err != nil {
@@ -117,7 +118,7 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	bin := buildAgent(t)
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	cfgPath, cfg := agentConfig(t, 2, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n")
-	created, err := c.admin.CreateEdge(ctxT(t), controlapi.EdgeRequest{Name: "e2e", Org: "acme", Country: "NL", Continent: "EU", Slots: 2})
+	created, err := c.admin.CreateEdge(ctxT(t), adminapi.EdgeRequest{Name: "e2e", Org: "acme", Country: "NL", Continent: "EU", Slots: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	port := st.Slots[0].HTTPPort
 	awaitBody(t, port, "v1")
 	// Sequence 1 is the edge's first manifest, empty; v1 is sequence 2.
-	c.awaitEdge(t, created.Edge.ID, "sequence 2 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 2 })
+	c.awaitEdge(t, created.Edge.ID, "sequence 2 acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == 2 })
 	out, err = runCLI(t, bin, "--config", cfgPath, "status")
 	if err != nil || !strings.Contains(out, "enrolled as "+created.Edge.ID) {
 		t.Fatalf("status: %v\n%s", err, out)
@@ -153,10 +154,10 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 		t.Fatalf("publish v2: %+v", p)
 	}
 	awaitBody(t, port, "v2")
-	c.awaitEdge(t, created.Edge.ID, "sequence 3 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 3 })
+	c.awaitEdge(t, created.Edge.ID, "sequence 3 acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == 3 })
 
 	// A drain task created in the admin API drains the cell.
-	task, err := c.admin.CreateTask(ctxT(t), created.Edge.ID, controlapi.TaskRequest{Cell: "cell-01", Action: "drain"})
+	task, err := c.admin.CreateTask(ctxT(t), created.Edge.ID, adminapi.TaskRequest{Cell: "cell-01", Action: "drain"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,16 +167,16 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
-	v := c.awaitEdge(t, created.Edge.ID, "the drain task done and the drained cell reported", func(v controlapi.EdgeView) bool {
+	v := c.awaitEdge(t, created.Edge.ID, "the drain task done and the drained cell reported", func(v adminapi.EdgeView) bool {
 		return len(v.Tasks) == 1 && v.Tasks[0].State == "done" && len(v.Cells) == 2 && v.Cells[0].State == "drained"
 	})
 	if v.Tasks[0].ID != task.ID || v.Tasks[0].Result != "drained" {
 		t.Fatalf("task %+v", v.Tasks[0])
 	}
-	if _, err := c.admin.CreateTask(ctxT(t), created.Edge.ID, controlapi.TaskRequest{Cell: "cell-01", Action: "undrain"}); err != nil {
+	if _, err := c.admin.CreateTask(ctxT(t), created.Edge.ID, adminapi.TaskRequest{Cell: "cell-01", Action: "undrain"}); err != nil {
 		t.Fatal(err)
 	}
-	c.awaitEdge(t, created.Edge.ID, "cell-01 ready again", func(v controlapi.EdgeView) bool { return len(v.Cells) == 2 && v.Cells[0].State == "ready" })
+	c.awaitEdge(t, created.Edge.ID, "cell-01 ready again", func(v adminapi.EdgeView) bool { return len(v.Cells) == 2 && v.Cells[0].State == "ready" })
 
 	// The control API goes away: the cell keeps serving, the agent says why
 	// in status; it comes back (same address, same database) with a new
@@ -193,7 +194,7 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	c = startControl(t, c.data, c.listen)
 	c.publish(t, "v3")
 	awaitBody(t, port, "v3")
-	c.awaitEdge(t, created.Edge.ID, "sequence 4 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 4 })
+	c.awaitEdge(t, created.Edge.ID, "sequence 4 acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == 4 })
 	if ctl := mustStatus(t, cfg).Control; ctl.Enrollment != agent.EnrollmentEnrolled || ctl.EdgeID != created.Edge.ID || ctl.LastSuccess == nil {
 		t.Fatalf("control status %+v", ctl)
 	}
@@ -212,7 +213,7 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 	c.publish(t, "v4")
 	a, _ = startAgent(t, bin, cfgPath, cfg)
 	awaitBody(t, port, "v4")
-	c.awaitEdge(t, created.Edge.ID, "sequence 5 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 5 })
+	c.awaitEdge(t, created.Edge.ID, "sequence 5 acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == 5 })
 	if code := a.stop(t); code != 0 {
 		t.Fatalf("agent exit %d", code)
 	}
@@ -247,7 +248,7 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 
 // enroll creates an edge with req and enrolls the agent of cfgPath with the
 // built binary's enroll command (the control API's CA pinned by file).
-func (c *control) enroll(t testing.TB, bin, cfgPath string, req controlapi.EdgeRequest) controlapi.CreatedEdge {
+func (c *control) enroll(t testing.TB, bin, cfgPath string, req adminapi.EdgeRequest) adminapi.CreatedEdge {
 	t.Helper()
 	created, err := c.admin.CreateEdge(ctxT(t), req)
 	if err != nil {

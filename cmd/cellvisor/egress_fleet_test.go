@@ -27,7 +27,7 @@ import (
 	"cellvisor/agent"
 	"cellvisor/cellapi"
 	"cellvisor/config"
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
 	"cellvisor/internal/corpingest"
@@ -115,7 +115,7 @@ func startControlBinary(t testing.TB, lease time.Duration) (*control, string) {
 			return err
 		}
 		c.ep.AdminToken = strings.TrimSpace(string(tok))
-		c.admin = &controlapi.AdminClient{URL: c.ep.AdminURL, Token: c.ep.AdminToken}
+		c.admin = &adminapi.Client{URL: c.ep.AdminURL, Token: c.ep.AdminToken}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		c.ep.CA, err = c.admin.CA(ctx)
@@ -138,7 +138,7 @@ func newEgressFleet(t testing.TB, lease time.Duration, specs []fleetSpec) *egres
 	t.Cleanup(dest.Close)
 	f.dest = dest.URL + "/ingest"
 	for _, class := range fleetClasses {
-		if _, err := f.c.admin.SetEgressPolicy(ctxT(t), orgA, class, controlapi.EgressPolicyRequest{Destination: f.dest, Region: "eu"}); err != nil {
+		if _, err := f.c.admin.SetEgressPolicy(ctxT(t), orgA, class, adminapi.EgressPolicyRequest{Destination: f.dest, Region: "eu"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -152,8 +152,8 @@ func newEgressFleet(t testing.TB, lease time.Duration, specs []fleetSpec) *egres
 		e.cfgPath, e.cfg = agentConfig(t, 1, fmt.Sprintf("source:\n  poll_interval: 200ms\n  max_backoff: 400ms\n  status_interval: 500ms\n"+
 			"egress:\n  intake_listen: %s\n  interval: 300ms\n  max_renew: 1s\n  probe_timeout: 500ms\n  send_timeout: 2s\n", e.intake))
 		region := s.region
-		created, err := f.c.admin.CreateEdge(ctxT(t), controlapi.EdgeRequest{Name: s.name, Org: s.org, Country: "NL", Continent: "EU", Slots: 1,
-			EdgeUpdateRequest: controlapi.EdgeUpdateRequest{Region: &region}})
+		created, err := f.c.admin.CreateEdge(ctxT(t), adminapi.EdgeRequest{Name: s.name, Org: s.org, Country: "NL", Continent: "EU", Slots: 1,
+			EdgeUpdateRequest: adminapi.EdgeUpdateRequest{Region: &region}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -207,7 +207,7 @@ func (f *egressFleet) alive(e *fleetEdge) bool {
 }
 
 // lease is the control API's current lease of (org, class), if any.
-func (f *egressFleet) current(t testing.TB, org, class string) (controlapi.LeaseView, bool) {
+func (f *egressFleet) current(t testing.TB, org, class string) (adminapi.LeaseView, bool) {
 	t.Helper()
 	ls, err := f.c.admin.Leases(ctxT(t), org)
 	if err != nil {
@@ -218,16 +218,16 @@ func (f *egressFleet) current(t testing.TB, org, class string) (controlapi.Lease
 			return l, true
 		}
 	}
-	return controlapi.LeaseView{}, false
+	return adminapi.LeaseView{}, false
 }
 
 // awaitHolder waits until the current lease of (org A, class) is held, at
 // an epoch above after, by an edge ok accepts, and that edge's own route
 // says so; it fails at once if ever is false for a holder seen meanwhile.
-func (f *egressFleet) awaitHolder(t testing.TB, class string, after int64, ok func(*fleetEdge) bool, ever func(*fleetEdge) error) (*fleetEdge, controlapi.LeaseView) {
+func (f *egressFleet) awaitHolder(t testing.TB, class string, after int64, ok func(*fleetEdge) bool, ever func(*fleetEdge) error) (*fleetEdge, adminapi.LeaseView) {
 	t.Helper()
 	var holder *fleetEdge
-	var lv controlapi.LeaseView
+	var lv adminapi.LeaseView
 	testutil.Eventually(t, 30*time.Second, func() error {
 		l, found := f.current(t, orgA, class)
 		if !found {
@@ -366,7 +366,7 @@ func (s *sampler) run(ctx context.Context) {
 		if err != nil {
 			continue
 		}
-		current := map[string]controlapi.LeaseView{}
+		current := map[string]adminapi.LeaseView{}
 		for _, l := range ls {
 			if l.Expired {
 				continue
@@ -853,11 +853,11 @@ func TestEgressRefusals(t *testing.T) {
 	f := newEgressFleet(t, 2*time.Second, []fleetSpec{{"beta-1", orgB, "eu"}})
 	e := f.edges[0]
 	closed := "http://" + freeAddr(t) + "/ingest" // nothing listens there
-	if _, err := f.c.admin.SetEgressPolicy(ctxT(t), orgB, "metering", controlapi.EgressPolicyRequest{Destination: f.dest, Region: "eu",
+	if _, err := f.c.admin.SetEgressPolicy(ctxT(t), orgB, "metering", adminapi.EgressPolicyRequest{Destination: f.dest, Region: "eu",
 		Require: edgeapi.Requirement{Region: "mars"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.c.admin.SetEgressPolicy(ctxT(t), orgB, "siem_forwarding", controlapi.EgressPolicyRequest{Destination: closed, Region: "eu"}); err != nil {
+	if _, err := f.c.admin.SetEgressPolicy(ctxT(t), orgB, "siem_forwarding", adminapi.EgressPolicyRequest{Destination: closed, Region: "eu"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {

@@ -21,7 +21,7 @@ import (
 	"cellvisor/agent"
 	"cellvisor/cellapi"
 	"cellvisor/config"
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
 	"cellvisor/internal/corpingest"
 	"cellvisor/internal/testutil"
@@ -112,7 +112,7 @@ func TestAgentEgressOnRealCells(t *testing.T) {
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	intake := freeAddr(t)
 	cfgPath, cfg := agentConfig(t, 1, fmt.Sprintf("source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\negress:\n  intake_listen: %s\n  interval: 200ms\n  max_renew: 1s\n", intake))
-	c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "egress", Org: "acme", Country: "NL", Continent: "EU", Slots: 1})
+	c.enroll(t, bin, cfgPath, adminapi.EdgeRequest{Name: "egress", Org: "acme", Country: "NL", Continent: "EU", Slots: 1})
 	id, _, err := agent.LoadIdentity(cfg.Identity())
 	if err != nil {
 		t.Fatal(err)

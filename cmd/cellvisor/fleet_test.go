@@ -14,7 +14,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
+	"cellvisor/controlapi/fleet"
 	"cellvisor/internal/testutil"
 )
 
@@ -122,18 +123,18 @@ func TestFleetPageInChromium(t *testing.T) {
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	cfgPath, cfg := agentConfig(t, 3, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n")
 	bctx := browser(t)
-	created := c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "fleet-edge", Org: "acme", Country: "NL", Continent: "EU", Slots: 3})
+	created := c.enroll(t, bin, cfgPath, adminapi.EdgeRequest{Name: "fleet-edge", Org: "acme", Country: "NL", Continent: "EU", Slots: 3})
 	id := created.Edge.ID
 	c.publish(t, "v1")
 	startAgent(t, bin, cfgPath, cfg)
-	c.awaitEdge(t, id, "sequence 2 applied and 3 cells reported", func(v controlapi.EdgeView) bool { return v.ActiveSequence == 2 && len(v.Cells) == 3 })
+	c.awaitEdge(t, id, "sequence 2 applied and 3 cells reported", func(v adminapi.EdgeView) bool { return v.ActiveSequence == 2 && len(v.Cells) == 3 })
 
 	// Signed out, the page sends the browser to the sign-in form.
-	fleetURL := c.ep.AdminURL + controlapi.FleetPath
+	fleetURL := c.ep.AdminURL + fleet.Path
 	if err := chromedp.Do(bctx, chromedp.Navigate(fleetURL), chromedp.WaitVisible(chromedp.ID("token"))); err != nil {
 		t.Fatal(err)
 	}
-	if loc := location(t, bctx); loc != c.ep.AdminURL+controlapi.FleetLogin {
+	if loc := location(t, bctx); loc != c.ep.AdminURL+fleet.Login {
 		t.Fatalf("signed out, the fleet page is at %s", loc)
 	}
 	// A wrong token is refused on the form.
@@ -183,13 +184,13 @@ func TestFleetPageInChromium(t *testing.T) {
 
 	// A drain task drains cell-01; the page shows it drained, and the task
 	// done.
-	task, err := c.admin.CreateTask(ctxT(t), id, controlapi.TaskRequest{Cell: "cell-01", Action: "drain"})
+	task, err := c.admin.CreateTask(ctxT(t), id, adminapi.TaskRequest{Cell: "cell-01", Action: "drain"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Drained is set at once; the state follows once the slot's routine has
 	// seen it: the page is checked after the control API holds both.
-	c.awaitEdge(t, id, "cell-01 reported drained", func(v controlapi.EdgeView) bool {
+	c.awaitEdge(t, id, "cell-01 reported drained", func(v adminapi.EdgeView) bool {
 		return len(v.Cells) == 3 && v.Cells[0].Drained && v.Cells[0].State == "drained" && len(v.Tasks) == 1 && v.Tasks[0].State == "done"
 	})
 	if err := chromedp.Do(bctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.ID("tasks"))); err != nil {

@@ -11,7 +11,7 @@ import (
 
 	"cellvisor/agent"
 	"cellvisor/cellapi"
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/testutil"
 )
 
@@ -40,9 +40,9 @@ func TestFrontDoorResolvedByTheCells(t *testing.T) {
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	cfgPath, cfg := agentConfig(t, 1, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n"+
 		"topology:\n  region: eu-central\n  zone: eu-central-1a\n  locality: fra\n")
-	created := c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "fd", Org: "acme", Country: "DE", Continent: "EU", Slots: 1})
+	created := c.enroll(t, bin, cfgPath, adminapi.EdgeRequest{Name: "fd", Org: "acme", Country: "DE", Continent: "EU", Slots: 1})
 	id := created.Edge.ID
-	if _, err := c.admin.SetFrontDoor(ctxT(t), id, controlapi.FrontDoorRequest{URL: "https://shop.acme.example"}); err != nil {
+	if _, err := c.admin.SetFrontDoor(ctxT(t), id, adminapi.FrontDoorRequest{URL: "https://shop.acme.example"}); err != nil {
 		t.Fatal(err)
 	}
 	c.publish(t, "v1")

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 )
@@ -25,7 +25,7 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 	bin := buildAgent(t)
 	c := startControl(t, t.TempDir(), "127.0.0.1:0")
 	cfgPath, cfg := agentConfig(t, 2, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n")
-	created := c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "auth", Org: "acme", Country: "NL", Continent: "EU", Slots: 2})
+	created := c.enroll(t, bin, cfgPath, adminapi.EdgeRequest{Name: "auth", Org: "acme", Country: "NL", Continent: "EU", Slots: 2})
 	id := created.Edge.ID
 	enrolledKey := c.ep.PublicKey
 	c.publish(t, "v1")
@@ -40,7 +40,7 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 		t.Fatalf("rollback: %+v, %v", rb, err)
 	}
 	awaitBody(t, port, "v1")
-	c.awaitEdge(t, id, "the rollback acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == rb.Edges[id] })
+	c.awaitEdge(t, id, "the rollback acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == rb.Edges[id] })
 	if _, err := c.admin.RollbackDomain(ctxT(t), "app.test", 2); err == nil {
 		t.Error("a rollback to a revision above the current one was taken")
 	}
@@ -55,7 +55,7 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 	if err != nil || rot.Previous != enrolledKey || rot.PublicKey == enrolledKey {
 		t.Fatalf("rotate: %+v, %v", rot, err)
 	}
-	c.awaitEdge(t, id, "the rotation acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == rot.Edges[id] })
+	c.awaitEdge(t, id, "the rotation acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == rot.Edges[id] })
 	if got := pinnedKey(t, cfg.StateDir); got != rot.PublicKey {
 		t.Fatalf("pinned %q, want the new key %q", got, rot.PublicKey)
 	}
@@ -74,7 +74,7 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 	p5 := c.publish(t, "v5")
 	a, _ = startAgent(t, bin, cfgPath, cfg)
 	awaitBody(t, port, "v5")
-	c.awaitEdge(t, id, "v5 acknowledged", func(v controlapi.EdgeView) bool { return v.ActiveSequence == p5.Edges[id] })
+	c.awaitEdge(t, id, "v5 acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == p5.Edges[id] })
 	if got := pinnedKey(t, cfg.StateDir); got != rot.PublicKey {
 		t.Fatalf("after two missed rotations pinned %q, want %q", got, rot.PublicKey)
 	}
@@ -84,7 +84,7 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 
 	// A control API whose database lost an entry serves a manifest that
 	// does not match its signed header: refused, acked, nothing changes.
-	p6, err := c.admin.Publish(ctxT(t), "other.test", controlapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(
+	p6, err := c.admin.Publish(ctxT(t), "other.test", adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(
 		`{"hostnames":["other.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":"other"}}]}`)})
 	if err != nil {
 		t.Fatal(err)
@@ -99,7 +99,7 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, _ = startAgent(t, bin, cfgPath, cfg)
-	v := c.awaitEdge(t, id, "the refusal acknowledged", func(v controlapi.EdgeView) bool {
+	v := c.awaitEdge(t, id, "the refusal acknowledged", func(v adminapi.EdgeView) bool {
 		return len(v.Acks) > 0 && v.Acks[0].Sequence == seq
 	})
 	if ack := v.Acks[0]; ack.Status != manifest.AckRefused || !strings.Contains(ack.Reason, "header says 2 entries") || v.ActiveSequence != p5.Edges[id] {

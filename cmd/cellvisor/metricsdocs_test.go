@@ -12,7 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"cellvisor/agent"
-	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
 	"cellvisor/internal/testutil"
 )
@@ -52,7 +52,7 @@ func TestEnrolledAgentMetricsMatchTheDocs(t *testing.T) {
 	intake, metricsAddr := freeAddr(t), freeAddr(t)
 	cfgPath, cfg := agentConfig(t, 1, fmt.Sprintf("metrics:\n  listen: %s\nsource:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n"+
 		"egress:\n  intake_listen: %s\n  interval: 200ms\n  max_renew: 1s\n", metricsAddr, intake))
-	c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "metrics", Org: "acme", Country: "NL", Continent: "EU", Slots: 1})
+	c.enroll(t, bin, cfgPath, adminapi.EdgeRequest{Name: "metrics", Org: "acme", Country: "NL", Continent: "EU", Slots: 1})
 	id, _, err := agent.LoadIdentity(cfg.Identity())
 	if err != nil {
 		t.Fatal(err)

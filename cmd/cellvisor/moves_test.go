@@ -12,6 +12,7 @@ import (
 
 	"cellvisor/config"
 	"cellvisor/controlapi"
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/testutil"
 )
 
@@ -32,7 +33,7 @@ func startMovesEdge(t *testing.T, readyWithin time.Duration, started func(port m
 		cfg.MoveTick, cfg.MoveReadyWithin = 100*time.Millisecond, readyWithin
 	})
 	cfgPath, cfg := agentConfig(t, 4, "source:\n  poll_interval: 100ms\n  max_backoff: 400ms\n  status_interval: 200ms\n")
-	created := c.enroll(t, bin, cfgPath, controlapi.EdgeRequest{Name: "mv", Org: "acme", Country: "NL", Continent: "EU", Slots: 4, MgmtIPv4: "127.0.0.1"})
+	created := c.enroll(t, bin, cfgPath, adminapi.EdgeRequest{Name: "mv", Org: "acme", Country: "NL", Continent: "EU", Slots: 4, MgmtIPv4: "127.0.0.1"})
 	e := &movesEdge{c: c, id: created.Edge.ID, port: map[string]int{}, cfg: cfg}
 	for i := 1; i <= 4; i++ {
 		e.port[fmt.Sprintf("cell-%02d", i)] = cfg.Ports.HTTPBase + i - 1
@@ -57,14 +58,14 @@ func (e *movesEdge) assign(t *testing.T, cell, pool string) {
 func (e *movesEdge) pool(t *testing.T, name string, replicas int, drain string) {
 	t.Helper()
 	zero := 0
-	if _, err := e.c.admin.CreatePoolWith(ctxT(t), controlapi.PoolRequest{Name: name, Replicas: &replicas, MinReady: &zero, Drain: &drain}); err != nil {
+	if _, err := e.c.admin.CreatePoolWith(ctxT(t), adminapi.PoolRequest{Name: name, Replicas: &replicas, MinReady: &zero, Drain: &drain}); err != nil {
 		t.Fatal(err)
 	}
 }
 
 func (e *movesEdge) publish(t *testing.T, name, pool, body string) {
 	t.Helper()
-	if _, err := e.c.admin.Publish(ctxT(t), name, controlapi.DomainRequest{Pool: pool, Config: []byte(
+	if _, err := e.c.admin.Publish(ctxT(t), name, adminapi.DomainRequest{Pool: pool, Config: []byte(
 		fmt.Sprintf(`{"hostnames":[%q],%s}`, name, respond(body)))}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,9 +89,9 @@ func (e *movesEdge) cells(t *testing.T, name, role string) []string {
 }
 
 // awaitMove waits until the domain's move is in state.
-func (e *movesEdge) awaitMove(t *testing.T, name, state string, within time.Duration) controlapi.DomainView {
+func (e *movesEdge) awaitMove(t *testing.T, name, state string, within time.Duration) adminapi.DomainView {
 	t.Helper()
-	var d controlapi.DomainView
+	var d adminapi.DomainView
 	testutil.Eventually(t, within, func() error {
 		var err error
 		if d, err = e.c.admin.Domain(ctxT(t), name); err != nil {
@@ -173,7 +174,7 @@ func TestMoveBetweenPoolsOnRealCells(t *testing.T) {
 	e := startMovesEdge(t, 30*time.Second, nil)
 	e.pool(t, "reserved-eu", 2, "1s")
 	drain := "1s" // the source pool's drain interval
-	if _, err := e.c.admin.UpdatePool(ctxT(t), "shared-default", controlapi.PoolRequest{Drain: &drain}); err != nil {
+	if _, err := e.c.admin.UpdatePool(ctxT(t), "shared-default", adminapi.PoolRequest{Drain: &drain}); err != nil {
 		t.Fatal(err)
 	}
 	e.assign(t, "cell-02", "shared-default")
@@ -316,7 +317,7 @@ func TestMoveBetweenPoolsOnRealCells(t *testing.T) {
 	if d.Pool != "reserved-eu" || d.Revision != 2 || !strings.Contains(d.Move.Steps[len(d.Move.Steps)-1].Detail, "revision 2 published for reserved-eu") {
 		t.Errorf("after the move: pool %s revision %d, last step %+v", d.Pool, d.Revision, d.Move.Steps[len(d.Move.Steps)-1])
 	}
-	e.c.awaitEdge(t, e.id, "the last sequence applied", func(v controlapi.EdgeView) bool {
+	e.c.awaitEdge(t, e.id, "the last sequence applied", func(v adminapi.EdgeView) bool {
 		return v.ActiveSequence == v.Sequence && len(v.Acks) > 0 && v.Acks[0].Status == "applied"
 	})
 	awaitServed(t, e.port["cell-03"], "app.test", "app")
