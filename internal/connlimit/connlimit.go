@@ -6,11 +6,7 @@
 // refusing the new one, so that a flood of half-open connections evicts
 // itself and a real peer's handshake, which takes milliseconds, still gets
 // through; a new connection is refused only when every connection it would
-// displace is established (issue 32 §1). A pending connection younger than
-// MinPendingAge is not dropped for the overall caps: the listener stops
-// taking connections until one ages, establishes or closes, so that a
-// burst of real peers (a hundred parallel admin calls) waits in the
-// kernel's backlog instead of evicting itself. With a TLS configuration it runs
+// displace is established (issue 32 §1). With a TLS configuration it runs
 // the server handshakes itself, concurrently and under the deadline, and
 // Accept returns only connections through theirs.
 //
@@ -39,11 +35,6 @@ import (
 // DefaultHandshakeTimeout is Options.HandshakeTimeout's default.
 const DefaultHandshakeTimeout = 3 * time.Second
 
-// DefaultMinPendingAge is Options.MinPendingAge's default: a real peer's
-// handshake or first request on a busy 2-core host comes within it; a
-// flood's held connections are older.
-const DefaultMinPendingAge = time.Second
-
 // Options configure a Listener.
 type Options struct {
 	// Name names the listener in logs ("intake", "metrics", "edge").
@@ -54,14 +45,8 @@ type Options struct {
 	// MaxPending bounds those not yet established; zero means Max.
 	MaxPending int
 	// MaxPerIP bounds one source address's connections; zero means no
-	// bound per address (peers many, or behind shared addresses). At it
-	// the address's oldest pending connection is dropped whatever its
-	// age: an address over its own cap displaces only itself.
+	// bound per address (peers many, or behind shared addresses).
 	MaxPerIP int
-	// MinPendingAge is the age below which a pending connection is not
-	// dropped for MaxPending or Max; zero means DefaultMinPendingAge, at
-	// most a quarter of HandshakeTimeout.
-	MinPendingAge time.Duration
 	// HandshakeTimeout closes a connection not through its handshake (TLS,
 	// or the first request's headers on a plain listener) within it; zero
 	// means DefaultHandshakeTimeout.
@@ -114,7 +99,6 @@ type Listener struct {
 	ctx    context.Context // ends at Close
 	cancel context.CancelFunc
 	ready  chan net.Conn // connections for Accept
-	room   chan struct{} // a pending connection left the pending lists
 	wg     sync.WaitGroup
 	once   sync.Once
 	err    atomic.Pointer[error] // why the accept loop ended
@@ -152,9 +136,6 @@ func New(inner net.Listener, o Options) (*Listener, error) {
 	if o.HandshakeTimeout <= 0 {
 		o.HandshakeTimeout = DefaultHandshakeTimeout
 	}
-	if o.MinPendingAge <= 0 {
-		o.MinPendingAge = min(DefaultMinPendingAge, o.HandshakeTimeout/4)
-	}
 	if o.Established == nil {
 		o.Established = func(cs tls.ConnectionState) bool { return len(cs.VerifiedChains) > 0 }
 	}
@@ -163,7 +144,7 @@ func New(inner net.Listener, o Options) (*Listener, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Listener{inner: inner, o: o, log: o.Logger.Named("connlimit").With(zap.String("listener", o.Name)),
-		ctx: ctx, cancel: cancel, ready: make(chan net.Conn), room: make(chan struct{}, 1),
+		ctx: ctx, cancel: cancel, ready: make(chan net.Conn),
 		pending: list.New(), byIP: map[netip.Addr]*ipConns{}, warned: map[string]time.Time{}}
 	l.wg.Add(1)
 	go l.acceptLoop()
@@ -234,9 +215,6 @@ func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
 	var pause time.Duration
 	for {
-		if !l.awaitRoom() {
-			return
-		}
 		raw, err := l.inner.Accept()
 		if err != nil {
 			if l.ctx.Err() != nil {
@@ -273,35 +251,6 @@ func (l *Listener) acceptLoop() {
 		}
 		c.timer = time.AfterFunc(l.o.HandshakeTimeout, func() { l.expire(c) })
 		l.deliver(c)
-	}
-}
-
-// awaitRoom holds the accept loop while a new connection would have to
-// displace a pending one younger than MinPendingAge for MaxPending or Max;
-// false when the listener closes. At Max with none pending it returns at
-// once: the new connection is then refused.
-func (l *Listener) awaitRoom() bool {
-	for {
-		l.mu.Lock()
-		var wait time.Duration
-		if l.pending.Len() >= l.o.MaxPending || l.open >= l.o.Max {
-			if v := front(l.pending); v != nil {
-				wait = l.o.MinPendingAge - time.Since(v.at)
-			}
-		}
-		l.mu.Unlock()
-		if wait <= 0 {
-			return true
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-l.room:
-			t.Stop()
-		case <-l.ctx.Done():
-			t.Stop()
-			return false
-		}
 	}
 }
 
@@ -363,7 +312,7 @@ func (l *Listener) expire(c *conn) {
 // admit decides on a new connection: it takes it, dropping older pending
 // ones as the caps require, or refuses it (closed, nil).
 func (l *Listener) admit(raw net.Conn) *conn {
-	c := &conn{Conn: raw, l: l, ip: remoteIP(raw), at: time.Now()}
+	c := &conn{Conn: raw, l: l, ip: remoteIP(raw)}
 	var victims []*conn
 	refuse := func(counter *atomic.Uint64, kind, msg string) *conn {
 		l.mu.Unlock()
@@ -449,19 +398,10 @@ func (l *Listener) unlistLocked(c *conn) {
 	if c.el != nil {
 		l.pending.Remove(c.el)
 		c.el = nil
-		l.signalRoom()
 	}
 	if c.ipEl != nil {
 		l.byIP[c.ip].pending.Remove(c.ipEl)
 		c.ipEl = nil
-	}
-}
-
-// signalRoom wakes awaitRoom: a connection left the pending lists or closed.
-func (l *Listener) signalRoom() {
-	select {
-	case l.room <- struct{}{}:
-	default:
 	}
 }
 
@@ -473,7 +413,6 @@ func (l *Listener) forgetLocked(c *conn, drop bool) {
 	c.gone, c.wasDropped = true, drop
 	l.unlistLocked(c)
 	l.open--
-	l.signalRoom()
 	if ipc := l.byIP[c.ip]; ipc != nil {
 		if ipc.n--; ipc.n == 0 {
 			delete(l.byIP, c.ip)
@@ -514,7 +453,6 @@ type conn struct {
 	net.Conn
 	l     *Listener
 	ip    netip.Addr
-	at    time.Time   // when it was taken
 	timer *time.Timer // a plain listener's handshake deadline
 
 	// guarded by l.mu
