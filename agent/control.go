@@ -103,10 +103,18 @@ func (a *Agent) handleTask(ctx context.Context, task edgeapi.Task) {
 	}
 }
 
+// taskTimeout bounds one control task: a restart drains, stops and waits
+// for the new cell's readiness. The drain timeout is the supervisor's, which
+// a reload (SIGHUP) changes; a.cfg keeps the configuration the agent started
+// with, and the stop and ready timeouts cannot be reloaded.
+func (a *Agent) taskTimeout() time.Duration {
+	return a.sup.DrainTimeout() + a.cfg.OpenResty.StopTimeout.D() + a.cfg.OpenResty.ReadyTimeout.D() + 30*time.Second
+}
+
 // runTask runs one control task through the same paths as the CLI.
 func (a *Agent) runTask(ctx context.Context, t edgeapi.Task) edgeapi.TaskAck {
 	log := a.log.With(zap.Int64("task", t.ID), zap.String("cell", t.Cell), zap.String("action", t.Action))
-	tctx, cancel := context.WithTimeout(ctx, a.sup.DrainTimeout()+a.cfg.OpenResty.StopTimeout.D()+a.cfg.OpenResty.ReadyTimeout.D()+30*time.Second)
+	tctx, cancel := context.WithTimeout(ctx, a.taskTimeout())
 	defer cancel()
 	var st supervisor.SlotStatus
 	var err error

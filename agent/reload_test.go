@@ -1,10 +1,17 @@
 package agent
 
 import (
+	"context"
+	"os"
 	"slices"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
+
+	"cellvisor/cgroup"
 	"cellvisor/config"
+	"cellvisor/supervisor"
 )
 
 func TestFixedChanges(t *testing.T) {
@@ -34,5 +41,35 @@ func TestFixedChanges(t *testing.T) {
 		if got := fixedChanges(base, next); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A control task after a reload (SIGHUP) is bounded by the reloaded drain
+// timeout, not the one the agent started with: a.cfg is never updated by a
+// reload (issue 33).
+func TestReloadedDrainTimeoutBoundsControlTasks(t *testing.T) {
+	cfg, topo, assign := standalone(t)
+	bin, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.OpenResty.Binary = bin // exists; nothing is started
+	cg, err := cgroup.New(cgroup.Options{Root: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sup, err := supervisor.New(supervisorOptions(cfg, topo, assign, cg, nil, zap.NewNop(), nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{cfg: cfg, log: zap.NewNop(), sup: sup}
+	before := a.taskTimeout()
+	next := cfg
+	next.Restart.DrainTimeout = config.Duration(cfg.Restart.DrainTimeout.D() + 4*time.Minute)
+	if err := a.Reload(context.Background(), next); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := a.taskTimeout(), before+4*time.Minute; got != want {
+		t.Errorf("control task bound %s after the drain timeout was reloaded 4m longer, want %s (it was %s)", got, want, before)
 	}
 }

@@ -420,15 +420,17 @@ func (c Agent) ScopeMode() string {
 // AgentPlaced reports whether the agent moves itself into its own leaf cgroup.
 func (c Agent) AgentPlaced() bool { return c.Cgroup.PlaceAgent == nil || *c.Cgroup.PlaceAgent }
 
-// Validate checks every field and names the first bad one with its allowed range.
+// Validate checks every field and names each bad one with its allowed range,
+// in the order of the fields: the same configuration always gets the same
+// error, word for word (no map iteration decides the order).
 func (c Agent) Validate() error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...)))
 	}
-	for field, p := range map[string]string{"state_dir": c.StateDir, "run_dir": c.RunDir, "cgroup.root": c.Cgroup.Root} {
-		if !filepath.IsAbs(p) {
-			bad(field, "must be an absolute path, got %q", p)
+	for _, f := range []struct{ name, path string }{{"state_dir", c.StateDir}, {"run_dir", c.RunDir}, {"cgroup.root", c.Cgroup.Root}} {
+		if !filepath.IsAbs(f.path) {
+			bad(f.name, "must be an absolute path, got %q", f.path)
 		}
 	}
 	if c.DomainsDir != "" && !filepath.IsAbs(c.DomainsDir) {
@@ -502,9 +504,12 @@ func (c Agent) Validate() error {
 	if p := c.Limits.PIDs; p < 8 || p > 4194304 {
 		bad("limits.pids", "must be 8–4194304, got %d", p)
 	}
-	for field, b := range map[string]Bytes{"limits.cache": c.Limits.Cache, "limits.request_tmp": c.Limits.RequestTmp, "limits.logs": c.Limits.Logs} {
-		if b < MiB {
-			bad(field, "must be at least 1MiB, got %s", b)
+	for _, f := range []struct {
+		name string
+		b    Bytes
+	}{{"limits.cache", c.Limits.Cache}, {"limits.request_tmp", c.Limits.RequestTmp}, {"limits.logs", c.Limits.Logs}} {
+		if f.b < MiB {
+			bad(f.name, "must be at least 1MiB, got %s", f.b)
 		}
 	}
 	if m := c.AgentLimits.Memory; m < 32*MiB {
@@ -577,9 +582,12 @@ func (c Agent) Validate() error {
 func (c Agent) validatePorts(bad func(field, format string, args ...any)) {
 	p := c.Ports
 	n := max(c.Slots, 1)
-	for field, base := range map[string]int{"ports.http_base": p.HTTPBase, "ports.https_base": p.HTTPSBase} {
-		if base < 1 || base+n-1 > 65535 {
-			bad(field, "must be 1–%d for %d slots, got %d", 65535-n+1, n, base)
+	for _, f := range []struct {
+		name string
+		base int
+	}{{"ports.http_base", p.HTTPBase}, {"ports.https_base", p.HTTPSBase}} {
+		if f.base < 1 || f.base+n-1 > 65535 {
+			bad(f.name, "must be 1–%d for %d slots, got %d", 65535-n+1, n, f.base)
 		}
 	}
 	// The two ranges [base, base+n) must not overlap.

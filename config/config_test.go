@@ -190,3 +190,32 @@ func TestLoadRefusesAnythingButABoundedRegularFile(t *testing.T) {
 		}
 	}
 }
+
+// Validate names every bad field in the order of the fields, the same way
+// every time: fields checked from a map came out in a random order (issue 33).
+func TestValidateNamesBadFieldsInOrder(t *testing.T) {
+	c := Default()
+	c.StateDir, c.RunDir, c.Cgroup.Root = "state", "run", "cgroup"
+	c.Limits.Cache, c.Limits.RequestTmp, c.Limits.Logs = 1, 2, 3
+	c.Ports.HTTPBase, c.Ports.HTTPSBase = 0, 70000
+	c.Topology = Topology{Region: "eu central", Zone: "a/b", Locality: "fra!"}
+	want := []string{"state_dir", "run_dir", "cgroup.root", "ports.http_base", "ports.https_base",
+		"limits.cache", "limits.request_tmp", "limits.logs", "topology.region", "topology.zone", "topology.locality"}
+	first := c.Validate()
+	if first == nil {
+		t.Fatal("no error")
+	}
+	var got []string
+	for _, line := range strings.Split(first.Error(), "\n") {
+		field, _, _ := strings.Cut(strings.TrimPrefix(line, ErrInvalid.Error()+": "), ":")
+		got = append(got, field)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("fields named %q, want %q", got, want)
+	}
+	for range 20 {
+		if err := c.Validate(); err.Error() != first.Error() {
+			t.Fatalf("the same configuration, another error:\n%v\nthen\n%v", first, err)
+		}
+	}
+}

@@ -13,9 +13,9 @@ type Topology struct {
 }
 
 func (t Topology) validate(bad func(field, format string, args ...any)) {
-	for field, v := range map[string]string{"topology.region": t.Region, "topology.zone": t.Zone, "topology.locality": t.Locality} {
-		if !topologyName(v) {
-			bad(field, "must be at most 64 characters of a-z, A-Z, 0-9, -, _ and ., got %q", v)
+	for _, f := range []struct{ name, v string }{{"topology.region", t.Region}, {"topology.zone", t.Zone}, {"topology.locality", t.Locality}} {
+		if !topologyName(f.v) {
+			bad(f.name, "must be at most 64 characters of a-z, A-Z, 0-9, -, _ and ., got %q", f.v)
 		}
 	}
 }

@@ -212,3 +212,56 @@ func BenchmarkDecide(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
 }
+
+// murmur3Fmix64 is MurmurHash3's fmix64 as smhasher's MurmurHash3.cpp
+// writes it (the constants BIG_CONSTANT(0xff51afd7ed558ccd) and
+// BIG_CONSTANT(0xc4ceb9fe1a85ec53)).
+func murmur3Fmix64(k uint64) uint64 {
+	k ^= k >> 33
+	k *= 0xff51afd7ed558ccd
+	k ^= k >> 33
+	k *= 0xc4ceb9fe1a85ec53
+	k ^= k >> 33
+	return k
+}
+
+// The score's avalanche is MurmurHash3's finalizer itself, not a look-alike
+// with another constant (issue 33): an edge id of no bytes leaves the FNV
+// state as it is, so the score is fmix64 of it.
+func TestScoreFinishesWithMurmur3Fmix64(t *testing.T) {
+	for _, h := range []uint64{0, 1, 2, 0xdeadbeef, fnvPrime, scorePrefix("acme", Metering), 1 << 63, ^uint64(0)} {
+		if got, want := scoreFrom(h, ""), murmur3Fmix64(h); got != want {
+			t.Errorf("scoreFrom(%#x, \"\") = %#x, want fmix64 %#x", h, got, want)
+		}
+	}
+}
+
+// Every control API replica must rank alike, and a deployed fleet's
+// tie-broken leases stay where they are only while the hash does: this is
+// the order of four equal edges for each class. A change here moves leases
+// in every org on upgrade; make it on purpose, with a note in the release.
+func TestRankingIsPinned(t *testing.T) {
+	var cs []Candidate
+	for i := range 4 {
+		cs = append(cs, cand(fmt.Sprintf("edge-%d", i), "eu", "", true))
+	}
+	want := map[Class][]string{
+		ProactiveSupport:       {"edge-3", "edge-0", "edge-1", "edge-2"},
+		Metering:               {"edge-1", "edge-0", "edge-2", "edge-3"},
+		License:                {"edge-0", "edge-3", "edge-1", "edge-2"},
+		CapabilityCoordination: {"edge-0", "edge-1", "edge-3", "edge-2"},
+		DataPlane:              {"edge-2", "edge-1", "edge-0", "edge-3"},
+		ModelInference:         {"edge-2", "edge-1", "edge-3", "edge-0"},
+		SIEMForwarding:         {"edge-2", "edge-0", "edge-3", "edge-1"},
+		Federation:             {"edge-0", "edge-3", "edge-2", "edge-1"},
+	}
+	for _, cl := range Classes {
+		var got []string
+		for _, c := range Rank("acme", cl, "eu", cs) {
+			got = append(got, c.EdgeID)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want[cl]) {
+			t.Errorf("%s: ranked %v, want %v", cl, got, want[cl])
+		}
+	}
+}

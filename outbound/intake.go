@@ -261,7 +261,8 @@ func (in *Intake) accept(w http.ResponseWriter, r *http.Request) (peer, class st
 		return peer, class, refuse(http.StatusServiceUnavailable, "intake busy: %d forwards in flight", MaxIntakeInFlight)
 	}
 	// The sender gives up after its send timeout: a body still coming
-	// then is cut, not waited on for the server's 30s read timeout.
+	// then is cut, not waited on for the server's 30s read timeout. (A
+	// deadline is the network stack's, in real time: not the Sender's clock.)
 	if err := http.NewResponseController(w).SetReadDeadline(time.Now().Add(in.s.o.SendTimeout)); err != nil {
 		return peer, class, fmt.Errorf("bound the body's read: %w", err)
 	}
@@ -349,7 +350,7 @@ func (in *Intake) foreignPeer(peer string) (foreignPeer, bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	fp, ok := in.foreign[peer]
-	if ok && !time.Now().Before(fp.until) {
+	if ok && !in.s.clk.Now().Before(fp.until) {
 		delete(in.foreign, peer)
 		return foreignPeer{}, false
 	}
@@ -361,7 +362,7 @@ func (in *Intake) foreignPeer(peer string) (foreignPeer, bool) {
 const maxForeign = 1024
 
 func (in *Intake) markForeign(peer, reason string) {
-	now := time.Now()
+	now := in.s.clk.Now()
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if len(in.foreign) >= maxForeign {

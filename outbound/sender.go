@@ -21,6 +21,7 @@ import (
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
 	"cellvisor/internal/backoff"
+	"cellvisor/internal/clock"
 )
 
 // Control is the control API as the send path uses it (controlclient.Client).
@@ -68,6 +69,10 @@ type Options struct {
 	IntakeConns IntakeLimits
 	// Logger, or nil for none.
 	Logger *zap.Logger
+	// Clock times elections, retries, fences' freshness, lease expiry and
+	// the intake's memory of refused peers, or nil for the real clock.
+	// (The intake's read deadline is the network stack's: real time.)
+	Clock clock.Clock
 }
 
 // Sender runs the route table and delivers journaled bundles: one loop per
@@ -76,6 +81,7 @@ type Options struct {
 type Sender struct {
 	o    Options
 	log  *zap.Logger
+	clk  clock.Clock
 	dest *http.Client
 	wake map[string]chan struct{}
 	// intake counts the intake's answers (atomics).
@@ -123,7 +129,7 @@ func NewSender(o Options) (*Sender, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	s := &Sender{o: o, log: o.Logger.Named("egress"), wake: map[string]chan struct{}{}, reelect: map[string]bool{}, routes: map[string]*classState{}, fwd: map[string]*http.Client{},
+	s := &Sender{o: o, log: o.Logger.Named("egress"), clk: clock.Or(o.Clock), wake: map[string]chan struct{}{}, reelect: map[string]bool{}, routes: map[string]*classState{}, fwd: map[string]*http.Client{},
 		dest: &http.Client{Timeout: o.SendTimeout, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
 	for _, c := range o.Classes {
 		s.wake[string(c)] = make(chan struct{}, 1)
@@ -198,18 +204,18 @@ func (s *Sender) runClass(ctx context.Context, class string) {
 			s.reelect[class], next = false, time.Time{}
 		}
 		s.mu.Unlock()
-		if next.IsZero() || !time.Now().Before(next) {
+		if next.IsZero() || !s.clk.Now().Before(next) {
 			// The next election is timed from this one's start: the
 			// lease runs from when the control API handled it, and a slow
 			// answer must not push the renewal past the expiry.
-			start := time.Now()
+			start := s.clk.Now()
 			renew, err := s.elect(ctx, class)
 			if ctx.Err() != nil {
 				return
 			}
 			if err != nil {
 				s.fail(class, err)
-				next = time.Now().Add(b.Next())
+				next = s.clk.Now().Add(b.Next())
 			} else {
 				next = start.Add(renew)
 			}
@@ -231,17 +237,17 @@ func (s *Sender) runClass(ctx context.Context, class string) {
 			retry = 0
 			b.Reset()
 		}
-		wait := time.Until(next)
+		wait := next.Sub(s.clk.Now())
 		if retry > 0 && retry < wait {
 			wait = retry
 		}
-		t := time.NewTimer(max(wait, 0))
+		t := s.clk.NewTimer(max(wait, 0))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-s.wake[class]:
-		case <-t.C:
+		case <-t.C():
 		}
 		t.Stop()
 	}
@@ -276,7 +282,7 @@ func (s *Sender) refusedIdentity(class string, err error) {
 	s.mu.Lock()
 	cs := s.routes[class]
 	prev := cs.route
-	cs.route = route{mode: edgeapi.RouteRefused, stage: stageIdentity, reason: reasonEdgeRefused, destination: prev.destination, at: time.Now(), renew: prev.renew}
+	cs.route = route{mode: edgeapi.RouteRefused, stage: stageIdentity, reason: reasonEdgeRefused, destination: prev.destination, at: s.clk.Now(), renew: prev.renew}
 	cs.lastErr = err.Error()
 	s.mu.Unlock()
 	if prev.mode != edgeapi.RouteRefused || prev.stage != stageIdentity {
@@ -310,7 +316,7 @@ func (s *Sender) elect(ctx context.Context, class string) (time.Duration, error)
 			reachable = s.probe(ctx, class, dest)
 		}
 		var err error
-		asked := time.Now()
+		asked := s.clk.Now()
 		resp, err = s.o.Control.Elect(ctx, edgeapi.ElectRequest{Class: class, Reachable: reachable})
 		if identityRefused(err) {
 			s.refusedIdentity(class, err)
@@ -319,8 +325,8 @@ func (s *Sender) elect(ctx context.Context, class string) (time.Duration, error)
 			return 0, fmt.Errorf("elect %s: %w", class, err)
 		}
 		s.log.Debug("egress election", zap.String("class", class), zap.Bool("reachable", reachable), zap.String("outcome", resp.Outcome),
-			zap.String("reason", resp.Reason), zap.Duration("took", time.Since(asked)))
-		rt := routeFrom(resp, s.o.EdgeID, time.Now())
+			zap.String("reason", resp.Reason), zap.Duration("took", s.clk.Since(asked)))
+		rt := routeFrom(resp, s.o.EdgeID, s.clk.Now())
 		s.mu.Lock()
 		prev := s.routes[class].route
 		s.routes[class].route = rt
@@ -362,7 +368,7 @@ func (s *Sender) probe(ctx context.Context, class, dest string) bool {
 		}
 	}
 	s.mu.Lock()
-	s.routes[class].reach = &edgeapi.ReachReport{Destination: dest, Reachable: ok, CheckedAt: time.Now().UTC()}
+	s.routes[class].reach = &edgeapi.ReachReport{Destination: dest, Reachable: ok, CheckedAt: s.clk.Now().UTC()}
 	s.mu.Unlock()
 	return ok
 }
@@ -393,7 +399,7 @@ func (s *Sender) deliver(ctx context.Context, class string, due time.Time) error
 		}
 		// At least one bundle a run: an election slower than the
 		// cadence must not starve the deliveries either.
-		if i > 0 && !due.IsZero() && !time.Now().Before(due) {
+		if i > 0 && !due.IsZero() && !s.clk.Now().Before(due) {
 			return errElectDue
 		}
 		s.mu.Lock()
@@ -488,14 +494,14 @@ func (s *Sender) fence(ctx context.Context, rt route, b edgeapi.Bundle) error {
 		fresh = s.o.MaxRenew / 2
 	}
 	for range maxFences {
-		asked := time.Now()
+		asked := s.clk.Now()
 		err := s.o.Control.Fence(ctx, edgeapi.FenceRequest{Class: b.Class, Epoch: rt.epoch})
-		if err == nil && time.Since(asked) <= fresh {
+		if err == nil && s.clk.Since(asked) <= fresh {
 			return nil
 		}
 		if err == nil {
 			s.log.Warn("fence answered too late to send under: asking again", zap.String("class", b.Class), zap.Int64("epoch", rt.epoch),
-				zap.Duration("took", time.Since(asked)), zap.Duration("fresh", fresh))
+				zap.Duration("took", s.clk.Since(asked)), zap.Duration("fresh", fresh))
 			continue
 		}
 		if identityRefused(err) {
@@ -510,7 +516,7 @@ func (s *Sender) fence(ctx context.Context, rt route, b edgeapi.Bundle) error {
 			}
 			s.mu.Unlock()
 			s.log.Warn("lease stale: not sending under it", zap.String("class", b.Class), zap.Int64("epoch", rt.epoch), zap.Error(err))
-			return fmt.Errorf("%w: fence %s epoch %d: %v", errReelect, b.Class, rt.epoch, err)
+			return fmt.Errorf("%w: fence %s epoch %d: %w", errReelect, b.Class, rt.epoch, err)
 		}
 		return fmt.Errorf("fence %s epoch %d: %w", b.Class, rt.epoch, err)
 	}
@@ -635,7 +641,7 @@ func (s *Sender) Status() *edgeapi.EgressStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st.Error = s.intakeE
-	now := time.Now()
+	now := s.clk.Now()
 	for _, c := range s.o.Classes {
 		cs := s.routes[string(c)]
 		rt := cs.route

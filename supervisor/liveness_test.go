@@ -17,12 +17,13 @@ import (
 // fastLiveness detects a hung cell in about a second.
 var fastLiveness = supervisor.LivenessPolicy{Interval: 100 * time.Millisecond, Timeout: 200 * time.Millisecond, FailureThreshold: 3, RestartThreshold: 8}
 
-// workers are a running cell's processes but its master.
+// workers are a running cell's processes but its master (and its slot's
+// standby, which is no part of the running cell).
 func workers(t *testing.T, h *harness, name string) []int {
 	t.Helper()
 	master := h.slot(name).PID
 	var out []int
-	for _, pid := range cellProcs(t, h, name) {
+	for _, pid := range nginxProcs(t, h, name) {
 		if pid != master {
 			out = append(out, pid)
 		}

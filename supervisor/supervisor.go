@@ -175,6 +175,21 @@ func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
 // stops every cell gracefully and removes their cgroups. It returns once no
 // cell process is left.
 func (s *Supervisor) Run(ctx context.Context) error {
+	// The log budgets are made before anything starts: one refused returns
+	// with no cell started, no routine left running and nothing Prepare
+	// made left behind (issue 33: it returned with the cells running).
+	budgets := make([]*logbound.Bound, len(s.slots))
+	for i, c := range s.slots {
+		if s.o.Refusal != nil {
+			break
+		}
+		b, err := logbound.New(logbound.Options{Dir: c.spec.LogsDir(), Budget: s.o.LogBudget, Reopen: c.reopenLogs, Logger: c.log})
+		if err != nil {
+			s.Unprepare()
+			return fmt.Errorf("log budget of %s: %w", c.spec.Name, err)
+		}
+		budgets[i] = b
+	}
 	s.started = s.clk.Now()
 	s.recoverAll(ctx)
 	s.startAll(s.startingSlots())
@@ -182,11 +197,13 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		s.o.Started()
 	}
 	s.pending.Add(len(s.slots))
-	go func() {
+	// wg is every routine of the slots', and the one that closes ready
+	// (done at the latest when the slots' are: each has an outcome then).
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		s.pending.Wait()
 		s.readyOnce.Do(func() { close(s.ready) })
-	}()
-	var wg sync.WaitGroup
+	})
 	for _, c := range s.slots {
 		wg.Add(1)
 		go func() {
@@ -198,14 +215,10 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	var sideWG sync.WaitGroup
 	sideWG.Add(1)
 	go func() { defer sideWG.Done(); s.monitor(side) }()
-	for _, c := range s.slots {
-		if s.o.Refusal != nil {
+	for i, c := range s.slots {
+		b := budgets[i]
+		if b == nil {
 			continue
-		}
-		b, err := logbound.New(logbound.Options{Dir: c.spec.LogsDir(), Budget: s.o.LogBudget, Reopen: c.reopenLogs, Logger: c.log})
-		if err != nil {
-			stopSide()
-			return err
 		}
 		sideWG.Add(1)
 		go func() {
