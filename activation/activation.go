@@ -6,7 +6,8 @@
 // atomically, reloads only those cells, waits until each reports the new
 // sequence, and journals the acknowledgement. Everything is verified before
 // anything is written, so a refusal leaves the previous release active and
-// untouched and journals a refusal ack instead.
+// untouched and journals a refusal ack instead. agent and agentmetrics
+// import it.
 package activation
 
 import (

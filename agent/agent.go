@@ -1,7 +1,7 @@
 // Package agent wires the agent together: configuration, the cgroup subtree,
 // the slot topology and assignments, the standalone runtime, the supervisor,
-// the admin socket and systemd. cmd/cellvisor runs it; the demo runs it
-// in-process.
+// the admin socket and systemd. cmd/cellvisor runs it; the demo runs the
+// agent binary as a child process and links none of it.
 package agent
 
 import (

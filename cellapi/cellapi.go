@@ -1,7 +1,7 @@
 // Package cellapi is the agent's client for a cell's private endpoint (a
 // unix socket served by the cell's Lua): it signs every call with the cell's
 // secret so that a call cannot be forged or replayed, and decodes the cell's
-// status. Only supervisor (and tests) import it.
+// status. Only supervisor and the demo (cmd/cellvisor-demo) import it.
 package cellapi
 
 import (

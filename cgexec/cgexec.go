@@ -20,8 +20,10 @@
 // files; the cell must not keep it, nor the capabilities that let the agent
 // switch users.
 //
-// The package links nothing but the standard library: the benchmark's floor
-// (internal/floorspawn) starts its cells through it as the agent does.
+// The package links nothing but the standard library and internal/sysfile:
+// the benchmark's floor (internal/floorspawn) starts its cells through it
+// as the agent does. cgroup, supervisor, agent and internal/floorspawn
+// import it.
 package cgexec
 
 import (

@@ -4,8 +4,9 @@
 // into their cgroup) and, on hybrid hosts, the v1 memory, cpu and pids
 // controllers (cells are exec'd from inside their cgroups by a tiny join
 // helper, see cgexec). It never creates a cgroup outside the subtree and
-// never moves a process in the name=systemd hierarchy. Only supervisor and
-// cmd/cellvisor import it.
+// never moves a process in the name=systemd hierarchy. Only supervisor,
+// agent, cmd/cellvisor, cmd/cellvisor-demo and the tests' harness
+// (internal/testutil) import it.
 package cgroup
 
 import (

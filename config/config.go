@@ -1,7 +1,8 @@
 // Package config owns the agent's configuration file: its schema, documented
 // defaults, strict decoding and validation. It knows nothing of processes or
-// cgroups; cmd/cellvisor loads it and hands the parts to runtime, cgroup and
-// supervisor.
+// cgroups. cmd/cellvisor and cmd/cellvisor-demo load it and agent hands
+// its parts to runtime, cgroup and supervisor: agent, cmd/cellvisor and
+// cmd/cellvisor-demo import it.
 package config
 
 import (

@@ -3,7 +3,8 @@
 // the renewal of its client certificate, the acknowledgement journal, which
 // makes every ack durable before it is sent and resends it until the
 // control plane takes it, and the spool directory source. It links no
-// control-plane code.
+// control-plane code. activation, outbound, agent and cmd/cellvisor import
+// it.
 package controlclient
 
 import (

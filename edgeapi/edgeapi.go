@@ -1,7 +1,8 @@
 // Package edgeapi is the wire contract of the edge-control API between
 // cellvisor-control (controlapi) and the agent (controlclient): the paths,
 // the headers and the request and response bodies. It holds no logic; both
-// sides import it so that they cannot drift apart.
+// sides import it so that they cannot drift apart. Any package may import
+// it.
 //
 // Every path but Enroll needs a client certificate issued at enrollment
 // (CN = edge UUID). Manifest pages and artifacts use the types of package

@@ -3,6 +3,8 @@
 // live candidates, and the route a sender takes for a class. It is pure: no
 // store, no HTTP, no clock of its own. The control API runs the cascade
 // against its store and leases; the agent turns answers into routes.
+// controlapi, controlapi/lease, outbound, outbound/outboundtest and
+// cmd/cellvisor-control import it.
 package egress
 
 import "fmt"

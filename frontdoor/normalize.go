@@ -2,9 +2,10 @@
 // a URL to its origin (scheme, A-label host, explicit port), matches it
 // exactly against an org's front-door rows and answers one edge or a typed
 // refusal (unmapped, ambiguous, corrupt row, malformed input). It never
-// guesses and never falls back. It is pure: no store, no HTTP. The control
-// API and the agent import it; the cells run its Lua twin
-// (runtime/lua/frontdoor.lua), pinned to it by testdata/cases.json.
+// guesses and never falls back. It is pure: no store, no HTTP. The
+// control API (controlapi) and the agent (agent) import it; the cells run
+// its Lua twin (runtime/lua/frontdoor.lua), pinned to it by
+// testdata/cases.json.
 package frontdoor
 
 import (

@@ -2,7 +2,8 @@
 // watches the directory with fsnotify, rotates a live log (rename to .1, the
 // older generation dropped) once it reaches a quarter of the budget and asks
 // the writer to reopen its files, and deletes rotated generations while the
-// directory is over budget. Only supervisor imports it.
+// directory is over budget. Only supervisor and agent import it (agent
+// for the directories' sizes).
 package logbound
 
 import (

@@ -4,7 +4,7 @@
 // of artifact bytes (size, SHA-256, signature by the pinned key), strict
 // decoding with hard bounds, paging, and reading gzip recovery snapshots with
 // hard bounds on download and expansion. It does no I/O of its own beyond the
-// readers it is given.
+// readers it is given. Both sides import it; any package may import it.
 package manifest
 
 import (

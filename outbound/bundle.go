@@ -4,7 +4,8 @@
 // class resolved from the control API's election answers, the senders
 // (direct to the class's destination, or forwarded to the lease holder's
 // intake) and the intake that a lease holder serves to its org's peers.
-// agent wires it; it imports no control-plane code.
+// agent wires it and agentmetrics reads its intake's results: agent and
+// agentmetrics import it; it imports no control-plane code.
 package outbound
 
 import (

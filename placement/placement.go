@@ -7,7 +7,8 @@
 // once and then kept, so adding an unrelated domain or a cell moves nothing,
 // and removing a cell moves only the domains that were on it.
 //
-// The control plane imports it; it imports nothing of this module.
+// The control plane's store (controlapi/store) imports it; it imports
+// nothing of this module.
 package placement
 
 import (

@@ -3,4 +3,6 @@
 // domain configuration model, the per-pool runtime JSON the cells' Lua reads,
 // the rendered nginx.conf, and releases switched atomically through the
 // slot's `current` link. It starts no process; supervisor does.
+// supervisor, activation, agent, cmd/cellvisor-demo and the tests' harness
+// (internal/testutil) import it.
 package runtime

@@ -4,7 +4,8 @@
 // listener, reaps or watches it, kills whatever it leaves behind and restarts
 // it with bounded backoff; it reports every slot's state and serves that on the local admin
 // socket. Deciding (the restart tracker, the state of a slot) is kept apart
-// from doing (processes, cgroups) so the first can be tested fast.
+// from doing (processes, cgroups) so the first can be tested fast. agent,
+// agentmetrics, cmd/cellvisor and cmd/cellvisor-demo import it.
 package supervisor
 
 import (

@@ -1,8 +1,8 @@
 // Package systemd is the agent's systemd glue: readiness, status and stopping
 // notifications through sd_notify, and the watchdog, which pings only while
 // every watched long-running loop is alive (Health). Outside systemd every
-// call is a no-op. The unit files live beside it. cmd/cellvisor,
-// cmd/cellvisor-control and agent import it.
+// call is a no-op. The unit files live beside it. agent and
+// cmd/cellvisor-control import it.
 package systemd
 
 import (

@@ -4,7 +4,9 @@
 // links no part of the server, so that a caller links no database:
 // controlapi serves the contract (its fleet page shows the same views),
 // controlapi/store records its move states, and cellvisor-control's
-// subcommands and cellvisor-demo call it through Client.
+// subcommands and cellvisor-demo call it through Client. Only controlapi,
+// controlapi/fleet, controlapi/store, cmd/cellvisor-control and
+// cmd/cellvisor-demo import it.
 package adminapi
 
 import "time"

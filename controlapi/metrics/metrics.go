@@ -2,7 +2,7 @@
 // (cellvisor_control_*): their names, labels and buckets, on a registry of
 // their own, and the handler that serves them. controlapi records into it
 // and serves it on the admin listener; docs/observability.md lists every
-// series.
+// series. Only controlapi imports it.
 package metrics
 
 import (

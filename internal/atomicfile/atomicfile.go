@@ -1,7 +1,8 @@
 // Package atomicfile writes files and directory entries durably: a file is
 // written beside its final name, fsynced, renamed into place and its
 // directory fsynced, so that a crash leaves the old file or the new one,
-// never a mix. The agent's state, identity and release writers use it.
+// never a mix. The agent's state, identity and release writers use it;
+// any package may import it.
 // Replace does the same without the fsyncs, for files that describe only
 // this boot (the run directory's).
 package atomicfile

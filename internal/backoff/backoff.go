@@ -2,7 +2,8 @@
 // from an initial delay up to a cap, then ±50% jitter kept within the cap,
 // reset on success, waited on an injected clock and bounded by a context.
 // Every retry and poll loop of the agent uses it, so that one jitter rule
-// holds everywhere (issue 11 §5).
+// holds everywhere (issue 11 §5); the control API's store uses it too.
+// Any package may import it.
 package backoff
 
 import (

@@ -2,7 +2,8 @@
 // everything the binary was built from (its code and embedded files, its
 // dependencies, the Go toolchain), so that two binaries share it only
 // when they would behave the same. The agent keys what it derives from
-// its own code (a standalone release's render inputs) with it.
+// its own code (a standalone release's render inputs) with it. Only
+// runtime imports it.
 package buildid
 
 import (

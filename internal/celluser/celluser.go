@@ -5,7 +5,7 @@
 // makes as a cell's user (with that user's filesystem ids). The agent
 // (agent) resolves them at start; the supervisor starts cells as them and
 // reads their /proc entries through Do; runtime gives each slot's
-// directories to its group.
+// directories to its group. Only agent and supervisor import it.
 package celluser
 
 import (

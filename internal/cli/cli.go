@@ -2,7 +2,8 @@
 // behave alike: a cobra command tree run with help on stdout, errors that
 // name the fix (an unknown flag says which command it belongs to), group
 // commands that refuse unknown subcommands, and the zap logger of a command
-// (colour only on a terminal). Only the commands under cmd/ import it.
+// (colour only on a terminal). Only the commands under cmd/
+// (cmd/cellvisor, cmd/cellvisor-control, cmd/cellvisor-demo) import it.
 package cli
 
 import (

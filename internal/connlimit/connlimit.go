@@ -10,10 +10,12 @@
 // the server handshakes itself, concurrently and under the deadline, and
 // Accept returns only connections through theirs.
 //
-// The agent's egress intake (outbound) and metrics endpoint (agentmetrics)
-// and the control API's listeners (controlapi) use it. golang.org/x/net's
-// netutil.LimitListener was not enough: it stops accepting at its cap, so
-// a flood holding the cap locks out every real peer.
+// The agent's egress intake (outbound), metrics endpoint (agentmetrics)
+// and listener statistics (agent), and the control API's listeners
+// (controlapi) and their series (controlapi/metrics) use it.
+// golang.org/x/net's netutil.LimitListener was not enough: it stops
+// accepting at its cap, so a flood holding the cap locks out every real
+// peer.
 package connlimit
 
 import (

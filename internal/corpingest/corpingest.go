@@ -1,8 +1,8 @@
 // Package corpingest is a test destination for governed egress ("corp
 // ingest"): an HTTP handler that takes bundles (POST, any path), ingests
 // each bundle id once, and counts deliveries received, unique and
-// duplicate, per class and per sender and epoch. Tests and the demo use
-// it; nothing in the agent imports it.
+// duplicate, per class and per sender and epoch. Tests and the demo
+// (cmd/cellvisor-demo) use it; the agent links none of it.
 package corpingest
 
 import (

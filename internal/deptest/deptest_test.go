@@ -1,9 +1,14 @@
-// Package deptest keeps the project's layering true: it lists what each
-// package links (go list -deps) and fails when a dependency runs the wrong
-// way: the edge agent linking the control plane or a database driver, the
-// control plane linking the edge's runtime, the shared models reaching
-// into the host, or a part of the control API (adminapi, fleet, lease,
-// snapcache, ...) linking the server that wires it. It has tests only.
+// Package deptest keeps the project's layering true. Its table
+// (table_test.go) places every package of the module on a floor (util,
+// model, host, cells, agent, control, build, cmd) and names who may
+// import it; TestTable fails on an import the table does not allow and on
+// a package it does not place, and TestPackageDocs keeps the "who imports
+// it" sentence of every package comment true. The older rules check what
+// each binary links (go list -deps): the edge agent linking the control
+// plane or a database driver, the control plane linking the edge's
+// runtime, the shared models reaching into the host, or a part of the
+// control API (adminapi, fleet, lease, snapcache, ...) linking the server
+// that wires it. It has tests only.
 package deptest
 
 import (

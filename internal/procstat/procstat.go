@@ -1,6 +1,6 @@
 // Package procstat reads /proc/PID/stat: the fields after the process's
 // command name, which is in parentheses and may itself hold spaces and
-// parentheses.
+// parentheses. Any package may import it.
 package procstat
 
 import (

@@ -2,7 +2,8 @@
 // spool, a snapshot's staging area) with their bounds decided before a byte
 // is read: regular files only, never through a final symbolic link, never
 // blocking on a FIFO or a device, at most a given size, and reads that stop
-// when a context ends. controlclient and manifest import it.
+// when a context ends. controlclient, manifest, outbound, runtime and
+// supervisor import it.
 package safefile
 
 import (

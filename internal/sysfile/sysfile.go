@@ -8,7 +8,7 @@
 // it is closed. A cold start of eight cells opens a few hundred such files
 // (docs/performance.md, round 12). Its Open, Read, WriteAll and
 // IgnoringEINTR are what safefile, atomicfile and the supervisor's log
-// files use for the same.
+// files use for the same. Any package may import it.
 package sysfile
 
 import (

@@ -1,7 +1,8 @@
 // Package outboundtest holds test doubles for the send path's tests (in
 // outbound and in the agent's integration tests): a CA that issues
 // certificates as the control plane's PKI does, and a fake control API
-// speaking the egress part of the edge-control contract. Tests only.
+// speaking the egress part of the edge-control contract. Only tests import
+// it.
 package outboundtest
 
 import (
