@@ -104,6 +104,34 @@ func TestCellNameNotDisclosed(t *testing.T) {
 		if strings.Contains(string(body), "cell-") {
 			t.Errorf("%s: the answer names the cell: %q", host, body)
 		}
+		if v, ok := resp.Header["Server"]; ok {
+			t.Errorf("%s: Server %q, want none", host, v)
+		}
+	}
+	// nginx's own refusals (an over-long request line, a malformed Host)
+	// are the bare status: nothing names nginx.
+	for _, tc := range []struct {
+		name, path, host string
+		code             int
+	}{
+		{"over-long URI", "/" + strings.Repeat("a", 20000), testHost, http.StatusRequestURITooLong},
+		{"bad Host", "/", "a b", http.StatusBadRequest},
+	} {
+		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = tc.host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		_, server := resp.Header["Server"]
+		if resp.StatusCode != tc.code || string(body) != strconv.Itoa(tc.code)+"\n" || server {
+			t.Errorf("%s: %d %q (Server header %v), want %d and the bare status, no Server", tc.name, resp.StatusCode, body, server, tc.code)
+		}
 	}
 }
 

@@ -154,7 +154,14 @@ end
 -- cache_headers runs in the header filter of cached routes: an answer
 -- with private, no-store or no-cache in any of its Cache-Control lines is
 -- not stored (nginx's own check reads only the first line).
+-- headers clears what would name the server to the public: nginx's
+-- Server header (server_tokens off still sends "nginx").
+function _M.headers()
+    ngx.header["Server"] = nil
+end
+
 function _M.cache_headers()
+    _M.headers() -- this location's filter replaces the server's
     local cc = ngx.resp.get_headers(100)["Cache-Control"]
     if type(cc) == "table" then
         cc = table.concat(cc, ",")
@@ -193,6 +200,9 @@ function _M.serve()
     if best.respond then
         ngx.status = best.respond.status
         ngx.header["Content-Type"] = best.respond.content_type or "text/plain"
+        -- Sent first: an empty body is the domain's answer, not an error
+        -- for the server's error page to fill.
+        ngx.send_headers()
         ngx.print(best.respond.body)
         return ngx.exit(ngx.status)
     end
