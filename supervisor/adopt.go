@@ -19,9 +19,7 @@ import (
 
 	"cellvisor/cgroup"
 	"cellvisor/internal/atomicfile"
-	"cellvisor/internal/procstat"
 	"cellvisor/internal/safefile"
-	"cellvisor/internal/sysfile"
 	"cellvisor/runtime"
 )
 
@@ -85,95 +83,12 @@ func (c *slot) removeRecord() {
 	}
 }
 
-// procIdentity is what /proc says about a process.
-type procIdentity struct {
-	exe        string
-	args       []string // the command line, split on NULs and spaces (nginx rewrites its title)
-	startTicks uint64
-	pgid       int
-	uid        int // the real uid
-}
-
-// startTicks reads when a live process started, in clock ticks since boot
-// (/proc/PID/stat's starttime): with its pid, it names the process across
-// pid reuse.
-func startTicks(pid int) (uint64, error) {
-	f, err := liveStat(pid)
-	if err != nil {
-		return 0, err
-	}
-	t, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("%s/%d/stat: starttime: %w", procRoot, pid, err)
-	}
-	return t, nil
-}
-
-// liveStat reads a process's stat fields (procstat.Fields), refusing a
-// process that is dead but for its entry.
-func liveStat(pid int) ([]string, error) {
-	f, err := procstat.Fields(pid)
-	if err == nil && procstat.Dead(f[0]) {
-		err = fmt.Errorf("process %d is dead", pid)
-	}
-	return f, err
-}
-
-// identify is identify as the agent, else as the slot's user, if the cell
-// runs as one: its /proc/PID/exe is readable by that user (or root) alone.
-func (c *slot) identify(pid int) (id procIdentity, err error) {
-	err = c.readAsCell(func() error {
-		id, err = identify(pid)
-		return err
-	})
-	return id, err
-}
-
 // wantUID is the uid this slot's cells run as.
 func (c *slot) wantUID() int {
 	if u := c.user(); u != nil {
 		return int(u.UID)
 	}
 	return os.Geteuid()
-}
-
-// identify reads a process's identity from /proc.
-func identify(pid int) (procIdentity, error) {
-	var id procIdentity
-	dir := procRoot + "/" + strconv.Itoa(pid)
-	f, err := liveStat(pid)
-	if err != nil {
-		return id, err
-	}
-	if id.pgid, err = strconv.Atoi(f[2]); err != nil {
-		return id, fmt.Errorf("%s/stat: pgrp: %w", dir, err)
-	}
-	if id.startTicks, err = strconv.ParseUint(f[19], 10, 64); err != nil {
-		return id, fmt.Errorf("%s/stat: starttime: %w", dir, err)
-	}
-	// Killed a moment ago (its agent was down, or it is being OOM-killed):
-	// adopted, it would show ready until it is gone.
-	if procstat.Exiting(f) {
-		return id, fmt.Errorf("process %d is exiting", pid)
-	}
-	if id.uid, err = procstat.UID(pid); err != nil {
-		return id, err
-	}
-	switch dying, err := procstat.KillPending(pid); {
-	case err != nil:
-		return id, err
-	case dying:
-		return id, fmt.Errorf("process %d has a SIGKILL pending", pid)
-	}
-	if id.exe, err = os.Readlink(dir + "/exe"); err != nil {
-		return id, err
-	}
-	cmdline, err := sysfile.ReadFile(dir+"/cmdline", 1<<20)
-	if err != nil {
-		return id, err
-	}
-	id.args = strings.FieldsFunc(string(cmdline), func(r rune) bool { return r == 0 || r == ' ' })
-	return id, nil
 }
 
 // mismatch says why a process named by a slot's pid file is not the master
@@ -434,67 +349,6 @@ func (p *proc) release() {
 	defer p.mu.Unlock()
 	if p.pidfd != nil {
 		_ = p.pidfd.SetReadDeadline(time.Unix(1, 0))
-	}
-}
-
-// counters are a slot's restart counts and operator-restart times, kept
-// across agent restarts.
-type counters struct {
-	Restarts             int         `json:"restarts"`
-	OperatorRestarts     int         `json:"operator_restarts"`
-	OperatorRestartTimes []time.Time `json:"operator_restart_times"`
-}
-
-func (c *slot) countersPath() string { return filepath.Join(c.spec.Dir, "supervision.json") }
-
-// loadCounters resumes what a previous agent counted. Times further ahead
-// than a window (a clock that was ahead, or a forged file) are dropped, so
-// they cannot block restarts.
-func (c *slot) loadCounters() {
-	b, err := safefile.ReadFile(context.Background(), c.countersPath(), maxSmallFile)
-	if errors.Is(err, os.ErrNotExist) {
-		return
-	}
-	var k counters
-	if err == nil {
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(&k)
-	}
-	if err == nil && (k.Restarts < 0 || k.OperatorRestarts < 0) {
-		err = errors.New("negative count")
-	}
-	if err != nil {
-		c.log.Warn("restart counts of a previous agent unreadable; starting from zero", zap.Error(err))
-		return
-	}
-	now := c.s.clk.Now()
-	var times []time.Time
-	for _, t := range k.OperatorRestartTimes {
-		if t.Sub(now) <= c.s.settings().RestartWindow && now.Sub(t) < c.s.settings().RestartWindow {
-			times = append(times, t)
-		}
-	}
-	if len(times) > c.s.settings().RestartLimit {
-		times = times[len(times)-c.s.settings().RestartLimit:]
-	}
-	c.restarts, c.opRestartsTotal, c.opRestarts = k.Restarts, k.OperatorRestarts, times
-}
-
-// saveCounters persists the slot's counts; snapshots are taken and written
-// in order under saveMu, so an older one never overwrites a newer one.
-func (c *slot) saveCounters() {
-	c.saveMu.Lock()
-	defer c.saveMu.Unlock()
-	c.mu.Lock()
-	k := counters{Restarts: c.restarts, OperatorRestarts: c.opRestartsTotal, OperatorRestartTimes: slices.Clone(c.opRestarts)}
-	c.mu.Unlock()
-	b, err := json.Marshal(k)
-	if err == nil {
-		err = atomicfile.WriteFile(c.countersPath(), append(b, '\n'), 0o600)
-	}
-	if err != nil {
-		c.log.Warn("persist restart counts", zap.Error(err))
 	}
 }
 

@@ -1,9 +1,20 @@
 package supervisor
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"time"
 
+	"go.uber.org/zap"
+
+	"cellvisor/internal/atomicfile"
 	"cellvisor/internal/backoff"
+	"cellvisor/internal/safefile"
 )
 
 // Policy is the crash-restart policy.
@@ -85,4 +96,65 @@ func admit(past []time.Time, now time.Time, limit int, window time.Duration) (ke
 		return kept, min(kept[0].Add(window).Sub(now), window), false
 	}
 	return append(kept, now), 0, true
+}
+
+// counters are a slot's restart counts and operator-restart times, kept
+// across agent restarts.
+type counters struct {
+	Restarts             int         `json:"restarts"`
+	OperatorRestarts     int         `json:"operator_restarts"`
+	OperatorRestartTimes []time.Time `json:"operator_restart_times"`
+}
+
+func (c *slot) countersPath() string { return filepath.Join(c.spec.Dir, "supervision.json") }
+
+// loadCounters resumes what a previous agent counted. Times further ahead
+// than a window (a clock that was ahead, or a forged file) are dropped, so
+// they cannot block restarts.
+func (c *slot) loadCounters() {
+	b, err := safefile.ReadFile(context.Background(), c.countersPath(), maxSmallFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	var k counters
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&k)
+	}
+	if err == nil && (k.Restarts < 0 || k.OperatorRestarts < 0) {
+		err = errors.New("negative count")
+	}
+	if err != nil {
+		c.log.Warn("restart counts of a previous agent unreadable; starting from zero", zap.Error(err))
+		return
+	}
+	now := c.s.clk.Now()
+	var times []time.Time
+	for _, t := range k.OperatorRestartTimes {
+		if t.Sub(now) <= c.s.settings().RestartWindow && now.Sub(t) < c.s.settings().RestartWindow {
+			times = append(times, t)
+		}
+	}
+	if len(times) > c.s.settings().RestartLimit {
+		times = times[len(times)-c.s.settings().RestartLimit:]
+	}
+	c.restarts, c.opRestartsTotal, c.opRestarts = k.Restarts, k.OperatorRestarts, times
+}
+
+// saveCounters persists the slot's counts; snapshots are taken and written
+// in order under saveMu, so an older one never overwrites a newer one.
+func (c *slot) saveCounters() {
+	c.saveMu.Lock()
+	defer c.saveMu.Unlock()
+	c.mu.Lock()
+	k := counters{Restarts: c.restarts, OperatorRestarts: c.opRestartsTotal, OperatorRestartTimes: slices.Clone(c.opRestarts)}
+	c.mu.Unlock()
+	b, err := json.Marshal(k)
+	if err == nil {
+		err = atomicfile.WriteFile(c.countersPath(), append(b, '\n'), 0o600)
+	}
+	if err != nil {
+		c.log.Warn("persist restart counts", zap.Error(err))
+	}
 }
