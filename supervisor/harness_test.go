@@ -157,13 +157,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		}
 	}
 	if o.users != nil {
-		// The cells' users traverse the test's directories to reach their
-		// own (t.TempDir's are 0700), as they do a host's state directory.
-		for _, d := range []string{dir, filepath.Dir(dir)} {
-			if err := os.Chmod(d, 0o751); err != nil {
-				t.Fatal(err)
-			}
-		}
+		testutil.Traversable(t, dir)
 		gids := map[string]int{}
 		for name, u := range o.users {
 			gids[name] = int(u.GID)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"cellvisor/internal/celluser"
+	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
 )
 
@@ -109,12 +110,7 @@ func TestCellOfAnotherUserIsNotAdopted(t *testing.T) {
 	h := newHarness(t, harnessOpts{slots: 1, assign: allAssigned(1)})
 	before := h.waitReady("cell-01", 0)
 	u := &celluser.User{Name: "cellvisor-cell-01", UID: 64311, GID: 64311}
-	dir := filepath.Dir(h.cfg.StateDir)
-	for _, d := range []string{dir, filepath.Dir(dir)} {
-		if err := os.Chmod(d, 0o751); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testutil.Traversable(t, filepath.Dir(h.cfg.StateDir))
 	if err := h.topo.Own(h.cfg.StateDir, h.cfg.RunDir, map[string]int{"cell-01": int(u.GID)}); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/internal/testutil"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -94,11 +96,7 @@ func TestDoActsAsTheUser(t *testing.T) {
 		t.Skip("needs root to make a file of another user's")
 	}
 	dir := t.TempDir()
-	for _, d := range []string{dir, filepath.Dir(dir)} { // t.TempDir's are 0700
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testutil.Traversable(t, dir)
 	u := &User{Name: "x", UID: 64201, GID: 64201}
 	own := filepath.Join(dir, "own")
 	if err := os.Mkdir(own, 0o700); err != nil {
@@ -155,12 +153,8 @@ func TestDoSignalsAsTheUser(t *testing.T) {
 }
 
 func TestReachable(t *testing.T) {
-	dir := t.TempDir() // its parent is 0700
-	for _, d := range []string{dir, filepath.Dir(dir)} {
-		if err := os.Chmod(d, 0o751); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := t.TempDir()
+	testutil.Traversable(t, dir)
 	state := filepath.Join(dir, "state")
 	closed := filepath.Join(dir, "closed")
 	if err := os.Mkdir(closed, 0o700); err != nil {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -190,4 +191,16 @@ func GoBuild(pkg, out string, ldflags ...string) error {
 		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
 	}
 	return nil
+}
+
+// Traversable makes dir, a t.TempDir, and the per-test directory above it
+// (both 0700) traversable by other users (0751): a cell's own user reaches
+// its slot's directories under them as it does a host's state directory.
+func Traversable(t testing.TB, dir string) {
+	t.Helper()
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(d, 0o751); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
