@@ -3,7 +3,8 @@
 // every artifact (size, SHA-256, Ed25519 by the pinned key), decodes and
 // compiles the domains into per-pool runtime JSON, installs a complete
 // release for every slot whose content changed, switches those slots
-// atomically, reloads only those cells, waits until each reports the new
+// atomically, has only those cells load it (as data where their running
+// configuration allows, else by a graceful reload), waits until each reports the new
 // sequence, and journals the acknowledgement. Everything is verified before
 // anything is written, so a refusal leaves the previous release active and
 // untouched and journals a refusal ack instead. agent and agentmetrics
@@ -38,9 +39,11 @@ type Cells interface {
 	// drained and stopped, and Assign returns once it is, or with ctx's
 	// error.
 	Assign(ctx context.Context, cell, pool string) error
-	// Reload makes a cell load its switched release: a graceful reload of a
-	// running cell, a start of one that waited for a release.
-	Reload(cell string) error
+	// Apply makes a cell serve its switched release: loaded as data by a
+	// running cell whose configuration allows it, a graceful reload of any
+	// other running cell, a start of one that waited for a release. It
+	// says how ("loaded", "reloaded: why", "started: why").
+	Apply(ctx context.Context, cell string) (how string, err error)
 	// Loaded returns the release sequence a running, ready cell reports
 	// having loaded (from its private status); running is false otherwise.
 	Loaded(ctx context.Context, cell string) (seq int64, running bool, err error)

@@ -101,7 +101,7 @@ func (s *memSource) Ack(_ context.Context, a manifest.Ack) error {
 	return nil
 }
 
-// fakeCells loads the switched release on Reload, unless told not to.
+// fakeCells loads the switched release on Apply, unless told not to.
 type fakeCells struct {
 	topo     runtime.Topology
 	mu       sync.Mutex
@@ -136,7 +136,7 @@ func (f *fakeCells) Assign(ctx context.Context, cell, pool string) error {
 	return nil
 }
 
-func (f *fakeCells) Reload(cell string) error {
+func (f *fakeCells) Apply(_ context.Context, cell string) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reloads = append(f.reloads, cell)
@@ -144,7 +144,7 @@ func (f *fakeCells) Reload(cell string) error {
 	if m, err := runtime.Current(s); err == nil && cell != f.deadCell {
 		f.loaded[cell] = m.Sequence
 	}
-	return nil
+	return "loaded", nil
 }
 
 func (f *fakeCells) Loaded(ctx context.Context, cell string) (int64, bool, error) {

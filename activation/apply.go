@@ -19,7 +19,8 @@ import (
 )
 
 // apply installs and switches the changed slots, gives every slot its
-// assignment, reloads the changed cells, retires the unassigned ones, waits
+// assignment, has the changed cells take their release (loaded as data or
+// reloaded), retires the unassigned ones, waits
 // for the cells to report the sequence, persists signed assignments, journals
 // the ack, and only then records the sequence as active: a crash anywhere
 // before that redoes the activation (a no-op on disk) and the ack.
@@ -33,6 +34,7 @@ func (a *Activator) apply(ctx context.Context, seq int64, pl placement) error {
 		return err
 	}
 	want := map[string]int64{}
+	how := map[string]string{}
 	var retiring []runtime.Slot
 	for _, c := range changes { // in slot order, not the map's
 		switch c.kind {
@@ -53,8 +55,12 @@ func (a *Activator) apply(ctx context.Context, seq int64, pl placement) error {
 		if err := a.o.Cells.Assign(ctx, c.slot.Name, pl.assign[c.slot.Name]); err != nil {
 			a.log.Warn("assign cell", zap.String("cell", c.slot.Name), zap.Error(err))
 		}
-		if err := a.o.Cells.Reload(c.slot.Name); err != nil {
-			a.log.Warn("reload cell", zap.String("cell", c.slot.Name), zap.Error(err))
+		actx, cancel := context.WithTimeout(ctx, 2*cellCallTimeout)
+		h, err := a.o.Cells.Apply(actx, c.slot.Name)
+		cancel()
+		how[c.slot.Name] = h
+		if err != nil {
+			a.log.Warn("apply release to cell", zap.String("cell", c.slot.Name), zap.Error(err))
 		}
 	}
 	notRetired := a.retire(ctx, retiring)
@@ -67,7 +73,7 @@ func (a *Activator) apply(ctx context.Context, seq int64, pl placement) error {
 	a.mu.Lock()
 	a.assign, a.limits = pl.assign, pl.limits
 	a.mu.Unlock()
-	return a.commit(seq, changes, missing, notRetired)
+	return a.commit(seq, changes, how, missing, notRetired)
 }
 
 // retire unassigns slots: each cell is drained and stopped (within the
@@ -149,7 +155,7 @@ func (a *Activator) installAndSwitch(seq int64, changes []change) error {
 
 // commit journals the ack of seq (partial when cells did not report it)
 // and then records seq as the active sequence.
-func (a *Activator) commit(seq int64, changes []change, missing, notRetired []string) error {
+func (a *Activator) commit(seq int64, changes []change, how map[string]string, missing, notRetired []string) error {
 	ack := manifest.Ack{Sequence: seq, Status: manifest.AckApplied, At: a.clock.Now().UTC()}
 	var why []string
 	if len(missing) > 0 {
@@ -176,17 +182,22 @@ func (a *Activator) commit(seq int64, changes []change, missing, notRetired []st
 	a.active = seq
 	a.mu.Unlock()
 	a.note(seq, ack.Status)
-	var names []string
-	var retired []string
+	var loaded, reloaded, started, retired []string
 	for _, c := range changes {
-		switch c.kind {
-		case install:
-			names = append(names, c.slot.Name)
-		case retire:
+		switch h := how[c.slot.Name]; {
+		case c.kind == retire:
 			retired = append(retired, c.slot.Name)
+		case c.kind == untouched:
+		case h == "loaded":
+			loaded = append(loaded, c.slot.Name)
+		case h == "started":
+			started = append(started, c.slot.Name)
+		default:
+			reloaded = append(reloaded, c.slot.Name+" ("+h+")")
 		}
 	}
-	a.log.Info("manifest applied", zap.Int64("sequence", seq), zap.Strings("reloaded", names), zap.Strings("retired", retired), zap.String("ack", ack.Status), zap.Strings("not_loaded", missing))
+	a.log.Info("manifest applied", zap.Int64("sequence", seq), zap.Strings("loaded", loaded), zap.Strings("reloaded", reloaded),
+		zap.Strings("started", started), zap.Strings("retired", retired), zap.String("ack", ack.Status), zap.Strings("not_loaded", missing))
 	return nil
 }
 

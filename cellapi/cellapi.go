@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -53,9 +54,27 @@ const (
 
 // Status is a cell's own report of itself.
 type Status struct {
-	Cell        string      `json:"cell"`
-	Pool        string      `json:"pool"`
-	Sequence    int64       `json:"sequence"`
+	Cell     string `json:"cell"`
+	Pool     string `json:"pool"`
+	Sequence int64  `json:"sequence"`
+	// Release is the release the cell serves (its directory's name), and
+	// ConfRelease the one its running configuration was read from: they
+	// differ once a newer release was loaded without a reload.
+	Release     string `json:"release"`
+	ConfRelease string `json:"conf_release"`
+	// Shape is the running configuration's shape (runtime.ReleaseMeta.Shape):
+	// a release of the same shape can be loaded; "" for a cell that cannot
+	// load (an older agent's Lua).
+	Shape string `json:"shape"`
+	// WorkerPID is the worker that answered: the same across loads, a new
+	// one after every reload.
+	WorkerPID int `json:"worker_pid"`
+	// Loads counts the releases the cell loaded without a reload, and
+	// those it could not.
+	Loads Loads `json:"loads"`
+	// Cut counts requests the cell's workers ended unfinished when their
+	// shutdown grace ran out (after a reload, or at a stop).
+	Cut         Cut         `json:"cut"`
 	Drained     bool        `json:"drained"`
 	Listening   bool        `json:"listening"`
 	Connections Connections `json:"connections"`
@@ -70,6 +89,45 @@ type Status struct {
 	Origins  map[string]Origin `json:"origins"`
 	Security Security          `json:"security"`
 }
+
+// Loads are a cell's loads of releases without a reload.
+type Loads struct {
+	Count     int64  `json:"count"`
+	Failures  int64  `json:"failures"`
+	LastMs    int64  `json:"last_ms"`
+	LastError string `json:"last_error"`
+}
+
+// Cut counts requests cut by the end of a worker's shutdown grace.
+type Cut struct {
+	Shutdown int64 `json:"shutdown"`
+}
+
+// Refusal is a cell's refusal to load a release: it keeps serving Release.
+type Refusal struct {
+	// Kind is RefusedReload, RefusedOlder or RefusedFailed.
+	Kind    string `json:"error"`
+	Reason  string `json:"reason"`
+	Release string `json:"release"`
+}
+
+// The kinds of Refusal.
+const (
+	// RefusedReload: the release changes the configuration, not only its
+	// data; a reload takes it.
+	RefusedReload = "reload"
+	// RefusedOlder: the release is not newer than the one served.
+	RefusedOlder = "older"
+	// RefusedFailed: the cell could not read or build the release's data.
+	RefusedFailed = "failed"
+)
+
+func (r *Refusal) Error() string {
+	return fmt.Sprintf("cell refused to load (%s): %s; serving %s", r.Kind, r.Reason, r.Release)
+}
+
+// Unwrap makes a refusal the cell's own answer (Answered).
+func (r *Refusal) Unwrap() error { return ErrAnswer }
 
 // Connections are the cell's client connections (nginx's stub status).
 type Connections struct {
@@ -233,6 +291,12 @@ func (c *Client) send(ctx context.Context, method, path, query string, h http.He
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized:
 		return fmt.Errorf("cell %s %s: %w: %s", method, path, ErrUnauthorized, body)
+	case resp.StatusCode == http.StatusConflict:
+		r := &Refusal{}
+		if json.Unmarshal(body, r) != nil || r.Kind == "" {
+			return fmt.Errorf("cell %s %s: %w %s: %s", method, path, ErrAnswer, resp.Status, body)
+		}
+		return fmt.Errorf("cell %s %s: %w", method, path, r)
 	case resp.StatusCode == http.StatusRequestTimeout:
 		return fmt.Errorf("cell %s %s: %w: %s", method, path, ErrExpired, body)
 	case resp.StatusCode != http.StatusOK:
@@ -292,6 +356,36 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 // Drain makes the cell stop advertising readiness.
 func (c *Client) Drain(ctx context.Context) (Status, error) {
 	return c.call(ctx, http.MethodPost, "/drain")
+}
+
+// Load makes the cell serve release id (a directory of its releases) as
+// data, without a reload: it answers its status once the release is live.
+// A cell that cannot load it keeps serving what it had and answers a
+// *Refusal (errors.As) saying why.
+func (c *Client) Load(ctx context.Context, id string) (Status, error) {
+	if !validReleaseID(id) {
+		return Status{}, fmt.Errorf("load %q: not a release name", id)
+	}
+	return c.call(ctx, http.MethodPost, "/load/"+id)
+}
+
+// validReleaseID is a release directory's name: digits, '-', hex.
+func validReleaseID(id string) bool {
+	seq, sum, ok := strings.Cut(id, "-")
+	if !ok || seq == "" || sum == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range seq {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	for _, c := range sum {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Undrain makes the cell advertise readiness again.

@@ -55,20 +55,34 @@ type PoolRuntime struct {
 	// the domain's own Canonical encoding.
 	Docs func(*domain.Domain) ([]byte, error) `json:"-"`
 
-	hashOnce sync.Once // the JSON's SHA-256, computed once for every slot of the pool
+	hashOnce sync.Once // the JSON's SHA-256 and size, computed once for every slot of the pool
 	hash     string
+	size     int64
 	hashErr  error
 }
 
-// contentHash is the hex SHA-256 of WriteJSON's output. A pool is not
-// changed after it is compiled, and its slots share it.
-func (p *PoolRuntime) contentHash() (string, error) {
+// contentHash is the hex SHA-256 and the size of WriteJSON's output. A
+// pool is not changed after it is compiled, and its slots share it.
+func (p *PoolRuntime) contentHash() (string, int64, error) {
 	p.hashOnce.Do(func() {
 		h := sha256.New()
-		p.hashErr = p.WriteJSON(h)
-		p.hash = hex.EncodeToString(h.Sum(nil))
+		cw := &countingWriter{w: h}
+		p.hashErr = p.WriteJSON(cw)
+		p.hash, p.size = hex.EncodeToString(h.Sum(nil)), cw.n
 	})
-	return p.hash, p.hashErr
+	return p.hash, p.size, p.hashErr
+}
+
+// countingWriter counts what passes through it.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return n, err
 }
 
 // WriteJSON writes the pool runtime JSON to w, hosts in name order,
@@ -139,19 +153,14 @@ func CompilePools(domains []domain.Domain) (map[string]*PoolRuntime, error) {
 	return pools, nil
 }
 
-// cacheTTLs are the distinct positive cache TTLs of the pool's domains,
-// ascending.
-func (p *PoolRuntime) cacheTTLs() []int {
-	seen := map[int]bool{}
-	var out []int
+// caches reports whether one of the pool's domains has a cache TTL.
+func (p *PoolRuntime) caches() bool {
 	for _, d := range p.Hosts {
-		if d.Cache != nil && d.Cache.TTLSeconds > 0 && !seen[d.Cache.TTLSeconds] {
-			seen[d.Cache.TTLSeconds] = true
-			out = append(out, d.Cache.TTLSeconds)
+		if d.Cache != nil && d.Cache.TTLSeconds > 0 {
+			return true
 		}
 	}
-	sort.Ints(out)
-	return out
+	return false
 }
 
 // CompileSlots gives every assigned slot its own pool runtime. A domain

@@ -41,6 +41,11 @@ type ReleaseMeta struct {
 	// nginx.conf rendered without its sequence and directory, so equal
 	// content compares equal across sequences.
 	Digest string `json:"digest"`
+	// Shape identifies what the release does but for its data (the pool
+	// runtime): the digest of every other file. A running cell whose
+	// configuration has the shape of a new release loads that release's
+	// data without a reload.
+	Shape string `json:"shape,omitempty"`
 	// Files maps every file of the release to its SHA-256, to verify the
 	// release on disk (VerifyRelease).
 	Files map[string]string `json:"files"`
@@ -81,8 +86,12 @@ func idSequence(name string) (int64, bool) {
 
 // luaHashes are the embedded Lua modules' hashes, the same in every
 // release: computed once, not for each slot's release.
-var luaHashes = sync.OnceValue(func() struct{ cell, frontDoor string } {
-	return struct{ cell, frontDoor string }{hashOf(cellLua), hashOf(frontDoorLua)}
+var luaHashes = sync.OnceValue(func() map[string]string {
+	return map[string]string{
+		"lua/cellvisor.lua": hashOf(cellLua),
+		"lua/frontdoor.lua": hashOf(frontDoorLua),
+		"lua/cvfile.lua":    hashOf(fileLua),
+	}
 })
 
 // hashOf returns the hex SHA-256 of data.
@@ -98,7 +107,7 @@ const MaxSequence = 1<<53 - 1
 // BuildRelease assembles the files of a slot's release for sequence seq: its
 // pool runtime JSON, the cell Lua and the rendered nginx.conf.
 func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
-	r, hashes, p, sum, err := identify(p, pool)
+	r, hashes, p, sum, shape, err := identify(p, pool)
 	if err != nil {
 		return Release{}, err
 	}
@@ -114,7 +123,7 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 	if listen == "" {
 		listen = AllAddresses
 	}
-	r.Meta = ReleaseMeta{ID: id, Sequence: p.Sequence, Pool: p.Pool, Digest: sum, Files: hashes, Listen: listen}
+	r.Meta = ReleaseMeta{ID: id, Sequence: p.Sequence, Pool: p.Pool, Digest: sum, Shape: shape, Files: hashes, Listen: listen}
 	return r, nil
 }
 
@@ -122,7 +131,7 @@ func BuildRelease(p RenderParams, pool *PoolRuntime) (Release, error) {
 // without rendering the release itself: enough to tell that the active
 // release already does the same (Activate would keep it).
 func ReleaseDigest(p RenderParams, pool *PoolRuntime) (string, error) {
-	_, _, _, sum, err := identify(p, pool)
+	_, _, _, sum, _, err := identify(p, pool)
 	return sum, err
 }
 
@@ -156,19 +165,22 @@ func ReleaseInputs(p RenderParams, pool *PoolRuntime) (string, error) {
 var buildID = buildid.Self
 
 // identify starts a release of p and pool: its files but nginx.conf, their
-// hashes, p completed with the pool's cache TTLs, and the release's digest.
-func identify(p RenderParams, pool *PoolRuntime) (Release, map[string]string, RenderParams, string, error) {
+// hashes, p completed from the pool (whether it caches), the release's
+// digest and its shape (the digest without the pool runtime).
+func identify(p RenderParams, pool *PoolRuntime) (Release, map[string]string, RenderParams, string, string, error) {
 	r, hashes, p, err := prepare(p, pool)
 	if err != nil {
-		return Release{}, nil, p, "", err
+		return Release{}, nil, p, "", "", err
 	}
 	nconf, err := RenderConf(neutral(p))
 	if err != nil {
-		return Release{}, nil, p, "", err
+		return Release{}, nil, p, "", "", err
 	}
 	ident := maps.Clone(hashes)
 	ident["nginx.conf"] = hashOf(nconf)
-	return r, hashes, p, digest(ident), nil
+	sum := digest(ident)
+	delete(ident, r.poolFile)
+	return r, hashes, p, sum, digest(ident), nil
 }
 
 // neutral is p without where its release lives: the digest covers what
@@ -186,8 +198,8 @@ func prepare(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Ren
 	if p.Sequence < 0 || p.Sequence > MaxSequence {
 		return Release{}, nil, p, fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
 	}
-	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua}}
-	hashes := map[string]string{"lua/cellvisor.lua": luaHashes().cell, "lua/frontdoor.lua": luaHashes().frontDoor}
+	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua, "lua/cvfile.lua": fileLua}}
+	hashes := maps.Clone(luaHashes())
 	if p.Pool != "" {
 		if !domain.ValidPoolName(p.Pool) {
 			// Joined into pools/<pool>.json and rendered into the cell's
@@ -198,13 +210,18 @@ func prepare(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Ren
 		if pool == nil {
 			pool = &PoolRuntime{Pool: p.Pool, Hosts: map[string]*domain.Domain{}}
 		}
-		sum, err := pool.contentHash()
+		sum, size, err := pool.contentHash()
 		if err != nil {
 			return Release{}, nil, p, err
 		}
+		if size > p.MaxData() {
+			// A cell would refuse to load it (and to start on it): refused
+			// here, before anything is written, with the reason.
+			return Release{}, nil, p, fmt.Errorf("build release for %s: the data of pool %s is %d bytes, more than a cell reads (%d): %w", p.Slot.Name, p.Pool, size, p.MaxData(), ErrTooBig)
+		}
 		r.pool, r.poolFile = pool, "pools/"+p.Pool+".json"
 		hashes[r.poolFile] = sum
-		p.CacheTTLs = pool.cacheTTLs()
+		p.Cache = pool.caches()
 	}
 	return r, hashes, p, nil
 }
@@ -555,6 +572,9 @@ func Withdraw(s Slot) error {
 	}
 	return nil
 }
+
+// ErrTooBig marks a release whose data is more than a cell reads.
+var ErrTooBig = errors.New("release data too big for a cell")
 
 // ErrCorrupt marks a release whose files do not match its release.json.
 var ErrCorrupt = errors.New("release corrupt")

@@ -31,7 +31,7 @@ func TestRenderGolden(t *testing.T) {
 	p := testParams(s, 7)
 	p.ReleaseDir = "/var/lib/cellvisor/cells/cell-03/runtime/releases/000000000007"
 	limited := p
-	limited.Limits, limited.CacheTTLs = PoolLimits{MaxConns: 100, Rate: 50, Burst: 10}, []int{60, 3600}
+	limited.Limits, limited.Cache = PoolLimits{MaxConns: 100, Rate: 50, Burst: 10}, true
 	for golden, p := range map[string]RenderParams{
 		"cell-03.nginx.conf.golden":              p,
 		"cell-03-limits-cache.nginx.conf.golden": limited,

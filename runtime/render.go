@@ -17,6 +17,9 @@ var cellLua []byte
 //go:embed lua/frontdoor.lua
 var frontDoorLua []byte
 
+//go:embed lua/cvfile.lua
+var fileLua []byte
+
 //go:embed nginx.conf.tmpl
 var nginxTmpl string
 
@@ -132,10 +135,13 @@ type RenderParams struct {
 	// Limits are the slot's pool limits the cell enforces; zero values
 	// mean none.
 	Limits PoolLimits
-	// CacheTTLs are the distinct cache TTLs, in seconds, of the slot's
-	// domains, ascending: each gets a cached origin location. BuildRelease
-	// fills them from the pool runtime.
-	CacheTTLs []int
+	// Cache renders the cache zone and the cached origin location: where
+	// one of the slot's domains has a cache TTL (BuildRelease sets it from
+	// the pool runtime). The TTLs themselves are data.
+	Cache bool
+	// MaxDataBytes bounds the pool runtime a cell reads (its data); 0
+	// means DefaultMaxDataBytes.
+	MaxDataBytes int64
 	// AuthWindow is how far, in seconds, a private call's timestamp may be
 	// from the cell's clock either way; 0 means DefaultAuthWindow.
 	AuthWindow int
@@ -176,6 +182,19 @@ func (l PoolLimits) AddrShare() int {
 		return 0
 	}
 	return l.MaxConns / 8
+}
+
+// DefaultMaxDataBytes is the largest pool runtime a cell reads: what
+// 10,000 domains take with room to spare (docs/performance.md), within a
+// budget of the cell's memory that leaves the rest to connections.
+const DefaultMaxDataBytes = 64 << 20
+
+// MaxData is MaxDataBytes with its default.
+func (p RenderParams) MaxData() int64 {
+	if p.MaxDataBytes <= 0 {
+		return DefaultMaxDataBytes
+	}
+	return p.MaxDataBytes
 }
 
 // DefaultAuthWindow is the private endpoint's timestamp window, in seconds.

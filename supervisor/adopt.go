@@ -408,19 +408,20 @@ func (s *Supervisor) recoverAll(ctx context.Context) {
 	s.log.Info("recovered cells of a previous agent", zap.Int("adopted", adopted), zap.Duration("took", s.clk.Since(start)))
 }
 
-// resyncAdopted reloads an adopted cell that runs another release than the
-// slot's active one: the previous agent switched the release and was killed
-// before it reloaded the cell. Until the cell is ready nothing else sees
-// what it runs, so this happens before it is marked ready; a cell whose
-// status cannot be read is reloaded too (a graceful reload drops nothing).
+// resyncAdopted has an adopted cell that runs another release than the
+// slot's active one take it (loaded as data where it can, else reloaded):
+// the previous agent switched the release and was killed before the cell
+// took it. Until the cell is ready nothing else sees what it runs, so this
+// happens before it is marked ready; a cell whose status cannot be read is
+// reloaded (a graceful reload drops nothing).
 func (c *slot) resyncAdopted(ctx context.Context) {
 	meta, err := runtime.Current(c.spec)
 	if err != nil {
 		return // no release: the slot's routine stops it
 	}
 	sctx, cancel := context.WithTimeout(ctx, cellStatusTimeout)
+	defer cancel()
 	cs, err := c.cellStatus(sctx)
-	cancel()
 	if err == nil && cs != nil && cs.Sequence == meta.Sequence {
 		return
 	}
@@ -428,9 +429,9 @@ func (c *slot) resyncAdopted(ctx context.Context) {
 	if cs != nil {
 		running = cs.Sequence
 	}
-	c.log.Info("adopted cell does not run the active release; reloading it",
+	c.log.Info("adopted cell does not run the active release; applying it",
 		zap.Int64("running", running), zap.Int64("active", meta.Sequence), zap.NamedError("status", err))
-	if err := c.s.Reload(c.spec.Name); err != nil {
-		c.log.Warn("reload adopted cell", zap.Error(err))
+	if _, err := c.s.apply(sctx, c.spec.Name); err != nil {
+		c.log.Warn("apply the active release to the adopted cell", zap.Error(err))
 	}
 }

@@ -266,9 +266,74 @@ func (s *Supervisor) Reload(name string) error {
 	default:
 	}
 	if pid != 0 && answered {
+		if n, ok := c.reloadRoom(pid); !ok && c.s.settings().Liveness.Interval >= 0 {
+			// Each generation holds a worker, its memory and its
+			// connections until worker_shutdown_timeout: a burst of reloads
+			// would fill the cell's PIDs and memory with them. This one
+			// waits until the last has taken effect and fewer than
+			// maxOldGenerations are finishing (retryReload, at each
+			// liveness check and each Loaded); reloads asked for
+			// meanwhile make one.
+			c.mu.Lock()
+			c.reloadPending = true
+			c.mu.Unlock()
+			c.log.Info("reload deferred: older worker generations are still finishing their requests", zap.Int("old_workers", n))
+			return nil
+		}
 		return c.hup(pid)
 	}
 	return nil
+}
+
+// maxOldGenerations is how many generations of workers a reload may leave
+// finishing their requests at once.
+const maxOldGenerations = 2
+
+// reloadRoom tells whether master pid may be reloaded now: its last
+// reload has taken effect (a worker it did not retire runs) and fewer than
+// maxOldGenerations workers it retired are still finishing; n is those.
+func (c *slot) reloadRoom(pid int) (n int, ok bool) {
+	c.mu.Lock()
+	retiring := c.retiring
+	if c.retiringOf != pid {
+		retiring = nil
+	}
+	c.mu.Unlock()
+	fresh := false
+	_ = c.readAsCell(func() error {
+		kids, err := children(pid)
+		n, fresh = 0, false
+		for _, k := range kids {
+			switch {
+			case cacheProcess(k.pid):
+			case retiring[k]:
+				n++
+			default:
+				fresh = true
+			}
+		}
+		return err
+	})
+	return n, fresh && n < maxOldGenerations
+}
+
+// retryReload sends a deferred reload once fewer than maxOldGenerations
+// generations are finishing.
+func (c *slot) retryReload() {
+	c.mu.Lock()
+	pid, answered, pending := c.pid, c.answered, c.reloadPending
+	c.mu.Unlock()
+	if !pending || !answered || pid == 0 {
+		return
+	}
+	if _, ok := c.reloadRoom(pid); !ok {
+		return
+	}
+	if err := c.hup(pid); err != nil {
+		c.log.Warn("deferred reload", zap.Error(err))
+		return
+	}
+	c.log.Info("deferred reload sent: an older worker generation has ended")
 }
 
 // hup reloads the running master pid gracefully (SIGHUP), noting its
@@ -279,6 +344,21 @@ func (c *slot) hup(pid int) error {
 	c.mu.Lock()
 	c.preReload = old
 	c.reloadPending = false
+	// Every child of the master now is retired by this reload; those of
+	// earlier reloads that are gone are forgotten.
+	if c.retiringOf != pid {
+		c.retiring, c.retiringOf = nil, pid
+	}
+	retiring := map[procID]bool{}
+	for p := range c.retiring {
+		if st, ok := startTime(p.pid); ok && st == p.start {
+			retiring[p] = true
+		}
+	}
+	for _, p := range old {
+		retiring[p] = true
+	}
+	c.retiring = retiring
 	c.mu.Unlock()
 	if err := c.asCell(func() error { return syscall.Kill(pid, syscall.SIGHUP) }); err != nil {
 		return fmt.Errorf("reload %s: %w", c.spec.Name, err)
@@ -297,6 +377,7 @@ func (s *Supervisor) Loaded(ctx context.Context, name string) (int64, bool, erro
 	if _, st := c.running(); st != StateReady && st != StateDrained {
 		return 0, false, nil
 	}
+	c.retryReload() // one deferred while a publish waits for it
 	cs, err := c.cellStatus(ctx)
 	if err != nil || cs == nil {
 		return 0, false, err

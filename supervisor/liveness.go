@@ -161,6 +161,7 @@ func (o *overload) Unwrap() error { return errOverloaded }
 // onLiveness records a check's result and executes the machine's decision:
 // it returns why the agent stops the cell when it is to be restarted.
 func (c *slot) onLiveness(err error) (restartWhy string) {
+	c.retryReload()
 	p := c.s.settings().Liveness
 	c.mu.Lock()
 	before := c.live.Failures

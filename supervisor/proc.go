@@ -210,3 +210,10 @@ func identify(pid int) (procIdentity, error) {
 	id.args = strings.FieldsFunc(string(cmdline), func(r rune) bool { return r == 0 || r == ' ' })
 	return id, nil
 }
+
+// cacheProcess reports an nginx cache manager or cache loader process
+// (by its title): not a worker of any generation.
+func cacheProcess(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("%s/%d/cmdline", procRoot, pid))
+	return err == nil && strings.Contains(string(b), "cache ")
+}

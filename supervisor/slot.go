@@ -52,6 +52,12 @@ type slot struct {
 	// preReload are the master's children before its last reload: the
 	// cell has loaded the new release once none of them listens (settle.go).
 	preReload []procID
+	// retiring are the processes reloads of master retiringOf told to
+	// finish (reloadRoom counts those still running).
+	retiring   map[procID]bool
+	retiringOf int
+	// lastApply is how the cell took its last switched release (Apply).
+	lastApply *Applied
 	// reloadPending is a reload asked for while the master had not
 	// answered its readiness probe yet: sent once it does (onReady).
 	reloadPending bool
@@ -183,6 +189,10 @@ func (c *slot) status() SlotStatus {
 	if c.pid != 0 && c.live.Checks > 0 {
 		l := c.live
 		st.Liveness = &l
+	}
+	if c.lastApply != nil {
+		a := *c.lastApply
+		st.Applied = &a
 	}
 	if !c.readySince.IsZero() {
 		t := c.readySince

@@ -51,6 +51,9 @@ type SlotStatus struct {
 	ReadySince *time.Time      `json:"ready_since,omitempty"`
 	Sequence   int64           `json:"sequence"`
 	Drained    bool            `json:"drained"`
+	// Applied is how the cell took its last switched release: loaded as
+	// data, reloaded (and why), or started.
+	Applied *Applied `json:"applied,omitempty"`
 	// Cell is the running cell's own report from its private endpoint
 	// (connections, requests, passive-origin failures, security events).
 	Cell      *cellapi.Status `json:"cell,omitempty"`

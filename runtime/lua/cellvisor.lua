@@ -4,19 +4,44 @@
 -- readiness probe (503 while drained), counts requests and records
 -- passive-origin failures.
 -- Private side (unix socket only): GET /status, POST /drain, POST /undrain,
+-- POST /load/<release> (serve that release's data without a reload),
 -- GET /frontdoor?url=U (the org's front door for U, or the refusal), each
 -- authenticated with the cell's secret (see auth below).
 --
--- init() runs in the master on every (re)load: the pool JSON and the secret
--- are read once per load; the shared dict (drained flag, counters, nonces)
+-- What the cell serves is data (state below): a release's domains, read
+-- from its directory. init() reads the release the configuration names,
+-- in the master, at every start and reload; a load reads a newer release
+-- of the same shape (the same nginx.conf and Lua but for its data) and
+-- swaps it in one step, with no new worker; a worker the master starts
+-- again (after a crash) finds the release last loaded at init_worker.
+-- The shared dict (drained flag, counters, nonces, the loaded release)
 -- survives reloads.
 local cjson = require "cjson.safe"
 local bit = require "bit"
+local cvfile = require "cvfile"
+require "frontdoor" -- loaded now: a later require would read a release directory that may be gone
 
 local dict = ngx.shared.cellvisor
+-- Fill times of cached answers, by cache key: a cached answer older than
+-- its domain's TTL is fetched again (see serve); an evicted one counts as
+-- old. Only where the configuration has a cache.
+local fills = ngx.shared.cellvisor_fills
 
-local _M = { hosts = {}, cell = "?", pool = "", sequence = 0, secret = nil,
+local _M = { cell = "?", pool = "", secret = nil,
     limits = { max_conns = 0, rate = 0, burst = 0 } }
+
+-- state is what the cell serves: replaced whole by a load, never changed
+-- in place, so a request that took it once sees one release throughout.
+-- id names the release directory, shape is the digest of everything in it
+-- but the data (a load needs the running configuration's shape).
+local state = { id = "", sequence = 0, shape = "", hosts = {} }
+
+-- The configuration's own release and shape (fixed for a generation of
+-- workers), the directory of every release, and the bound of a release's
+-- data file.
+local conf_id, conf_shape, releases_dir = "", "", ""
+local max_data = 64 * 1024 * 1024
+local MAX_META = 1024 * 1024
 
 -- A request is accepted only within auth_window seconds of its timestamp
 -- (init's opts.auth_window, 30 by default), and each nonce only once: a
@@ -25,11 +50,11 @@ local _M = { hosts = {}, cell = "?", pool = "", sequence = 0, secret = nil,
 -- is forgotten.
 local auth_window = 30
 
--- seqstr renders the sequence as the exact integer it is: tostring and
+-- seqstr renders a sequence as the exact integer it is: tostring and
 -- cjson (14 significant digits by default) would round one over 10^14 into
 -- an exponent the agent cannot decode as an integer.
-local function seqstr()
-    return string.format("%.0f", _M.sequence)
+local function seqstr(seq)
+    return string.format("%.0f", seq or state.sequence)
 end
 
 local function read_file(path)
@@ -40,17 +65,53 @@ local function read_file(path)
     return data
 end
 
+-- valid_sequence: sequences are 1 … 2^53-1, exact in a double.
+local function valid_sequence(s)
+    return type(s) == "number" and s >= 0 and s <= 9007199254740991 and s == math.floor(s)
+end
+
+-- release_sequence is the sequence a release directory's name starts with.
+local function release_sequence(id)
+    return tonumber(string.match(id or "", "^(%d+)%-%x+$"))
+end
+
+-- read_release reads release id (its release.json and its pool's data)
+-- and builds the state it would serve, or answers nil and why. Nothing is
+-- changed.
+local function read_release(id)
+    if not release_sequence(id) then
+        return nil, "bad release name"
+    end
+    local dir = releases_dir .. "/" .. id
+    local data, err = cvfile.read(dir .. "/release.json", MAX_META, "release.json of " .. id)
+    if not data then return nil, err end
+    local meta = cjson.decode(data)
+    if type(meta) ~= "table" or meta.id ~= id or not valid_sequence(meta.sequence) then
+        return nil, "release.json of " .. id .. " does not describe it"
+    end
+    if (meta.pool or "") ~= _M.pool then
+        return nil, "release " .. id .. " is of pool " .. tostring(meta.pool) .. ", the cell's is " .. _M.pool
+    end
+    local hosts = {}
+    if _M.pool ~= "" then
+        local pdata, perr = cvfile.read(dir .. "/pools/" .. _M.pool .. ".json", max_data, "data of release " .. id)
+        if not pdata then return nil, perr end
+        local rt, derr = cjson.decode(pdata)
+        pdata = nil
+        if type(rt) ~= "table" or type(rt.hosts) ~= "table" then
+            return nil, "data of release " .. id .. " does not decode: " .. tostring(derr or "no hosts")
+        end
+        hosts = rt.hosts
+    end
+    return { id = id, sequence = meta.sequence, shape = type(meta.shape) == "string" and meta.shape or "", hosts = hosts }
+end
+
 function _M.init(opts)
-    _M.cell, _M.pool, _M.sequence = opts.cell, opts.pool or "", opts.sequence or 0
+    _M.cell, _M.pool = opts.cell, opts.pool or ""
     auth_window = tonumber(opts.auth_window) or 30
     _M.expose_cell = opts.expose_cell == true
     _M.limits = opts.limits or _M.limits
-    -- Sequences are 1 … 2^53-1, exact in a double; anything else is not
-    -- one the agent wrote, and is reported as 0 rather than rounded.
-    if type(_M.sequence) ~= "number" or _M.sequence < 0 or _M.sequence > 9007199254740991
-        or _M.sequence ~= math.floor(_M.sequence) then
-        _M.sequence = 0
-    end
+    max_data = tonumber(opts.max_data) or max_data
     local secret, err = read_file(opts.secret_file)
     if not secret or #secret < 32 then
         error("cellvisor: read cell secret " .. tostring(opts.secret_file) .. ": " .. tostring(err or "too short"))
@@ -60,24 +121,61 @@ function _M.init(opts)
     -- reload keeps the flag the private endpoint last set (add() does not
     -- overwrite).
     dict:add("drained", read_file(opts.drained_file) ~= nil)
-    if _M.pool == "" then return end
-    local data, rerr = read_file(opts.pools_dir .. "/" .. _M.pool .. ".json")
-    if not data then
-        error("cellvisor: read pool runtime: " .. tostring(rerr))
+    releases_dir, conf_id = string.match(opts.release_dir or "", "^(.*)/([^/]+)$")
+    local st, rerr = read_release(conf_id)
+    if not st then
+        error("cellvisor: read release: " .. tostring(rerr))
     end
-    local rt, derr = cjson.decode(data)
-    if not rt then
-        error("cellvisor: decode pool runtime: " .. tostring(derr))
-    end
-    _M.hosts = rt.hosts or {}
+    conf_shape, state = st.shape, st
 end
 
-local function lookup(host)
+-- load makes the cell serve release id, built aside and swapped in one
+-- step; nil and why (the state unchanged) where it cannot: a release of
+-- another shape needs a reload, an older one is refused.
+local function load(id)
+    if id == state.id then return true end
+    local seq = release_sequence(id)
+    if not seq or seq <= state.sequence then
+        return nil, "release " .. tostring(id) .. " is not newer than the one served (" .. state.id .. ")", "older"
+    end
+    local t0 = ngx.now()
+    local st, err = read_release(id)
+    if not st then return nil, err, "failed" end
+    if st.shape ~= conf_shape or st.shape == "" then
+        return nil, "release " .. id .. " changes the configuration, not only data: it needs a reload", "reload"
+    end
+    state = st
+    dict:set("loaded", id)
+    ngx.update_time()
+    dict:set("load:last_ms", math.floor((ngx.now() - t0) * 1000 + 0.5))
+    dict:incr("load:count", 1, 0)
+    return true
+end
+
+-- init_worker runs in every new worker: one that replaces a crashed
+-- worker finds the release the old one had loaded since the configuration
+-- was read (the shared dict keeps its name), and serves it too.
+function _M.init_worker()
+    local id = dict:get("loaded")
+    local seq = release_sequence(id)
+    if not seq or seq <= state.sequence then
+        -- A reload's first worker: its configuration's release is the newest.
+        dict:set("loaded", state.id)
+        return
+    end
+    local ok, err = load(id)
+    if not ok then
+        ngx.log(ngx.ERR, "cellvisor: worker start: serving ", state.id, ", not loaded ", id, ": ", err)
+        dict:set("loaded", state.id)
+    end
+end
+
+local function lookup(hosts, host)
     host = string.lower(host or "")
-    local d = _M.hosts[host]
+    local d = hosts[host]
     if d then return d end
     local dot = string.find(host, ".", 1, true)
-    if dot then return _M.hosts["*" .. string.sub(host, dot)] end
+    if dot then return hosts["*" .. string.sub(host, dot)] end
 end
 
 function _M.ready()
@@ -88,7 +186,7 @@ function _M.ready()
         ngx.say("draining ", _M.cell)
         return ngx.exit(503)
     end
-    ngx.say("ready ", _M.cell, " sequence ", seqstr())
+    ngx.say("ready ", _M.cell, " sequence ", seqstr(state.sequence))
 end
 
 -- normalize is the path routes are matched on and the origin receives:
@@ -176,8 +274,37 @@ function _M.cache_headers()
     end
 end
 
+-- cache_key is the key of fills for this request: the MD5 of the cache's
+-- own key (proxy_cache_key in nginx.conf).
+local function cache_key()
+    local v = ngx.var
+    return ngx.md5_bin(v.scheme .. v.host .. v.cv_path .. v.is_args .. (v.args or ""))
+end
+
+-- stored_statuses are the statuses the cached location keeps
+-- (proxy_cache_valid in nginx.conf).
+local stored_statuses = { [200] = true, [301] = true, [404] = true }
+
+-- note_fill records, in the log phase of a cached route, that the cache
+-- stored a fresh answer now (fetched, not served from the cache, of a
+-- status it keeps, and nothing kept it out): it is served from the cache
+-- for its domain's TTL from now.
+local function note_fill()
+    local v = ngx.var
+    local ttl = tonumber(v.cv_ttl)
+    if not fills or not ttl or ttl <= 0 then return end
+    local cs = v.upstream_cache_status
+    if cs ~= "MISS" and cs ~= "EXPIRED" and cs ~= "BYPASS" then return end
+    if not stored_statuses[ngx.status] or v.cv_no_store ~= "" or v.cv_private ~= ""
+        or v.http_authorization or v.http_cookie then
+        return
+    end
+    -- Forgotten once no TTL would keep it (the longest a domain may have).
+    fills:set(cache_key(), ngx.now(), 31536000)
+end
+
 function _M.serve()
-    local d = lookup(ngx.var.host)
+    local d = lookup(state.hosts, ngx.var.host)
     if not d then
         return answer(404, "no such domain")
     end
@@ -211,11 +338,19 @@ function _M.serve()
             ngx.var.cv_origin = o.url
             ngx.var.cv_origin_name = d.domain .. "/" .. o.name
             ngx.var.cv_path = escape_path(uri)
-            -- A domain with a cache TTL goes through the cached location of
-            -- its TTL, which the release rendered from the same pool JSON.
+            -- A domain with a cache TTL goes through the cached location;
+            -- an answer stored longer ago than the TTL (or not known to
+            -- this cell's fills) is fetched again and stored anew.
             local ttl = type(d.cache) == "table" and tonumber(d.cache.ttl_seconds) or 0
-            if ttl and ttl > 0 then
-                return ngx.exec("@origin_ttl_" .. string.format("%d", ttl))
+            if fills and ttl and ttl > 0 then
+                ngx.var.cv_ttl = string.format("%d", ttl)
+                local stored = fills:get(cache_key())
+                if not stored then
+                    ngx.var.cv_refresh = "miss"
+                elseif ngx.now() - stored >= ttl then
+                    ngx.var.cv_refresh = "expired"
+                end
+                return ngx.exec("@origin_cached")
             end
             return ngx.exec("@origin")
         end
@@ -233,6 +368,11 @@ local served_from_cache = { HIT = true, STALE = true, UPDATING = true }
 function _M.log()
     if ngx.ctx.probe then return end
     dict:incr("requests", 1, 0)
+    -- A request a shutting-down worker ended before it completed: cut by
+    -- the end of a reload's or a stop's grace (worker_shutdown_timeout).
+    if ngx.worker.exiting() and ngx.var.request_completion ~= "OK" then
+        dict:incr("cut:shutdown", 1, 0)
+    end
     if ngx.var.limit_conn_status == "REJECTED" then
         dict:incr("refused:connections", 1, 0)
         return
@@ -245,7 +385,12 @@ function _M.log()
     if origin == nil or origin == "" then return end
     local cs = ngx.var.upstream_cache_status
     if cs and cs ~= "" then
-        dict:incr("cache:" .. string.lower(cs), 1, 0)
+        note_fill()
+        -- A fetch past the domain's TTL (or of an answer this cell did not
+        -- store) is the cache's expiry (or miss), not a client's bypass.
+        local refresh = ngx.var.cv_refresh
+        local kind = (cs == "BYPASS" and refresh ~= "") and refresh or string.lower(cs)
+        dict:incr("cache:" .. kind, 1, 0)
         if served_from_cache[cs] then return end
     end
     local us = ngx.var.upstream_status or ""
@@ -362,7 +507,20 @@ local function status_doc()
     return {
         cell = _M.cell,
         pool = _M.pool,
-        sequence = _M.sequence,
+        sequence = state.sequence,
+        release = state.id,
+        shape = conf_shape,
+        conf_release = conf_id,
+        worker_pid = ngx.worker.pid(),
+        loads = {
+            count = dict:get("load:count") or 0,
+            failures = dict:get("load:failures") or 0,
+            last_ms = dict:get("load:last_ms") or 0,
+            last_error = dict:get("load:last_error") or "",
+        },
+        cut = {
+            shutdown = dict:get("cut:shutdown") or 0,
+        },
         drained = dict:get("drained") == true,
         listening = true,
         connections = {
@@ -414,6 +572,19 @@ function _M.private()
         dict:set("drained", true)
     elseif uri == "/undrain" and method == "POST" then
         dict:set("drained", false)
+    elseif string.sub(uri, 1, 6) == "/load/" and method == "POST" then
+        local ok, err, kind = load(string.sub(uri, 7))
+        if not ok then
+            if kind == "failed" then
+                dict:incr("load:failures", 1, 0)
+                dict:set("load:last_error", err)
+                ngx.log(ngx.ERR, "cellvisor: load: ", err, "; still serving ", state.id)
+            end
+            ngx.status = 409
+            ngx.header["Content-Type"] = "application/json"
+            ngx.say(cjson.encode({ error = kind, reason = err, release = state.id }))
+            return ngx.exit(409)
+        end
     elseif uri == "/frontdoor" and method == "GET" then
         -- Resolves ?url= against the org's front doors (lua/frontdoor.lua):
         -- read only, so the query need not be signed.

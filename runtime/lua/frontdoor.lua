@@ -28,7 +28,6 @@ local MAX_EDGE_LEN = 64
 
 local byte, sub, find, lower = string.byte, string.sub, string.find, string.lower
 local floor = math.floor
-local bit = require "bit"
 
 local Malformed = "malformed"
 
@@ -322,45 +321,11 @@ end
 
 local MAX_FILE = 4 * 1024 * 1024
 
--- The file is read through the C library: opened without blocking, so
--- that a FIFO put in its place (or a link to one) is refused at once
--- rather than holding the worker until a writer comes, and accepted only
--- when it can seek (a regular file: a FIFO or socket cannot, a device
--- reads as empty). Lua's io.open cannot open without blocking.
-local ffi = require "ffi"
-pcall(ffi.cdef, [[
-int open(const char *pathname, int flags, ...);
-int close(int fd);
-long lseek(int fd, long offset, int whence);
-long read(int fd, void *buf, unsigned long count);
-]]) -- declared once per Lua state; a second cdef of the same would fail
-local O_RDONLY, O_NONBLOCK, O_CLOEXEC = 0, 0x800, 0x80000
-local SEEK_SET, SEEK_END = 0, 2
-
--- read_file reads the whole of path, at most MAX_FILE bytes, or answers
--- nil and why.
+-- read_file reads the whole runtime file, at most MAX_FILE bytes, without
+-- blocking on a FIFO put in its place (lua/cvfile.lua), or answers nil and
+-- why.
 local function read_file(path)
-    local fd = ffi.C.open(path, bit.bor(O_RDONLY, O_NONBLOCK, O_CLOEXEC))
-    if fd < 0 then return nil, "front-door file: cannot open (errno " .. ffi.errno() .. ")" end
-    local size = tonumber(ffi.C.lseek(fd, 0, SEEK_END))
-    if size < 0 then
-        ffi.C.close(fd)
-        return nil, "front-door file is not a regular file"
-    end
-    if size > MAX_FILE then ffi.C.close(fd); return nil, "front-door file is too large" end
-    ffi.C.lseek(fd, 0, SEEK_SET)
-    local buf = ffi.new("char[?]", size + 1)
-    local got = 0
-    while got <= size do
-        local n = tonumber(ffi.C.read(fd, buf + got, size + 1 - got))
-        if n < 0 then ffi.C.close(fd); return nil, "front-door file: read failed (errno " .. ffi.errno() .. ")" end
-        if n == 0 then break end
-        got = got + n
-    end
-    ffi.C.close(fd)
-    -- Grown since the seek: read again next time.
-    if got > size then return nil, "front-door file is being replaced" end
-    return ffi.string(buf, got)
+    return require("cvfile").read(path, MAX_FILE, "front-door file")
 end
 
 local function load_rows()
