@@ -272,13 +272,17 @@ units-check: ## systemd-analyze verify both units, and fail if their security ex
 # (after 1 of warm-up) against a cellvisor-control serve child it builds
 # (CELLVISOR_FLEET_EDGES, CELLVISOR_FLEET_MINUTES and
 # CELLVISOR_FLEET_STATUS_CHANGES change it; docs/control.md).
+# PublishServed publishes 1,000 times to a cell of 1,000 domains, loaded and
+# reloaded (about 20 s and 2 minutes); DataLoad loads 1,000 and 10,000.
 # The egress failover (five holder kills with a 2 s lease across three real
 # agents and the built control API) prints each round; the agents' debug logs
 # of a failing round are filtered out.
 bench: bench-deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
 	@$(WITH_PG) \
-	$(GO) test -run '^$$' -bench . -benchtime 20x -count 5 ./supervisor/ | tee bench/latest.txt; \
+	$(GO) test -run '^$$' -bench . -skip 'PublishServed|DataLoad' -benchtime 20x -count 5 ./supervisor/ | tee bench/latest.txt; \
+	$(GO) test -run '^$$' -bench PublishServed -benchtime 1000x -count 1 -timeout 30m ./supervisor/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench DataLoad -benchtime 5x -count 3 ./supervisor/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench AgentRSS -benchtime 20x -count 5 ./cmd/cellvisor/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench WholeProcess8 -benchtime 5x -count 5 ./cmd/cellvisor/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench EgressFailover -benchtime 5x -count 1 ./cmd/cellvisor/ | grep -v '^ *{' | tee -a bench/latest.txt; \

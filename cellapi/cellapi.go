@@ -69,6 +69,9 @@ type Status struct {
 	// WorkerPID is the worker that answered: the same across loads, a new
 	// one after every reload.
 	WorkerPID int `json:"worker_pid"`
+	// LuaKB is the answering worker's Lua heap, in KiB: mostly the data it
+	// serves (and, until collected, what a load replaced).
+	LuaKB int64 `json:"lua_kb"`
 	// Loads counts the releases the cell loaded without a reload, and
 	// those it could not.
 	Loads Loads `json:"loads"`

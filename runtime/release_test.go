@@ -457,3 +457,53 @@ func TestInstallIsReadableWhateverTheUmask(t *testing.T) {
 		t.Fatalf("walked %d entries: %v", n, err)
 	}
 }
+
+// The shape is what a release does but for its data: a data change keeps
+// it (the running cell loads the release), a configuration change or the
+// cache zone appearing changes it (a reload), and data over what a cell
+// reads is refused before anything is written.
+func TestShapeSeparatesDataFromConfiguration(t *testing.T) {
+	s := slotFor(t)
+	pool := func(body string, ttl int) *PoolRuntime {
+		d := domain.Domain{Domain: "a.test", Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{"a.test"},
+			Routes: []domain.Route{{Prefix: "/", Respond: &domain.Response{Status: 200, Body: body}}}}
+		if ttl > 0 {
+			d.Origins = []domain.Origin{{Name: "o", URL: "http://127.0.0.1:9"}}
+			d.Routes = append(d.Routes, domain.Route{Prefix: "/o", Origin: "o"})
+			d.Cache = &domain.Cache{TTLSeconds: ttl}
+		}
+		pools, err := CompilePools([]domain.Domain{d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pools[domain.PoolSharedDefault]
+	}
+	build := func(p RenderParams, pr *PoolRuntime) ReleaseMeta {
+		t.Helper()
+		r, err := BuildRelease(p, pr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Meta
+	}
+	base := build(testParams(s, 1), pool("one", 60))
+	if base.Shape == "" || base.Shape == base.Digest {
+		t.Fatalf("shape %q, digest %q: want a shape apart from the digest", base.Shape, base.Digest)
+	}
+	if m := build(testParams(s, 2), pool("two", 600)); m.Shape != base.Shape || m.Digest == base.Digest {
+		t.Errorf("a body and a TTL changed: shape %v, digest %v; want the same shape, another digest", m.Shape == base.Shape, m.Digest == base.Digest)
+	}
+	limited := testParams(s, 2)
+	limited.Limits = PoolLimits{MaxConns: 100}
+	if m := build(limited, pool("one", 60)); m.Shape == base.Shape {
+		t.Error("pool limits changed: the same shape")
+	}
+	if m := build(testParams(s, 2), pool("one", 0)); m.Shape == base.Shape {
+		t.Error("the cache zone gone: the same shape")
+	}
+	small := testParams(s, 2)
+	small.MaxDataBytes = 100
+	if _, err := BuildRelease(small, pool("one", 60)); !errors.Is(err, ErrTooBig) || !strings.Contains(err.Error(), "more than a cell reads (100)") {
+		t.Errorf("data over the cell's bound: %v, want ErrTooBig with the sizes", err)
+	}
+}

@@ -74,7 +74,7 @@ func readiness(t *testing.T, port int) int {
 	return code
 }
 
-func privateClient(t *testing.T, h *harness, name string, secret []byte) *cellapi.Client {
+func privateClient(t testing.TB, h *harness, name string, secret []byte) *cellapi.Client {
 	t.Helper()
 	s := h.slotSpec(name)
 	if secret == nil {

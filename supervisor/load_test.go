@@ -136,10 +136,25 @@ func dataDomains(origin string, n int) []domain.Domain {
 	}}
 }
 
-// publish builds, installs and switches release seq of ds for cell-01 (with
-// edit applied to its render inputs), then has the cell take it, as the
-// activation does; it returns how.
+// publish activates release seq of ds for cell-01 (edit applied to its
+// render inputs) and has the cell take it, as the activation does; it
+// returns how.
 func (h *harness) publish(seq int64, ds []domain.Domain, edit func(*runtime.RenderParams)) string {
+	h.t.Helper()
+	h.activateWith(seq, ds, edit)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	how, err := h.sup.Apply(ctx, "cell-01")
+	if err != nil {
+		h.t.Fatalf("apply %d: %v", seq, err)
+	}
+	return how
+}
+
+// activate builds, installs and switches release seq of ds for cell-01.
+func (h *harness) activate(seq int64, ds []domain.Domain) { h.activateWith(seq, ds, nil) }
+
+func (h *harness) activateWith(seq int64, ds []domain.Domain, edit func(*runtime.RenderParams)) {
 	h.t.Helper()
 	s := h.slotSpec("cell-01")
 	pools, err := runtime.CompilePools(ds)
@@ -157,13 +172,6 @@ func (h *harness) publish(seq int64, ds []domain.Domain, edit func(*runtime.Rend
 	if _, _, err := runtime.Activate(s, r); err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	how, err := h.sup.Apply(ctx, "cell-01")
-	if err != nil {
-		h.t.Fatalf("apply %d: %v", seq, err)
-	}
-	return how
 }
 
 // getHost is get with another Host.
@@ -271,7 +279,7 @@ func drainLines(lines <-chan string) bool {
 	}
 }
 
-func cellStatus(t *testing.T, api *cellapi.Client) cellapi.Status {
+func cellStatus(t testing.TB, api *cellapi.Client) cellapi.Status {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

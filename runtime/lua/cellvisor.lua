@@ -129,6 +129,31 @@ function _M.init(opts)
     conf_shape, state = st.shape, st
 end
 
+-- collect_soon frees what a load replaced in small steps, yielding to
+-- requests between them, rather than at the collector's pace (the
+-- worker's memory would hold two or three releases' data) or in one full
+-- collection (every request would wait for it).
+local collecting = false
+
+local function collect_steps(premature)
+    if not premature then
+        local cycles = 0
+        -- Two cycles: the one under way may have marked the old state live.
+        while cycles < 2 do
+            if collectgarbage("step", 64) then
+                cycles = cycles + 1
+            end
+            ngx.sleep(0)
+        end
+    end
+    collecting = false
+end
+
+local function collect_soon()
+    if collecting then return end
+    collecting = ngx.timer.at(0, collect_steps) ~= nil
+end
+
 -- load makes the cell serve release id, built aside and swapped in one
 -- step; nil and why (the state unchanged) where it cannot: a release of
 -- another shape needs a reload, an older one is refused.
@@ -138,6 +163,7 @@ local function load(id)
     if not seq or seq <= state.sequence then
         return nil, "release " .. tostring(id) .. " is not newer than the one served (" .. state.id .. ")", "older"
     end
+    ngx.update_time()
     local t0 = ngx.now()
     local st, err = read_release(id)
     if not st then return nil, err, "failed" end
@@ -149,6 +175,7 @@ local function load(id)
     ngx.update_time()
     dict:set("load:last_ms", math.floor((ngx.now() - t0) * 1000 + 0.5))
     dict:incr("load:count", 1, 0)
+    collect_soon()
     return true
 end
 
@@ -512,6 +539,7 @@ local function status_doc()
         shape = conf_shape,
         conf_release = conf_id,
         worker_pid = ngx.worker.pid(),
+        lua_kb = math.floor(collectgarbage("count")),
         loads = {
             count = dict:get("load:count") or 0,
             failures = dict:get("load:failures") or 0,
