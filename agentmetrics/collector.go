@@ -201,6 +201,7 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 			gauge(emit, cellLogBytes, float64(n), cell, pool)
 		}
 	}
+	counter(emit, cellReloads, float64(s.Reloads), cell, pool)
 	if s.PID == 0 {
 		return
 	}
@@ -224,6 +225,10 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	}
 	counter(emit, cellOriginFailures, float64(failures), cell, pool)
 	counter(emit, cellSecurity, float64(r.Security.AuthFailures), cell, pool)
+	counter(emit, cellLoads, float64(r.Loads.Count), cell, pool)
+	counter(emit, cellLoadFailures, float64(r.Loads.Failures), cell, pool)
+	counter(emit, cellCut, float64(r.Cut.Shutdown), cell, pool)
+	gauge(emit, cellLuaHeap, float64(r.LuaKB)*1024, cell, pool)
 }
 
 func gauge(emit func(sample), d *Desc, v float64, labels ...string) {

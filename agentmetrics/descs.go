@@ -54,6 +54,11 @@ var (
 	cellLimited          = desc("cell_limit_refused_total", "Requests the pool limits refused, by kind: connections (503) and rate (429).", "cell", "pool", "kind")
 	cellOriginFailures   = desc("cell_origin_failures_total", "Passive-origin failures the cell saw while proxying, over every origin (no per-domain series).", cellLabels...)
 	cellSecurity         = desc("cell_security_events_total", "Refused (unauthenticated or wrongly signed) calls to the cell's private endpoint.", cellLabels...)
+	cellLoads            = desc("cell_loads_total", "Releases the cell loaded as data, without a reload, since its master started.", cellLabels...)
+	cellLoadFailures     = desc("cell_load_failures_total", "Releases the cell could not load (it kept serving what it had), since its master started.", cellLabels...)
+	cellReloads          = desc("cell_reloads_total", "Graceful reloads the agent sent the cell (a new worker generation each), since the agent started.", cellLabels...)
+	cellCut              = desc("cell_requests_cut_total", "Requests the cell's workers ended unfinished when their shutdown grace ran out (after a reload, or at a stop), since its master started.", cellLabels...)
+	cellLuaHeap          = desc("cell_lua_heap_bytes", "The answering worker's Lua heap: mostly the data it serves.", cellLabels...)
 
 	allDescs = []*Desc{
 		agentInfo, limitsEnforced, startTime, enrollmentState, activeSequence, ackPending, ackDropped,
@@ -62,6 +67,7 @@ var (
 		cellInfo, cellState, cellReady, cellDrained, cellUp, cellRestarts, cellSequence, cellMemory, cellMemoryLimit,
 		cellCPU, cellCPULimit, cellThrottled, cellThrottledPeriods, cellPIDs, cellPIDsLimit, cellPIDsRefused, cellOOM,
 		cellLogBytes, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity, cellOverloaded, cellOverloads,
+		cellLoads, cellLoadFailures, cellReloads, cellCut, cellLuaHeap,
 	}
 )
 

@@ -363,6 +363,9 @@ func (c *slot) hup(pid int) error {
 	if err := c.asCell(func() error { return syscall.Kill(pid, syscall.SIGHUP) }); err != nil {
 		return fmt.Errorf("reload %s: %w", c.spec.Name, err)
 	}
+	c.mu.Lock()
+	c.reloads++
+	c.mu.Unlock()
 	return nil
 }
 

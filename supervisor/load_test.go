@@ -632,3 +632,28 @@ func TestCacheTTLIsData(t *testing.T) {
 		t.Errorf("cache counters %+v: want the refetch counted as expired and the hits", after.Cache)
 	}
 }
+
+// An agent killed between a release's switch and the cell's load: the
+// next agent adopts the cell, learns from it that it serves the release
+// before, and has it load the switched one, with the same master and
+// worker.
+func TestAdoptedCellLoadsTheSwitchedRelease(t *testing.T) {
+	origin := streamOrigin(t)
+	h := newHarness(t, harnessOpts{slots: 1, domains: dataDomains(origin.URL, 1)})
+	before := h.waitReady("cell-01", 0)
+	api := privateClient(t, h, "cell-01", nil)
+	worker := cellStatus(t, api).WorkerPID
+	h.activate(2, dataDomains(origin.URL, 2)) // switched; the agent is killed before it applies it
+	h.leaveAndRestart()
+	after := h.waitReady("cell-01", 0)
+	if after.PID != before.PID {
+		t.Fatalf("master %d → %d: not adopted", before.PID, after.PID)
+	}
+	st := cellStatus(t, api)
+	if st.Sequence != 2 || st.WorkerPID != worker {
+		t.Errorf("after the restart the cell serves %d with worker %d (was %d); want 2, the same worker", st.Sequence, st.WorkerPID, worker)
+	}
+	if code, body, err := get(after.HTTPPort, "/static"); err != nil || code != 200 || body != "v2" {
+		t.Errorf("after the restart: %d %q %v, want v2", code, body, err)
+	}
+}

@@ -56,6 +56,7 @@ type slot struct {
 	// finish (reloadRoom counts those still running).
 	retiring   map[procID]bool
 	retiringOf int
+	reloads    int64 // reloads sent since the agent started
 	// lastApply is how the cell took its last switched release (Apply).
 	lastApply *Applied
 	// reloadPending is a reload asked for while the master had not
@@ -185,6 +186,7 @@ func (c *slot) status() SlotStatus {
 		LastExit:         c.lastExit,
 		Sequence:         c.seq,
 		Drained:          c.drained,
+		Reloads:          c.reloads,
 	}
 	if c.pid != 0 && c.live.Checks > 0 {
 		l := c.live

@@ -54,6 +54,9 @@ type SlotStatus struct {
 	// Applied is how the cell took its last switched release: loaded as
 	// data, reloaded (and why), or started.
 	Applied *Applied `json:"applied,omitempty"`
+	// Reloads counts the graceful reloads sent to the cell since the agent
+	// started (each a new worker generation; a load is none).
+	Reloads int64 `json:"reloads"`
 	// Cell is the running cell's own report from its private endpoint
 	// (connections, requests, passive-origin failures, security events).
 	Cell      *cellapi.Status `json:"cell,omitempty"`
