@@ -159,7 +159,7 @@ func (s *Supervisor) setDrained(ctx context.Context, name string, drained bool) 
 	if act == actReload {
 		// Reload picks up the keepalive include: old workers finish their
 		// requests and close keep-alive connections; new ones follow it.
-		if err := c.asCell(func() error { return syscall.Kill(pid, syscall.SIGHUP) }); err != nil {
+		if err := c.hup(pid); err != nil {
 			c.log.Warn("reload after "+verb, zap.Error(err))
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"cellvisor/cellapi"
 	"cellvisor/config"
 	"cellvisor/controlapi/adminapi"
+	"cellvisor/supervisor"
 	"cellvisor/edgeapi"
 )
 
@@ -148,7 +149,27 @@ func (e *env) startEdge2(ctx context.Context) error {
 	}
 	fmt.Fprintf(out, "$ ./bin/cellvisor --config %s run\n$ curl -H 'Host: %s' %s    # %s's cell-01\n%s",
 		relPath(cfgPath), sharedHost, cellURL, edge2Name, sharedBody)
+	e.printApplied(ctx, "cell-01")
 	return nil
+}
+
+// printApplied says how the first edge's cell took its last release: a
+// running cell loads a data publish, its worker and connections untouched.
+func (e *env) printApplied(ctx context.Context, cell string) {
+	st, err := e.cli.status(ctx)
+	if err != nil {
+		return
+	}
+	for _, s := range st.Slots {
+		if s.Name != cell || s.Applied == nil {
+			continue
+		}
+		fmt.Fprintf(e.o.out, "%s's %s took it: %s", e.edgeName, cell, s.Applied)
+		if s.Applied.How == supervisor.HowLoaded {
+			fmt.Fprintf(e.o.out, " (the same worker, its connections untouched; %d reloads since the agent started)", s.Reloads)
+		}
+		fmt.Fprintln(e.o.out)
+	}
 }
 
 // egress makes traffic on both edges (requests, and private calls with a
