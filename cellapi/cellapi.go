@@ -34,6 +34,10 @@ var ErrExpired = errors.New("cell took up the call after its deadline")
 // answered, and said no.
 var ErrAnswer = errors.New("cell answered")
 
+// ErrNoSuchCall is the cell's 404 to a call: a cell whose Lua predates the
+// call (an older agent's release).
+var ErrNoSuchCall = fmt.Errorf("%w: no such call", ErrAnswer)
+
 // Answered reports whether err is the cell's own answer (a refusal, an
 // expiry, another status), as opposed to a call that got no answer (a hung
 // or stalled cell, a socket nobody accepts on).
@@ -294,6 +298,8 @@ func (c *Client) send(ctx context.Context, method, path, query string, h http.He
 	switch {
 	case resp.StatusCode == http.StatusUnauthorized:
 		return fmt.Errorf("cell %s %s: %w: %s", method, path, ErrUnauthorized, body)
+	case resp.StatusCode == http.StatusNotFound:
+		return fmt.Errorf("cell %s %s: %w", method, path, ErrNoSuchCall)
 	case resp.StatusCode == http.StatusConflict:
 		r := &Refusal{}
 		if json.Unmarshal(body, r) != nil || r.Kind == "" {

@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 )
 
@@ -55,9 +57,38 @@ type Domain struct {
 // Origin is an upstream the cell proxies to.
 type Origin struct {
 	Name string `json:"name"`
-	// URL is http(s)://host:port of the origin.
+	// URL is http(s)://host:port of the origin; host is an IP address or
+	// a DNS name the cells resolve (openresty.resolvers).
 	URL string `json:"url"`
+	// TLSVerify, for an https origin, says whether its certificate is
+	// verified (against the cells' CA bundle, for SNI's name): true unless
+	// set to false, which status reports.
+	TLSVerify *bool `json:"tls_verify,omitempty"`
+	// SNI is the name sent in the TLS handshake and verified; "" means the
+	// URL's host (none for an IP address).
+	SNI string `json:"sni,omitempty"`
+	// Timeouts bound the exchange with the origin; zero fields take the
+	// defaults (connect 5 s, send and read 60 s).
+	Timeouts *OriginTimeouts `json:"timeouts,omitempty"`
 }
+
+// OriginTimeouts bound an origin's connect, the sending of a request to it
+// and each read of its answer, in milliseconds.
+type OriginTimeouts struct {
+	ConnectMs int `json:"connect_ms,omitempty"`
+	SendMs    int `json:"send_ms,omitempty"`
+	ReadMs    int `json:"read_ms,omitempty"`
+}
+
+// Bounds of an origin's timeouts, in milliseconds.
+const (
+	MinOriginTimeoutMs = 100
+	MaxConnectMs       = 60_000
+	MaxSendReadMs      = 600_000
+)
+
+// Verified reports whether an https origin's certificate is verified.
+func (o Origin) Verified() bool { return o.TLSVerify == nil || *o.TLSVerify }
 
 // Route maps a path prefix to a fixed response or an origin.
 type Route struct {
@@ -212,9 +243,79 @@ func (d Domain) validateOrigins() (map[string]bool, error) {
 			u.User != nil || u.Path != "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(o.URL, "#") {
 			return nil, fmt.Errorf("origin %s: url %q must be http(s)://host[:port], with no user-info, path, query or fragment", o.Name, o.URL)
 		}
+		if err := validOriginHost(u); err != nil {
+			return nil, fmt.Errorf("origin %s: url %q: %w", o.Name, o.URL, err)
+		}
+		if err := o.validateTLS(u.Scheme); err != nil {
+			return nil, fmt.Errorf("origin %s: %w", o.Name, err)
+		}
+		if t := o.Timeouts; t != nil {
+			for _, f := range []struct {
+				name   string
+				ms, mx int
+			}{{"connect_ms", t.ConnectMs, MaxConnectMs}, {"send_ms", t.SendMs, MaxSendReadMs}, {"read_ms", t.ReadMs, MaxSendReadMs}} {
+				if f.ms != 0 && (f.ms < MinOriginTimeoutMs || f.ms > f.mx) {
+					return nil, fmt.Errorf("origin %s: timeouts.%s must be %d–%d (or 0 for the default), got %d", o.Name, f.name, MinOriginTimeoutMs, f.mx, f.ms)
+				}
+			}
+		}
 		origins[o.Name] = true
 	}
 	return origins, nil
+}
+
+// validOriginHost checks an origin URL's host and port: an IP address or
+// a DNS name (what a resolver can be asked), a port 1–65535 if given.
+func validOriginHost(u *url.URL) error {
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("port must be 1–65535")
+		}
+	}
+	host := u.Hostname()
+	if ip := net.ParseIP(host); ip != nil {
+		if strings.Contains(host, ":") != strings.HasPrefix(u.Host, "[") {
+			return fmt.Errorf("an IPv6 address must be in brackets")
+		}
+		return nil
+	}
+	if !validDNSName(host) {
+		return fmt.Errorf("host %q is neither an IP address nor a DNS name (labels of a-z 0-9 -, at most 253 characters)", host)
+	}
+	return nil
+}
+
+// validDNSName is a name of lowercase LDH labels of 1–63 characters,
+// neither starting nor ending with '-', 253 characters at most.
+func validDNSName(h string) bool {
+	if h == "" || len(h) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(h, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for i := 0; i < len(l); i++ {
+			c := l[i]
+			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// validateTLS checks an origin's TLS settings: only for https, an SNI
+// that is a DNS name.
+func (o Origin) validateTLS(scheme string) error {
+	if scheme != "https" && (o.TLSVerify != nil || o.SNI != "") {
+		return fmt.Errorf("tls_verify and sni are for https origins")
+	}
+	if o.SNI != "" && !validDNSName(o.SNI) {
+		return fmt.Errorf("sni %q must be a DNS name (labels of a-z 0-9 -)", o.SNI)
+	}
+	return nil
 }
 
 func (d Domain) validateRoutes(origins map[string]bool) error {

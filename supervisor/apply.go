@@ -62,7 +62,7 @@ func (s *Supervisor) apply(ctx context.Context, name string) (Applied, error) {
 		return Applied{}, fmt.Errorf("apply %s: %w", name, err)
 	}
 	a := Applied{Sequence: meta.Sequence, How: HowLoaded, At: s.clk.Now()}
-	why := c.loadable(ctx, meta)
+	why := c.loadable(meta)
 	if why == "" {
 		api, err := c.client()
 		if err == nil {
@@ -72,12 +72,19 @@ func (s *Supervisor) apply(ctx context.Context, name string) (Applied, error) {
 			c.applied(a)
 			return a, nil
 		}
-		why = "load: " + err.Error()
 		var r *cellapi.Refusal
-		if errors.As(err, &r) {
+		switch {
+		case errors.As(err, &r) && r.Kind == cellapi.RefusedReload:
+			why = "configuration changed"
+		case errors.Is(err, cellapi.ErrNoSuchCall):
+			why = "the running cell cannot load releases"
+		case errors.As(err, &r):
 			why = "the cell did not load it: " + r.Reason
+			c.log.Warn("cell did not load its release; reloading it", zap.Int64("sequence", meta.Sequence), zap.Error(err))
+		default:
+			why = "load: " + err.Error()
+			c.log.Warn("cell did not load its release; reloading it", zap.Int64("sequence", meta.Sequence), zap.Error(err))
 		}
-		c.log.Warn("cell did not load its release; reloading it", zap.Int64("sequence", meta.Sequence), zap.Error(err))
 	}
 	a.How, a.Why = HowReloaded, why
 	if pid, _ := c.running(); pid == 0 {
@@ -90,10 +97,11 @@ func (s *Supervisor) apply(ctx context.Context, name string) (Applied, error) {
 	return a, nil
 }
 
-// loadable says why the running cell cannot load meta as data, "" where
-// it can: it runs, has answered, has no reload in flight, and its
-// configuration has meta's shape and pool.
-func (c *slot) loadable(ctx context.Context, meta runtime.ReleaseMeta) string {
+// loadable says why the running cell cannot be asked to load meta as
+// data, "" where it can: it runs, has answered, has no reload in flight,
+// and meta says its shape. The cell itself compares the shapes (and
+// refuses another's, RefusedReload): no status call first.
+func (c *slot) loadable(meta runtime.ReleaseMeta) string {
 	c.mu.Lock()
 	pid, answered, pending := c.pid, c.answered, c.reloadPending
 	c.mu.Unlock()
@@ -106,19 +114,6 @@ func (c *slot) loadable(ctx context.Context, meta runtime.ReleaseMeta) string {
 		return "the release does not say its shape"
 	case !c.settled():
 		return "a reload is in flight"
-	}
-	cs, err := c.cellStatus(ctx)
-	switch {
-	case err != nil:
-		return "status: " + err.Error()
-	case cs == nil:
-		return "not running"
-	case cs.Shape == "":
-		return "the running cell cannot load releases"
-	case cs.Pool != meta.Pool:
-		return "pool changed"
-	case cs.Shape != meta.Shape:
-		return "configuration changed"
 	}
 	return ""
 }

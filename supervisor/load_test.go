@@ -373,9 +373,10 @@ func TestDataPublishSwitchesDomainsTogether(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var (
-		seen []int
-		errs atomic.Int64
-		wg   sync.WaitGroup
+		seen   []int
+		latest atomic.Int64
+		errs   atomic.Int64
+		wg     sync.WaitGroup
 	)
 	wg.Add(1)
 	go func() {
@@ -388,6 +389,7 @@ func TestDataPublishSwitchesDomainsTogether(t *testing.T) {
 			}
 			v, _ := strconv.Atoi(strings.TrimPrefix(body, "v"))
 			seen = append(seen, v)
+			latest.Store(int64(v))
 		}
 	}()
 	for n := 2; n <= 31; n++ {
@@ -395,6 +397,12 @@ func TestDataPublishSwitchesDomainsTogether(t *testing.T) {
 			t.Fatalf("publish %d: %s", n, how)
 		}
 	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if v := latest.Load(); v != 31 {
+			return fmt.Errorf("the client saw v%d last", v)
+		}
+		return nil
+	})
 	cancel()
 	wg.Wait()
 	if errs.Load() != 0 {

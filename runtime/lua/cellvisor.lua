@@ -90,7 +90,7 @@ local function read_release(id)
         return nil, "release.json of " .. id .. " does not describe it"
     end
     if (meta.pool or "") ~= _M.pool then
-        return nil, "release " .. id .. " is of pool " .. tostring(meta.pool) .. ", the cell's is " .. _M.pool
+        return nil, "release " .. id .. " is of pool " .. tostring(meta.pool) .. ", the cell's is " .. _M.pool, "reload"
     end
     local hosts = {}
     if _M.pool ~= "" then
@@ -165,8 +165,8 @@ local function load(id)
     end
     ngx.update_time()
     local t0 = ngx.now()
-    local st, err = read_release(id)
-    if not st then return nil, err, "failed" end
+    local st, err, kind = read_release(id)
+    if not st then return nil, err, kind or "failed" end
     if st.shape ~= conf_shape or st.shape == "" then
         return nil, "release " .. id .. " changes the configuration, not only data: it needs a reload", "reload"
     end
