@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"net"
 	"os/user"
 	"path/filepath"
 	"strings"
@@ -211,6 +212,15 @@ func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runt
 		CacheMaxBytes:         int64(cfg.Limits.Cache),
 		RequestMaxBytes:       int64(cfg.Limits.RequestTmp),
 		FrontDoorFile:         FrontDoorFile(cfg.StateDir),
+		Resolvers:             cfg.OpenResty.Resolvers,
+	}
+	if len(p.Resolvers) == 0 {
+		p.Resolvers = hostResolvers()
+	}
+	if f := cfg.OpenResty.OriginCAFile; f != "" {
+		if _, err := os.Stat(f); err == nil {
+			p.OriginCAFile = f
+		}
 	}
 	if os.Geteuid() == 0 {
 		// Cells run as the agent's user; as root that needs saying, or
@@ -237,4 +247,28 @@ func groupName(u *user.User) string {
 		return g.Name
 	}
 	return strings.TrimSpace(u.Gid)
+}
+
+// resolvConf is the host's resolver configuration (a variable for tests).
+var resolvConf = "/etc/resolv.conf"
+
+// hostResolvers are the nameservers of the host's /etc/resolv.conf (at
+// most 8), or none where it names none.
+func hostResolvers() []string {
+	data, err := sysfile.ReadFile(resolvConf, 64<<10)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "nameserver" && net.ParseIP(f[1]) != nil && len(out) < 8 {
+			ip := f[1]
+			if strings.Contains(ip, ":") {
+				ip = "[" + ip + "]:53"
+			}
+			out = append(out, ip)
+		}
+	}
+	return out
 }

@@ -179,6 +179,9 @@ type Origin struct {
 	Failures      int64   `json:"failures"`
 	LastFailureAt float64 `json:"last_failure_at"`
 	LastStatus    int     `json:"last_status"`
+	// LastReason says what failed last where the cell knows more than a
+	// status: "dns: ..." for a name that did not resolve.
+	LastReason string `json:"last_reason,omitempty"`
 }
 
 // Security counts refused private calls.

@@ -199,6 +199,13 @@ type OpenResty struct {
 	// the cell makes itself: for debugging; off, the public sees nothing
 	// of the host's topology.
 	ExposeCell bool `yaml:"expose_cell"`
+	// Resolvers are the DNS servers the cells ask for origin names
+	// ("address" or "address:port"); empty means the host's
+	// /etc/resolv.conf nameservers.
+	Resolvers []string `yaml:"resolvers"`
+	// OriginCAFile is the CA bundle https origins' certificates are
+	// verified against.
+	OriginCAFile string `yaml:"origin_ca_file"`
 }
 
 // Ports configures the per-slot listeners. Slot i (1-based) listens on
@@ -302,6 +309,7 @@ func Default() Agent {
 			ClientHeaderTimeout:   Duration(10 * time.Second),
 			ClientBodyTimeout:     Duration(10 * time.Second),
 			SendTimeout:           Duration(10 * time.Second),
+			OriginCAFile:          "/etc/ssl/certs/ca-certificates.crt",
 		},
 		Ports: Ports{HTTPBase: 10080, HTTPSBase: 10443},
 		Limits: Limits{
@@ -495,6 +503,17 @@ func (c Agent) Validate() error {
 			bad("openresty."+t.name, "must be 1s–5m, got %s", d)
 		}
 	}
+	for i, r := range c.OpenResty.Resolvers {
+		if !validResolver(r) {
+			bad(fmt.Sprintf("openresty.resolvers[%d]", i), "must be an IP address, optionally with :port ([v6]:port), got %q", r)
+		}
+	}
+	if len(c.OpenResty.Resolvers) > 8 {
+		bad("openresty.resolvers", "at most 8, got %d", len(c.OpenResty.Resolvers))
+	}
+	if f := c.OpenResty.OriginCAFile; f != "" && !filepath.IsAbs(f) {
+		bad("openresty.origin_ca_file", "must be an absolute path, got %q", f)
+	}
 	c.validatePorts(bad)
 	if m := c.Limits.Memory; m < 16*MiB {
 		bad("limits.memory", "must be at least 16MiB, got %s", m)
@@ -675,4 +694,18 @@ func (c Agent) validateMetrics(bad func(field, format string, args ...any)) {
 	if !ip.IsLoopback() && !c.Metrics.AllowRemote {
 		bad("metrics.listen", "%s is not a loopback address: the endpoint has no authentication; set metrics.allow_remote: true to serve it there", host)
 	}
+}
+
+// validResolver is an IP address, or one with a port: "address:port",
+// "[v6]:port".
+func validResolver(r string) bool {
+	if net.ParseIP(r) != nil {
+		return true
+	}
+	host, port, err := net.SplitHostPort(r)
+	if err != nil || net.ParseIP(host) == nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535
 }

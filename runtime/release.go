@@ -91,6 +91,7 @@ var luaHashes = sync.OnceValue(func() map[string]string {
 		"lua/cellvisor.lua": hashOf(cellLua),
 		"lua/frontdoor.lua": hashOf(frontDoorLua),
 		"lua/cvfile.lua":    hashOf(fileLua),
+		"lua/cvdns.lua":     hashOf(dnsLua),
 	}
 })
 
@@ -198,7 +199,7 @@ func prepare(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Ren
 	if p.Sequence < 0 || p.Sequence > MaxSequence {
 		return Release{}, nil, p, fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
 	}
-	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua, "lua/cvfile.lua": fileLua}}
+	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua, "lua/cvfile.lua": fileLua, "lua/cvdns.lua": dnsLua}}
 	hashes := maps.Clone(luaHashes())
 	if p.Pool != "" {
 		if !domain.ValidPoolName(p.Pool) {

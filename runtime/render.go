@@ -20,6 +20,9 @@ var frontDoorLua []byte
 //go:embed lua/cvfile.lua
 var fileLua []byte
 
+//go:embed lua/cvdns.lua
+var dnsLua []byte
+
 //go:embed nginx.conf.tmpl
 var nginxTmpl string
 
@@ -32,6 +35,9 @@ var confTemplate = sync.OnceValue(func() *template.Template {
 		"ngx":      ngxArg,
 		"ngxWords": ngxArgs,
 		"comment":  commentText,
+		"originLocation": func(name string, cached, verify bool, p RenderParams) map[string]any {
+			return map[string]any{"Name": name, "Cached": cached, "Verify": verify, "P": p}
+		},
 	}).Parse(nginxTmpl))
 })
 
@@ -142,6 +148,12 @@ type RenderParams struct {
 	// MaxDataBytes bounds the pool runtime a cell reads (its data); 0
 	// means DefaultMaxDataBytes.
 	MaxDataBytes int64
+	// Resolvers are the DNS servers the cell asks for origin names
+	// ("address" or "address:port"); none: names do not resolve.
+	Resolvers []string
+	// OriginCAFile is the CA bundle https origins are verified against;
+	// "" renders none (every verified https origin fails).
+	OriginCAFile string
 	// AuthWindow is how far, in seconds, a private call's timestamp may be
 	// from the cell's clock either way; 0 means DefaultAuthWindow.
 	AuthWindow int

@@ -63,6 +63,10 @@ type harnessOpts struct {
 	// users are the slots' own users (celluser); nil: the cells run as
 	// the test's user.
 	users map[string]*celluser.User
+	// resolvers are the cells' DNS servers (openresty.resolvers); caFile
+	// the bundle https origins are verified against ("": the default).
+	resolvers []string
+	caFile    string
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -119,6 +123,10 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	cfg.OpenResty.Binary, cfg.OpenResty.Modules = bin, mods
 	if o.workerConns != 0 {
 		cfg.OpenResty.WorkerConnections = o.workerConns
+	}
+	cfg.OpenResty.Resolvers = o.resolvers
+	if o.caFile != "" {
+		cfg.OpenResty.OriginCAFile = o.caFile
 	}
 	topo, _, err := runtime.LoadOrCreate(runtime.Layout{Slots: o.slots, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase,
 		Address: "127.0.0.1", StateDir: cfg.StateDir, RunDir: cfg.RunDir})

@@ -19,6 +19,8 @@
 local cjson = require "cjson.safe"
 local bit = require "bit"
 local cvfile = require "cvfile"
+local cvdns = require "cvdns"
+local balancer = require "ngx.balancer"
 require "frontdoor" -- loaded now: a later require would read a release directory that may be gone
 
 local dict = ngx.shared.cellvisor
@@ -301,6 +303,66 @@ function _M.cache_headers()
     end
 end
 
+-- target is what the balancer needs of origin o, parsed from its URL and
+-- settings once per origin of a release (kept on the origin's table):
+-- the upstream block, the address (nil for a name to resolve), host, port,
+-- the TLS name, whether it is verified, and the timeouts ("c s r" seconds).
+local function target(o)
+    local t = o._target
+    if t then return t end
+    local scheme, hostport = string.match(o.url or "", "^(https?)://(.+)$")
+    local host, port = string.match(hostport or "", "^%[(.+)%]:?(%d*)$")
+    local ip
+    if host then
+        ip = host
+    else
+        host, port = string.match(hostport or "", "^([^:]+):?(%d*)$")
+        if host and string.match(host, "^%d+%.%d+%.%d+%.%d+$") then ip = host end
+    end
+    local tls = scheme == "https"
+    local to = type(o.timeouts) == "table" and o.timeouts or {}
+    local function secs(ms, default)
+        ms = tonumber(ms)
+        return (ms and ms > 0) and ms / 1000 or default
+    end
+    t = {
+        upstream = tls and "https://cv_origins_tls" or "http://cv_origins",
+        host = host or "", ip = ip,
+        port = (port and port ~= "") and port or (tls and "443" or "80"),
+        sni = tls and (o.sni or (not ip and host) or "") or "",
+        verify = not tls or o.tls_verify ~= false,
+        timeouts = string.format("%g %g %g", secs(to.connect_ms, 5), secs(to.send_ms, 60), secs(to.read_ms, 60)),
+    }
+    o._target = t
+    return t
+end
+
+-- note_failure records a passive-origin failure of origin (domain/name).
+local function note_failure(origin, status, reason)
+    local key = "origin:" .. origin
+    local rec = cjson.decode(dict:get(key) or "{}") or {}
+    rec.failures = (rec.failures or 0) + 1
+    rec.last_failure_at = ngx.now()
+    rec.last_status = status
+    rec.last_reason = reason
+    dict:set(key, cjson.encode(rec))
+end
+
+-- balance runs in the balancer phase of the origin upstreams: the peer
+-- serve() chose, with the origin's timeouts.
+function _M.balance()
+    local v = ngx.var
+    local ok, err = balancer.set_current_peer(v.cv_peer, tonumber(v.cv_port))
+    if not ok then
+        ngx.log(ngx.ERR, "cellvisor: origin ", v.cv_origin_name, ": ", err)
+        return ngx.exit(502)
+    end
+    local c, s, r = string.match(v.cv_timeouts or "", "^(%S+) (%S+) (%S+)$")
+    if c then
+        balancer.set_timeouts(tonumber(c), tonumber(s), tonumber(r))
+    end
+end
+
 -- cache_key is the key of fills for this request: the MD5 of the cache's
 -- own key (proxy_cache_key in nginx.conf).
 local function cache_key()
@@ -362,9 +424,23 @@ function _M.serve()
     end
     for _, o in ipairs(d.origins or {}) do
         if o.name == best.origin then
-            ngx.var.cv_origin = o.url
-            ngx.var.cv_origin_name = d.domain .. "/" .. o.name
-            ngx.var.cv_path = escape_path(uri)
+            local t = target(o)
+            local v = ngx.var
+            v.cv_origin = o.url
+            v.cv_path = escape_path(uri)
+            local peer, err = t.ip, nil
+            if not peer then
+                peer, err = cvdns.resolve(t.host)
+            end
+            if not peer then
+                -- No upstream was tried: recorded here, not by log().
+                note_failure(d.domain .. "/" .. o.name, 502, "dns: " .. tostring(err))
+                return ngx.exit(502)
+            end
+            v.cv_origin_name = d.domain .. "/" .. o.name
+            v.cv_upstream, v.cv_peer, v.cv_port = t.upstream, peer, t.port
+            v.cv_sni, v.cv_timeouts = t.sni, t.timeouts
+            local suffix = t.verify and "" or "_insecure"
             -- A domain with a cache TTL goes through the cached location;
             -- an answer stored longer ago than the TTL (or not known to
             -- this cell's fills) is fetched again and stored anew.
@@ -377,9 +453,9 @@ function _M.serve()
                 elseif ngx.now() - stored >= ttl then
                     ngx.var.cv_refresh = "expired"
                 end
-                return ngx.exec("@origin_cached")
+                return ngx.exec("@origin_cached" .. suffix)
             end
-            return ngx.exec("@origin")
+            return ngx.exec("@origin" .. suffix)
         end
     end
     return ngx.exit(502)

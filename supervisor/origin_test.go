@@ -1,0 +1,208 @@
+package supervisor_test
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"cellvisor/domain"
+	"cellvisor/internal/testutil"
+)
+
+// Origins: reached over kept-alive connections, by DNS name, over
+// verified TLS.
+
+// countingOrigin is a loopback origin that counts the connections made to
+// it and answers "origin <n>" to its n-th request.
+func countingOrigin(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	var conns, reqs atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "origin %d", reqs.Add(1))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, &conns
+}
+
+// Requests to an origin reuse the cell's connections to it: 200 requests
+// over a handful, where each used to open its own.
+func TestOriginConnectionsAreKeptAlive(t *testing.T) {
+	origin, conns := countingOrigin(t)
+	h := newHarness(t, harnessOpts{slots: 1, domains: originDomain(origin.URL)})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	const requests = 200
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < requests/4; i++ {
+				if code, body, err := get(port, "/x"); err != nil || code != 200 || !strings.HasPrefix(body, "origin ") {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if failed.Load() != 0 {
+		t.Fatalf("%d of %d requests failed", failed.Load(), requests)
+	}
+	if n := conns.Load(); n > 8 {
+		t.Errorf("%d requests opened %d connections to the origin; want a handful reused", requests, n)
+	}
+}
+
+// dnsServer is a loopback DNS server answering A queries for its names
+// with a 1 s TTL (the cells keep an answer at least 5 s), NXDOMAIN
+// otherwise.
+type dnsServer struct {
+	mu    sync.Mutex
+	addrs map[string]string
+	asked atomic.Int64
+	addr  string
+}
+
+func newDNSServer(t *testing.T) *dnsServer {
+	d := &dnsServer{addrs: map[string]string{}}
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.addr = pc.LocalAddr().String()
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		d.asked.Add(1)
+		m := new(dns.Msg)
+		m.SetReply(q)
+		name := strings.TrimSuffix(q.Question[0].Name, ".")
+		d.mu.Lock()
+		ip, ok := d.addrs[name]
+		d.mu.Unlock()
+		switch {
+		case !ok:
+			m.Rcode = dns.RcodeNameError
+		case q.Question[0].Qtype == dns.TypeA:
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 1}, A: net.ParseIP(ip)})
+		}
+		w.WriteMsg(m)
+	})}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go srv.ActivateAndServe()
+	<-started
+	t.Cleanup(func() { srv.Shutdown() })
+	return d
+}
+
+func (d *dnsServer) set(name, ip string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.addrs[name] = ip
+}
+
+// An origin given by name is resolved by the cell's resolver: served; the
+// name moved to another address is followed once its TTL (at least 5 s)
+// ran out; a name that does not resolve answers 502, counted with its
+// reason.
+func TestOriginByName(t *testing.T) {
+	a, _ := countingOrigin(t)
+	_, aPort, _ := net.SplitHostPort(a.Listener.Addr().String())
+	d := newDNSServer(t)
+	d.set("app.origin.test", "127.0.0.1")
+	doms := originDomain("http://app.origin.test:" + aPort)
+	doms = append(doms, domain.Domain{Domain: "gone.test", Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{"gone.test"},
+		Origins: []domain.Origin{{Name: "app", URL: "http://nowhere.origin.test:" + aPort}},
+		Routes:  []domain.Route{{Prefix: "/", Origin: "app"}}})
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms, resolvers: []string{d.addr}})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	if code, body, err := get(port, "/"); err != nil || code != 200 || !strings.HasPrefix(body, "origin ") {
+		t.Fatalf("by name: %d %q %v", code, body, err)
+	}
+	if code, _, err := getHost(port, "gone.test", "/"); err != nil || code != 502 {
+		t.Errorf("a name that does not resolve: %d %v, want 502", code, err)
+	}
+	api := privateClient(t, h, "cell-01", nil)
+	if o := cellStatus(t, api).Origins["gone.test/app"]; o.Failures != 1 || !strings.Contains(o.LastReason, "NXDOMAIN") {
+		t.Errorf("the failure recorded %+v, want one, with the DNS reason", o)
+	}
+	// The name moves to 127.0.0.2, where another server listens on the
+	// same port: followed once the answer's TTL (at least 5 s) ran out.
+	listenOn(t, "127.0.0.2:"+aPort, "moved")
+	d.set("app.origin.test", "127.0.0.2")
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if _, body, err := get(port, "/"); err != nil || body != "moved" {
+			return fmt.Errorf("%q %v", body, err)
+		}
+		return nil
+	})
+}
+
+// listenOn serves body on addr until the test ends.
+func listenOn(t *testing.T, addr, body string) *http.Server {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot listen on %s: %v", addr, err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+// An https origin is verified against the cells' CA bundle, for its name:
+// served; one whose certificate is for another name is refused (502,
+// counted) unless its domain turns verification off for it.
+func TestOriginTLSIsVerified(t *testing.T) {
+	origin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "tls origin") }))
+	origin.StartTLS() // its certificate is for example.com and 127.0.0.1
+	t.Cleanup(origin.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	cert := origin.TLS.Certificates[0]
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x509.ParseCertificate(cert.Certificate[0]); err != nil {
+		t.Fatal(err)
+	}
+	no := false
+	doms := []domain.Domain{
+		tlsDomain("good.test", origin.URL, "example.com", nil),
+		tlsDomain("wrong.test", origin.URL, "other.example", nil),
+		tlsDomain("insecure.test", origin.URL, "other.example", &no),
+	}
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms, caFile: ca})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	for host, want := range map[string]int{"good.test": 200, "wrong.test": 502, "insecure.test": 200} {
+		if code, _, err := getHost(port, host, "/"); err != nil || code != want {
+			t.Errorf("%s: %d %v, want %d", host, code, err, want)
+		}
+	}
+	api := privateClient(t, h, "cell-01", nil)
+	st := cellStatus(t, api)
+	if o := st.Origins["wrong.test/app"]; o.Failures != 1 {
+		t.Errorf("the refused origin's failures %+v, want 1", o)
+	}
+}
+
+func tlsDomain(name, url, sni string, verify *bool) domain.Domain {
+	return domain.Domain{Domain: name, Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{name},
+		Origins: []domain.Origin{{Name: "app", URL: url, SNI: sni, TLSVerify: verify}},
+		Routes:  []domain.Route{{Prefix: "/", Origin: "app"}}}
+}
