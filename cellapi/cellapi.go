@@ -93,8 +93,12 @@ type Status struct {
 	// Cache counts the cache's answers to origin routes of cached domains.
 	Cache Cache `json:"cache"`
 	// Origins are keyed by domain/origin-name.
-	Origins  map[string]Origin `json:"origins"`
-	Security Security          `json:"security"`
+	Origins map[string]Origin `json:"origins"`
+	// OriginServers are the passive health of origins' servers, keyed by
+	// "domain/origin-name server-url": up (not skipped), failures, and
+	// the retries they took.
+	OriginServers map[string]OriginServer `json:"origin_servers"`
+	Security      Security                `json:"security"`
 }
 
 // Loads are a cell's loads of releases without a reload.
@@ -182,6 +186,14 @@ type Origin struct {
 	// LastReason says what failed last where the cell knows more than a
 	// status: "dns: ..." for a name that did not resolve.
 	LastReason string `json:"last_reason,omitempty"`
+}
+
+// OriginServer is one origin server's passive health in a cell: down
+// (skipped) for a while after 3 failures in a row.
+type OriginServer struct {
+	Up       bool  `json:"up"`
+	Failures int64 `json:"failures"`
+	Retries  int64 `json:"retries"`
 }
 
 // Security counts refused private calls.

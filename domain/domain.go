@@ -58,8 +58,14 @@ type Domain struct {
 type Origin struct {
 	Name string `json:"name"`
 	// URL is http(s)://host:port of the origin; host is an IP address or
-	// a DNS name the cells resolve (openresty.resolvers).
-	URL string `json:"url"`
+	// a DNS name the cells resolve (openresty.resolvers). Exactly one of
+	// URL and Servers.
+	URL string `json:"url,omitempty"`
+	// Servers are several servers of one origin, each with a URL as above
+	// (one scheme for all) and a weight: requests are spread by weight, a
+	// server that keeps failing is skipped for a while, and a failed
+	// idempotent request is tried once more on another.
+	Servers []OriginServer `json:"servers,omitempty"`
 	// TLSVerify, for an https origin, says whether its certificate is
 	// verified (against the cells' CA bundle, for SNI's name): true unless
 	// set to false, which status reports.
@@ -70,6 +76,28 @@ type Origin struct {
 	// Timeouts bound the exchange with the origin; zero fields take the
 	// defaults (connect 5 s, send and read 60 s).
 	Timeouts *OriginTimeouts `json:"timeouts,omitempty"`
+}
+
+// OriginServer is one server of an origin.
+type OriginServer struct {
+	URL string `json:"url"`
+	// Weight is the server's share of requests, 1–100; 0 means 1.
+	Weight int `json:"weight,omitempty"`
+}
+
+// MaxOriginServers is the most servers one origin has.
+const MaxOriginServers = 16
+
+// URLs are the origin's server URLs: its URL, or each server's.
+func (o Origin) URLs() []string {
+	if len(o.Servers) == 0 {
+		return []string{o.URL}
+	}
+	out := make([]string, len(o.Servers))
+	for i, sv := range o.Servers {
+		out[i] = sv.URL
+	}
+	return out
 }
 
 // OriginTimeouts bound an origin's connect, the sending of a request to it
@@ -235,18 +263,11 @@ func (d Domain) validateOrigins() (map[string]bool, error) {
 		if !validName(o.Name) || origins[o.Name] {
 			return nil, fmt.Errorf("origin names must be unique, 1–64 of a-z 0-9 _ -, got %q", o.Name)
 		}
-		// Only scheme://host[:port]: user-info would put credentials in
-		// every cell's runtime JSON and logs, and a path, query or
-		// fragment means something the cell does not do.
-		u, err := url.Parse(o.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" ||
-			u.User != nil || u.Path != "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(o.URL, "#") {
-			return nil, fmt.Errorf("origin %s: url %q must be http(s)://host[:port], with no user-info, path, query or fragment", o.Name, o.URL)
+		scheme, err := o.validateServers()
+		if err != nil {
+			return nil, fmt.Errorf("origin %s: %w", o.Name, err)
 		}
-		if err := validOriginHost(u); err != nil {
-			return nil, fmt.Errorf("origin %s: url %q: %w", o.Name, o.URL, err)
-		}
-		if err := o.validateTLS(u.Scheme); err != nil {
+		if err := o.validateTLS(scheme); err != nil {
 			return nil, fmt.Errorf("origin %s: %w", o.Name, err)
 		}
 		if t := o.Timeouts; t != nil {
@@ -262,6 +283,45 @@ func (d Domain) validateOrigins() (map[string]bool, error) {
 		origins[o.Name] = true
 	}
 	return origins, nil
+}
+
+// validateServers checks the origin's URL or servers and returns their
+// scheme.
+func (o Origin) validateServers() (string, error) {
+	switch {
+	case (o.URL == "") == (len(o.Servers) == 0):
+		return "", fmt.Errorf("exactly one of url and servers is required")
+	case len(o.Servers) > MaxOriginServers:
+		return "", fmt.Errorf("servers: at most %d, got %d", MaxOriginServers, len(o.Servers))
+	}
+	scheme := ""
+	seen := map[string]bool{}
+	for i, raw := range o.URLs() {
+		// Only scheme://host[:port]: user-info would put credentials in
+		// every cell's runtime JSON and logs, and a path, query or
+		// fragment means something the cell does not do.
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" ||
+			u.User != nil || u.Path != "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(raw, "#") {
+			return "", fmt.Errorf("url %q must be http(s)://host[:port], with no user-info, path, query or fragment", raw)
+		}
+		if err := validOriginHost(u); err != nil {
+			return "", fmt.Errorf("url %q: %w", raw, err)
+		}
+		if scheme != "" && u.Scheme != scheme {
+			return "", fmt.Errorf("servers: one scheme for all, got %s and %s", scheme, u.Scheme)
+		}
+		if seen[raw] {
+			return "", fmt.Errorf("servers: %s twice", raw)
+		}
+		scheme, seen[raw] = u.Scheme, true
+		if len(o.Servers) > 0 {
+			if w := o.Servers[i].Weight; w < 0 || w > 100 {
+				return "", fmt.Errorf("servers: weight of %s must be 1–100 (0 means 1), got %d", raw, w)
+			}
+		}
+	}
+	return scheme, nil
 }
 
 // validOriginHost checks an origin URL's host and port: an IP address or

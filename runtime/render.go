@@ -35,8 +35,8 @@ var confTemplate = sync.OnceValue(func() *template.Template {
 		"ngx":      ngxArg,
 		"ngxWords": ngxArgs,
 		"comment":  commentText,
-		"originLocation": func(name string, cached, verify bool, p RenderParams) map[string]any {
-			return map[string]any{"Name": name, "Cached": cached, "Verify": verify, "P": p}
+		"originLocation": func(verify bool, p RenderParams) map[string]any {
+			return map[string]any{"Verify": verify, "P": p}
 		},
 	}).Parse(nginxTmpl))
 })

@@ -298,6 +298,11 @@ func (c *slot) reloadRoom(pid int) (n int, ok bool) {
 	if c.retiringOf != pid {
 		retiring = nil
 	}
+	// Within a second of a reload its workers may not have taken up the
+	// signal (their title not yet "shutting down"): all count as retiring.
+	// After that, one that still does not say so was kept by a reload that
+	// failed (nginx keeps the old workers): it is the cell's live worker.
+	recent := c.s.clk.Since(c.lastHup) < time.Second
 	c.mu.Unlock()
 	fresh := false
 	_ = c.readAsCell(func() error {
@@ -306,7 +311,7 @@ func (c *slot) reloadRoom(pid int) (n int, ok bool) {
 		for _, k := range kids {
 			switch {
 			case cacheProcess(k.pid):
-			case retiring[k]:
+			case retiring[k] && (recent || shuttingDown(k.pid)):
 				n++
 			default:
 				fresh = true
@@ -358,7 +363,7 @@ func (c *slot) hup(pid int) error {
 	for _, p := range old {
 		retiring[p] = true
 	}
-	c.retiring = retiring
+	c.retiring, c.lastHup = retiring, c.s.clk.Now()
 	c.mu.Unlock()
 	if err := c.asCell(func() error { return syscall.Kill(pid, syscall.SIGHUP) }); err != nil {
 		return fmt.Errorf("reload %s: %w", c.spec.Name, err)

@@ -206,3 +206,43 @@ func tlsDomain(name, url, sni string, verify *bool) domain.Domain {
 		Origins: []domain.Origin{{Name: "app", URL: url, SNI: sni, TLSVerify: verify}},
 		Routes:  []domain.Route{{Prefix: "/", Origin: "app"}}}
 }
+
+// An origin of two servers, one of them gone: requests keep succeeding
+// (a failed one is tried again on the other), the gone one is marked down
+// in the cell's status, and is used again once it is back.
+func TestOriginServerDownIsSkipped(t *testing.T) {
+	a, _ := countingOrigin(t)
+	// b: a port where nothing listens yet.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bAddr := ln.Addr().String()
+	ln.Close()
+	doms := originDomain("")
+	doms[0].Origins[0] = domain.Origin{Name: "app", Servers: []domain.OriginServer{{URL: a.URL}, {URL: "http://" + bAddr, Weight: 3}}}
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	for i := 0; i < 40; i++ {
+		if code, body, err := get(port, "/x"); err != nil || code != 200 || !strings.HasPrefix(body, "origin ") {
+			t.Fatalf("request %d with a server gone: %d %q %v", i, code, body, err)
+		}
+	}
+	api := privateClient(t, h, "cell-01", nil)
+	key := testHost + "/app http://" + bAddr
+	st := cellStatus(t, api)
+	if s := st.OriginServers[key]; s.Up || s.Failures < 3 {
+		t.Errorf("the gone server %+v: want down after its failures", s)
+	}
+	if s := st.OriginServers[testHost+"/app "+a.URL]; !s.Up || s.Retries == 0 {
+		t.Errorf("the live server %+v: want up, with the retries it took", s)
+	}
+	// Back: used again once its down time (10 s) is over.
+	listenOn(t, bAddr, "b is back")
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if _, body, err := get(port, "/x"); err != nil || body != "b is back" {
+			return fmt.Errorf("%q %v", body, err)
+		}
+		return nil
+	})
+}

@@ -56,6 +56,7 @@ type slot struct {
 	// finish (reloadRoom counts those still running).
 	retiring   map[procID]bool
 	retiringOf int
+	lastHup    time.Time
 	reloads    int64 // reloads sent since the agent started
 	// lastApply is how the cell took its last switched release (Apply).
 	lastApply *Applied

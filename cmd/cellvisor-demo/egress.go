@@ -14,8 +14,8 @@ import (
 	"cellvisor/cellapi"
 	"cellvisor/config"
 	"cellvisor/controlapi/adminapi"
-	"cellvisor/supervisor"
 	"cellvisor/edgeapi"
+	"cellvisor/supervisor"
 )
 
 // The demo's org has two edges in two regions: demo-edge (eu-central, 8

@@ -208,7 +208,6 @@ local function lookup(hosts, host)
 end
 
 function _M.ready()
-    ngx.ctx.probe = true -- not counted as a request served
     ngx.header["Content-Type"] = "text/plain"
     if dict:get("drained") then
         ngx.status = 503
@@ -270,26 +269,31 @@ local function escape_path(p)
     end))
 end
 
--- answer ends the request with a plain-text answer the cell makes itself.
+-- answer ends the request with a plain-text answer the cell makes itself
+-- (from the access phase: ngx.exit(200) ends it as sent).
 local function answer(status, text)
     ngx.status = status
     ngx.header["Content-Type"] = "text/plain"
     ngx.say(text)
-    return ngx.exit(status)
+    return ngx.exit(ngx.HTTP_OK)
 end
 
--- cache_headers runs in the header filter of cached routes: an answer
--- with private, no-store or no-cache in any of its Cache-Control lines is
--- not stored (nginx's own check reads only the first line).
--- headers clears what would name the server to the public: nginx's
--- Server header (server_tokens off still sends "nginx").
+local cache_check
+
+-- headers runs in every answer's header filter: it clears what would name
+-- the server to the public (nginx's Server header: server_tokens off still
+-- sends "nginx"), and on a cached route keeps out of the cache an answer
+-- with private, no-store or no-cache in any of its Cache-Control lines
+-- (nginx's own check reads only the first line).
 function _M.headers()
     ngx.header["Server"] = nil
+    if fills and ngx.var.cv_ttl ~= "" then
+        cache_check()
+    end
 end
 
-function _M.cache_headers()
-    _M.headers() -- this location's filter replaces the server's
-    local cc = ngx.resp.get_headers(100)["Cache-Control"]
+function cache_check()
+    local cc = ngx.header["Cache-Control"] -- every line, as a table if several
     if type(cc) == "table" then
         cc = table.concat(cc, ",")
     end
@@ -303,14 +307,10 @@ function _M.cache_headers()
     end
 end
 
--- target is what the balancer needs of origin o, parsed from its URL and
--- settings once per origin of a release (kept on the origin's table):
--- the upstream block, the address (nil for a name to resolve), host, port,
--- the TLS name, whether it is verified, and the timeouts ("c s r" seconds).
-local function target(o)
-    local t = o._target
-    if t then return t end
-    local scheme, hostport = string.match(o.url or "", "^(https?)://(.+)$")
+-- parse_server reads one server URL: its host, its address (nil for a
+-- name to resolve), its port, whether it is TLS.
+local function parse_server(url)
+    local scheme, hostport = string.match(url or "", "^(https?)://(.+)$")
     local host, port = string.match(hostport or "", "^%[(.+)%]:?(%d*)$")
     local ip
     if host then
@@ -320,21 +320,113 @@ local function target(o)
         if host and string.match(host, "^%d+%.%d+%.%d+%.%d+$") then ip = host end
     end
     local tls = scheme == "https"
+    return { url = url, host = host or "", ip = ip, tls = tls,
+        port = tonumber(port ~= "" and port) or (tls and 443 or 80) }
+end
+
+-- target is what routing needs of origin o, parsed once per origin of a
+-- release (kept on the origin's table): its servers with their weights,
+-- the upstream block, the TLS name, whether it is verified, and the
+-- timeouts in seconds.
+local function target(o)
+    local t = o._target
+    if t then return t end
+    local servers, total = {}, 0
+    if type(o.servers) == "table" and #o.servers > 0 then
+        for _, sv in ipairs(o.servers) do
+            local p = parse_server(sv.url)
+            p.weight = math.max(1, tonumber(sv.weight) or 1)
+            servers[#servers + 1] = p
+            total = total + p.weight
+        end
+    else
+        local p = parse_server(o.url)
+        p.weight, total = 1, 1
+        servers[1] = p
+    end
+    local first = servers[1]
     local to = type(o.timeouts) == "table" and o.timeouts or {}
     local function secs(ms, default)
         ms = tonumber(ms)
         return (ms and ms > 0) and ms / 1000 or default
     end
     t = {
-        upstream = tls and "https://cv_origins_tls" or "http://cv_origins",
-        host = host or "", ip = ip,
-        port = (port and port ~= "") and port or (tls and "443" or "80"),
-        sni = tls and (o.sni or (not ip and host) or "") or "",
-        verify = not tls or o.tls_verify ~= false,
+        servers = servers, total = total,
+        upstream = first.tls and "https://cv_origins_tls" or "http://cv_origins",
+        sni = first.tls and (o.sni or (not first.ip and first.host) or "") or "",
+        verify = not first.tls or o.tls_verify ~= false,
         timeouts = string.format("%g %g %g", secs(to.connect_ms, 5), secs(to.send_ms, 60), secs(to.read_ms, 60)),
     }
     o._target = t
     return t
+end
+
+-- Passive health of origin servers, in the worker, by origin and server
+-- URL (kept across loads: a publish does not forget a server that is
+-- down): a server whose requests failed FAIL_LIMIT times in a row is
+-- skipped for DOWN_SECONDS, then tried again.
+local FAIL_LIMIT, DOWN_SECONDS = 3, 10
+local health = {}
+local health_count = 0
+
+local function health_of(key)
+    local h = health[key]
+    if not h then
+        if health_count >= 10000 then health, health_count = {}, 0 end
+        h = { fails = 0, down_until = 0, failures = 0, retries = 0 }
+        health[key], health_count = h, health_count + 1
+    end
+    return h
+end
+
+-- pick chooses a server of t by weight among those not down (any, when
+-- all are), other than index skip.
+local function pick(t, origin, skip)
+    local servers = t.servers
+    if #servers == 1 then return skip ~= 1 and 1 or nil end
+    local now = ngx.now()
+    local up, total = {}, 0
+    for i, sv in ipairs(servers) do
+        local h = health[origin .. " " .. sv.url]
+        if i ~= skip and not (h and h.down_until > now) then
+            up[#up + 1], total = i, total + sv.weight
+        end
+    end
+    if #up == 0 then
+        for i = 1, #servers do
+            if i ~= skip then up[#up + 1], total = i, total + servers[i].weight end
+        end
+        if #up == 0 then return nil end
+    end
+    local r = math.random() * total
+    for _, i in ipairs(up) do
+        r = r - servers[i].weight
+        if r <= 0 then return i end
+    end
+    return up[#up]
+end
+
+-- note_servers records, in the log phase, how each server tried for the
+-- request did ($upstream_status: one status per try, "502" where nginx
+-- could not get an answer), from $cv_servers (the servers tried, in order).
+local function note_servers(origin, tried, statuses)
+    local i = 0
+    for st in string.gmatch(statuses, "[^,%s:]+") do
+        i = i + 1
+        local url = tried[i]
+        if not url then return end
+        local h = health_of(origin .. " " .. url)
+        if i > 1 then h.retries = h.retries + 1 end
+        local code = tonumber(st) or 502
+        if code >= 500 then
+            h.failures, h.fails = h.failures + 1, h.fails + 1
+            if h.fails >= FAIL_LIMIT then
+                h.down_until = ngx.now() + DOWN_SECONDS
+            end
+        else
+            h.fails, h.down_until = 0, 0
+        end
+    end
 end
 
 -- note_failure records a passive-origin failure of origin (domain/name).
@@ -348,19 +440,30 @@ local function note_failure(origin, status, reason)
     dict:set(key, cjson.encode(rec))
 end
 
--- balance runs in the balancer phase of the origin upstreams: the peer
--- serve() chose, with the origin's timeouts.
+-- balance runs in the balancer phase of the origin upstreams: the server
+-- serve() chose, then, on the retry nginx makes after an error or a
+-- timeout (of an idempotent request), the other one, with the origin's
+-- timeouts ($cv_target: "connect send read addr port [addr port]").
 function _M.balance()
-    local v = ngx.var
-    local ok, err = balancer.set_current_peer(v.cv_peer, tonumber(v.cv_port))
-    if not ok then
-        ngx.log(ngx.ERR, "cellvisor: origin ", v.cv_origin_name, ": ", err)
+    local c, s, r, rest = string.match(ngx.var.cv_target, "^(%S+) (%S+) (%S+) (.+)$")
+    local peers = {}
+    for addr, port in string.gmatch(rest or "", "(%S+) (%d+)") do
+        peers[#peers + 1] = { addr, tonumber(port) }
+    end
+    local try = (balancer.get_last_failure() and 2) or 1
+    local p = peers[try] or peers[1]
+    if not p then
         return ngx.exit(502)
     end
-    local c, s, r = string.match(v.cv_timeouts or "", "^(%S+) (%S+) (%S+)$")
-    if c then
-        balancer.set_timeouts(tonumber(c), tonumber(s), tonumber(r))
+    local ok, err = balancer.set_current_peer(p[1], p[2])
+    if not ok then
+        ngx.log(ngx.ERR, "cellvisor: origin peer ", tostring(p[1]), ": ", err)
+        return ngx.exit(502)
     end
+    if try == 1 and peers[2] then
+        balancer.set_more_tries(1)
+    end
+    balancer.set_timeouts(tonumber(c), tonumber(s), tonumber(r))
 end
 
 -- cache_key is the key of fills for this request: the MD5 of the cache's
@@ -392,6 +495,63 @@ local function note_fill()
     fills:set(cache_key(), ngx.now(), 31536000)
 end
 
+-- to_origin sends the request to origin o of domain d: the location's
+-- proxy_pass takes it on once the access phase ends, through the upstream
+-- block whose balancer sets the servers chosen here (one, and another for
+-- a retry where the origin has several).
+local function to_origin(d, o, uri)
+    local t = target(o)
+    local name = d.domain .. "/" .. o.name
+    local first = pick(t, name)
+    local second = pick(t, name, first)
+    local peers, tried = {}, {}
+    for _, i in ipairs({ first, second }) do
+        local sv = t.servers[i]
+        local addr, err = sv.ip, nil
+        if not addr then
+            addr, err = cvdns.resolve(sv.host)
+        end
+        if addr then
+            peers[#peers + 1] = addr .. " " .. sv.port
+            tried[#tried + 1] = sv.url
+        elseif #peers == 0 and i == first and not second then
+            -- No upstream was tried: recorded here, not by log().
+            note_failure(name, 502, "dns: " .. tostring(err))
+            return ngx.exit(502)
+        end
+    end
+    if #peers == 0 then
+        note_failure(name, 502, "dns: no server of the origin resolves")
+        return ngx.exit(502)
+    end
+    local v = ngx.var
+    -- In variables, not ngx.ctx: an error page's redirect (the origin's
+    -- 502) and the one to @origin_insecure clear ngx.ctx.
+    v.cv_origin_name = name
+    v.cv_servers = table.concat(tried, " ")
+    v.cv_target = t.timeouts .. " " .. table.concat(peers, " ")
+    v.cv_path = escape_path(uri)
+    v.cv_upstream = t.upstream
+    if t.sni ~= "" then v.cv_sni = t.sni end
+    -- A domain with a cache TTL has its answers cached; one stored longer
+    -- ago than the TTL (or not known to this cell's fills) is fetched again
+    -- and stored anew.
+    local ttl = type(d.cache) == "table" and tonumber(d.cache.ttl_seconds) or 0
+    if fills and ttl and ttl > 0 then
+        v.cv_cache = "cell_cache"
+        v.cv_ttl = string.format("%d", ttl)
+        local stored = fills:get(cache_key())
+        if not stored then
+            v.cv_refresh = "miss"
+        elseif ngx.now() - stored >= ttl then
+            v.cv_refresh = "expired"
+        end
+    end
+    if not t.verify then
+        return ngx.exec("@origin_insecure")
+    end
+end
+
 function _M.serve()
     local d = lookup(state.hosts, ngx.var.host)
     if not d then
@@ -420,42 +580,11 @@ function _M.serve()
         -- for the server's error page to fill.
         ngx.send_headers()
         ngx.print(best.respond.body)
-        return ngx.exit(ngx.status)
+        return ngx.exit(ngx.HTTP_OK)
     end
     for _, o in ipairs(d.origins or {}) do
         if o.name == best.origin then
-            local t = target(o)
-            local v = ngx.var
-            v.cv_origin = o.url
-            v.cv_path = escape_path(uri)
-            local peer, err = t.ip, nil
-            if not peer then
-                peer, err = cvdns.resolve(t.host)
-            end
-            if not peer then
-                -- No upstream was tried: recorded here, not by log().
-                note_failure(d.domain .. "/" .. o.name, 502, "dns: " .. tostring(err))
-                return ngx.exit(502)
-            end
-            v.cv_origin_name = d.domain .. "/" .. o.name
-            v.cv_upstream, v.cv_peer, v.cv_port = t.upstream, peer, t.port
-            v.cv_sni, v.cv_timeouts = t.sni, t.timeouts
-            local suffix = t.verify and "" or "_insecure"
-            -- A domain with a cache TTL goes through the cached location;
-            -- an answer stored longer ago than the TTL (or not known to
-            -- this cell's fills) is fetched again and stored anew.
-            local ttl = type(d.cache) == "table" and tonumber(d.cache.ttl_seconds) or 0
-            if fills and ttl and ttl > 0 then
-                ngx.var.cv_ttl = string.format("%d", ttl)
-                local stored = fills:get(cache_key())
-                if not stored then
-                    ngx.var.cv_refresh = "miss"
-                elseif ngx.now() - stored >= ttl then
-                    ngx.var.cv_refresh = "expired"
-                end
-                return ngx.exec("@origin_cached" .. suffix)
-            end
-            return ngx.exec("@origin" .. suffix)
+            return to_origin(d, o, uri)
         end
     end
     return ngx.exit(502)
@@ -469,18 +598,18 @@ local served_from_cache = { HIT = true, STALE = true, UPDATING = true }
 -- records a passive-origin failure when the origin could not be reached,
 -- timed out or answered 5xx.
 function _M.log()
-    if ngx.ctx.probe then return end
     dict:incr("requests", 1, 0)
     -- A request a shutting-down worker ended before it completed: cut by
     -- the end of a reload's or a stop's grace (worker_shutdown_timeout).
     if ngx.worker.exiting() and ngx.var.request_completion ~= "OK" then
         dict:incr("cut:shutdown", 1, 0)
     end
-    if ngx.var.limit_conn_status == "REJECTED" then
+    local limits = _M.limits
+    if limits.max_conns > 0 and ngx.var.limit_conn_status == "REJECTED" then
         dict:incr("refused:connections", 1, 0)
         return
     end
-    if ngx.var.limit_req_status == "REJECTED" then
+    if limits.rate > 0 and ngx.var.limit_req_status == "REJECTED" then
         dict:incr("refused:rate", 1, 0)
         return
     end
@@ -497,6 +626,12 @@ function _M.log()
         if served_from_cache[cs] then return end
     end
     local us = ngx.var.upstream_status or ""
+    local servers = ngx.var.cv_servers
+    if servers and servers ~= "" and us ~= "" then
+        local tried = {}
+        for url in string.gmatch(servers, "%S+") do tried[#tried + 1] = url end
+        note_servers(origin, tried, us)
+    end
     local last = tonumber(string.match(us, "(%d+)%s*$")) or 0
     if us == "" or last >= 500 or last == 0 then
         local key = "origin:" .. origin
@@ -606,6 +741,16 @@ local function origins()
     return out
 end
 
+-- origin_servers are the servers' passive health this worker has seen,
+-- keyed by "domain/origin server-url".
+local function origin_servers()
+    local out, now = {}, ngx.now()
+    for key, h in pairs(health) do
+        out[key] = { up = h.down_until <= now, failures = h.failures, retries = h.retries }
+    end
+    return out
+end
+
 local function status_doc()
     return {
         cell = _M.cell,
@@ -649,6 +794,7 @@ local function status_doc()
             revalidated = dict:get("cache:revalidated") or 0,
         },
         origins = origins(),
+        origin_servers = origin_servers(),
         security = {
             auth_failures = dict:get("sec:auth_failures") or 0,
             last_at = dict:get("sec:last_at") or 0,
