@@ -48,6 +48,12 @@ type Domain struct {
 	Origins   []Origin `json:"origins,omitempty"`
 	Routes    []Route  `json:"routes"`
 	Cache     *Cache   `json:"cache,omitempty"`
+	// TrustForwarded says the domain's clients are proxies of its own
+	// (a load balancer, another CDN) whose X-Forwarded-For and
+	// X-Forwarded-Proto are passed on: the edge appends the address it saw
+	// to the first and keeps the second. False (the default): both are
+	// replaced by what the edge saw, whatever the client sent.
+	TrustForwarded bool `json:"trust_forwarded,omitempty"`
 
 	// raw is the canonical encoding of this domain, made once when it was
 	// decoded and validated: the edge's pool runtime JSON splices it in.

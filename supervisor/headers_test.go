@@ -37,38 +37,46 @@ func TestOriginSeesTheEdgesForwardedHeaders(t *testing.T) {
 		io.WriteString(w, "ok")
 	}))
 	t.Cleanup(origin.Close)
-	h := newHarness(t, harnessOpts{slots: 1, domains: originDomain(origin.URL)})
+	doms := originDomain(origin.URL)
+	trusted := doms[0]
+	trusted.Domain, trusted.Hostnames, trusted.TrustForwarded = "trusted.test", []string{"trusted.test"}, true
+	h := newHarness(t, harnessOpts{slots: 1, domains: append(doms, trusted)})
 	port := h.waitReady("cell-01", 0).HTTPPort
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+"/x", nil)
-	if err != nil {
-		t.Fatal(err)
+	send := func(host string) http.Header {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+"/x", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		spoofed := map[string]string{
+			"X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.9", "X-Forwarded-Host": "evil.test",
+			"X-Forwarded-Proto": "https", "Forwarded": "for=203.0.113.9;host=evil.test",
+			"X-Original-URL": "/admin", "X-Rewrite-URL": "/admin", "X-HTTP-Method-Override": "DELETE",
+		}
+		for k, v := range spoofed {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("through the cell: %s", resp.Status)
+		}
+		select {
+		case got := <-seen:
+			return got
+		case <-ctx.Done():
+			t.Fatal("the origin saw no request")
+			return nil
+		}
 	}
-	req.Host = testHost
-	spoofed := map[string]string{
-		"X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.9", "X-Forwarded-Host": "evil.test",
-		"X-Forwarded-Proto": "https", "Forwarded": "for=203.0.113.9;host=evil.test",
-		"X-Original-URL": "/admin", "X-Rewrite-URL": "/admin", "X-HTTP-Method-Override": "DELETE",
-	}
-	for k, v := range spoofed {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("through the cell: %s", resp.Status)
-	}
-	var got http.Header
-	select {
-	case got = <-seen:
-	case <-ctx.Done():
-		t.Fatal("the origin saw no request")
-	}
+	got := send(testHost)
 	want := map[string]string{
 		"X-Forwarded-For": "127.0.0.1", "X-Real-Ip": "127.0.0.1", "X-Forwarded-Host": testHost, "X-Forwarded-Proto": "http",
 		"Forwarded": "", "X-Original-Url": "", "X-Rewrite-Url": "", "X-Http-Method-Override": "",
@@ -78,6 +86,12 @@ func TestOriginSeesTheEdgesForwardedHeaders(t *testing.T) {
 			b, _ := json.Marshal(got)
 			t.Errorf("origin saw %s %q, want %q (all: %s)", k, g, v, b)
 		}
+	}
+	// A domain that trusts its clients' forwarding headers (its own
+	// proxies) has them passed on: the address appended, the scheme kept.
+	got = send("trusted.test")
+	if xff, xfp := got.Get("X-Forwarded-For"), got.Get("X-Forwarded-Proto"); xff != "203.0.113.9, 127.0.0.1" || xfp != "https" {
+		t.Errorf("trust_forwarded: origin saw X-Forwarded-For %q, X-Forwarded-Proto %q; want the client's with the edge's address appended, https", xff, xfp)
 	}
 }
 

@@ -529,6 +529,11 @@ local function to_origin(d, o, uri)
     -- 502) and the one to @origin_insecure clear ngx.ctx.
     v.cv_origin_name = name
     v.cv_servers = table.concat(tried, " ")
+    if d.trust_forwarded then
+        local xff, xfp = v.http_x_forwarded_for, v.http_x_forwarded_proto
+        if xff and xff ~= "" then v.cv_xff = xff .. ", " .. v.remote_addr end
+        if xfp == "http" or xfp == "https" then v.cv_xfp = xfp end
+    end
     v.cv_target = t.timeouts .. " " .. table.concat(peers, " ")
     v.cv_path = escape_path(uri)
     v.cv_upstream = t.upstream
