@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -81,8 +82,10 @@ type env struct {
 	// ingest is the corp ingest, the destination of the egress policies.
 	ingest    *corpingest.Server
 	ingestURL string
-	cellURL   string
-	tokenRel  string
+	// originAddr is the sample domain's origin (host:port), by name in its URL.
+	originAddr string
+	cellURL    string
+	tokenRel   string
 	// body is what the sample domain's latest revision answers.
 	body string
 }
@@ -130,7 +133,7 @@ func demo(ctx context.Context, o options) error {
 	}
 	e := &env{o: o, root: root}
 	e.spec = agentSpec{dir: root, slots: 8, httpBase: o.httpBase, httpsBase: o.httpBase + 363, subtree: subtree,
-		intake: o.httpBase + 12, region: regionEU, metrics: "127.0.0.1:9464"}
+		intake: o.httpBase + 12, region: regionEU, metrics: "127.0.0.1:9464", resolver: fmt.Sprintf("127.0.0.1:%d", o.httpBase+15)}
 	if e.cfgPath, e.cfg, err = writeConfig(e.spec, nginx, modules, o.out); err != nil {
 		return err
 	}
@@ -184,6 +187,21 @@ func demo(ctx context.Context, o options) error {
 	ingestSrv := httptest.NewServer(e.ingest)
 	defer ingestSrv.Close()
 	e.ingestURL = ingestSrv.URL + "/ingest"
+	// The sample domain's origin, given by name, and the DNS server that
+	// answers it.
+	e.originAddr = fmt.Sprintf("127.0.0.1:%d", o.httpBase+16)
+	stopOrigin, err := startOrigin(e.originAddr)
+	if err != nil {
+		stopCtl()
+		return errors.Join(err, <-ctlDone)
+	}
+	defer stopOrigin()
+	stopDNS, err := startDNS(e.spec.resolver)
+	if err != nil {
+		stopCtl()
+		return errors.Join(err, <-ctlDone)
+	}
+	defer stopDNS()
 
 	err = e.runAgent(ctx)
 	stopCtl()
@@ -268,6 +286,11 @@ func (e *env) steps(ctx context.Context) error {
 	out := e.o.out
 	fmt.Fprintf(out, "\n$ ./bin/cellvisor status --config %s\n%s", relPath(e.cfgPath), table)
 	fmt.Fprintf(out, "\n$ curl -H 'Host: %s' %s\n%s", demoHost, e.cellURL, demoBody)
+	proxied, err := get(ctx, e.cellURL+strings.TrimPrefix(originRoute, "/")+"hello", demoHost)
+	if err != nil || proxied != originBody(originRoute+"hello") {
+		return fmt.Errorf("the sample domain's %s route: %q, %v", originRoute, proxied, err)
+	}
+	fmt.Fprintf(out, "$ curl -H 'Host: %s' %s%shello\n%s", demoHost, e.cellURL, strings.TrimPrefix(originRoute, "/"), proxied)
 	fmt.Fprintf(out, "\ncontrol API says: edge %s %s, sequence %d, active (acked) %d\n", view.Name, view.Enrollment, view.Sequence, view.ActiveSequence)
 	if e.o.check {
 		if err := e.check(ctx); err != nil {
@@ -348,12 +371,21 @@ func (e *env) enroll(ctx context.Context) error {
 // publish publishes the sample domain answering body to shared-default; it
 // returns the revision.
 func (e *env) publish(ctx context.Context, body string) (int64, error) {
-	p, err := e.admin.Publish(ctx, demoHost, adminapi.DomainRequest{Pool: "shared-default", Config: domainConfig(demoHost, body)})
+	p, err := e.admin.Publish(ctx, demoHost, adminapi.DomainRequest{Pool: "shared-default", Config: e.demoConfig(body)})
 	if err != nil {
 		return 0, fmt.Errorf("publish %s: %w", demoHost, err)
 	}
 	e.body = body
 	return p.Domain.Revision, nil
+}
+
+// demoConfig is the sample domain: body on every path but /origin/, which
+// goes to the demo's origin, given by name.
+func (e *env) demoConfig(body string) json.RawMessage {
+	_, port, _ := net.SplitHostPort(e.originAddr)
+	return json.RawMessage(fmt.Sprintf(
+		`{"hostnames":[%q],"origins":[{"name":"app","url":"http://%s:%s"}],"routes":[{"prefix":"/","respond":{"status":200,"body":%q,"content_type":"text/plain"}},{"prefix":%q,"origin":"app"}]}`,
+		demoHost, originName, port, body, originRoute))
 }
 
 // domainConfig is a domain answering body on every path.
@@ -512,6 +544,8 @@ type agentSpec struct {
 	region    string
 	// metrics is the agent's metrics endpoint (host:port).
 	metrics string
+	// resolver is the DNS server its cells ask (the demo's).
+	resolver string
 }
 
 // writeConfig writes a demo agent's configuration: its slots on loopback
@@ -539,6 +573,8 @@ openresty:
   binary: %[2]s
   modules:%[3]s
   stop_timeout: 5s
+  # The demo's DNS server, which answers the sample origin's name.
+  resolvers: ["%[12]s"]
 ports:
   address: 127.0.0.1
   http_base: %[4]d
@@ -567,7 +603,7 @@ metrics:
 log:
   format: console
   level: info
-`, a.dir, nginx, mods.String(), a.httpBase, a.httpsBase, enforce, a.subtree, a.slots, a.intake, a.region, a.metrics)
+`, a.dir, nginx, mods.String(), a.httpBase, a.httpsBase, enforce, a.subtree, a.slots, a.intake, a.region, a.metrics, a.resolver)
 	path := filepath.Join(a.dir, "agent.yaml")
 	if err := os.MkdirAll(a.dir, 0o755); err != nil {
 		return "", config.Agent{}, err

@@ -85,7 +85,7 @@ func (e *env) startEdge2(ctx context.Context) error {
 	defer cancel()
 	base := e.o.httpBase
 	spec := agentSpec{dir: filepath.Join(e.root, edge2Dir), slots: edge2Slots, httpBase: base + 8, httpsBase: base + 10,
-		subtree: edge2Subtree(e.root), intake: base + 13, region: regionUS, metrics: fmt.Sprintf("127.0.0.1:%d", base+14)}
+		subtree: edge2Subtree(e.root), intake: base + 13, region: regionUS, metrics: fmt.Sprintf("127.0.0.1:%d", base+14), resolver: e.spec.resolver}
 	cfgPath, cfg, err := writeConfig(spec, e.nginx, e.modules, e.o.out)
 	if err != nil {
 		return err
