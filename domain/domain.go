@@ -48,6 +48,13 @@ type Domain struct {
 	Origins   []Origin `json:"origins,omitempty"`
 	Routes    []Route  `json:"routes"`
 	Cache     *Cache   `json:"cache,omitempty"`
+	// CaseInsensitive matches route prefixes whatever the case of the
+	// request's path (an edge rule on /admin also holds /Admin).
+	CaseInsensitive bool `json:"case_insensitive,omitempty"`
+	// RawPath sends the origin the path as the client sent it, instead of
+	// the normalised path the routes matched (for an origin that tells
+	// %2F from /).
+	RawPath bool `json:"raw_path,omitempty"`
 	// TrustForwarded says the domain's clients are proxies of its own
 	// (a load balancer, another CDN) whose X-Forwarded-For and
 	// X-Forwarded-Proto are passed on: the edge appends the address it saw
@@ -144,7 +151,15 @@ type Response struct {
 // Cache is the domain's cache policy for proxied responses.
 type Cache struct {
 	TTLSeconds int `json:"ttl_seconds"`
+	// IgnoreCookies are cookies that do not personalise an answer (a
+	// consent flag, an analytics id): a request whose cookies are all
+	// among them reads and fills the cache; any other cookie keeps it
+	// from both. At most MaxIgnoreCookies names.
+	IgnoreCookies []string `json:"ignore_cookies,omitempty"`
 }
+
+// MaxIgnoreCookies is the most cookie names a cache ignores.
+const MaxIgnoreCookies = 32
 
 // ValidHostname reports whether h is a lowercase DNS name (an optional
 // leading "*." wildcard label allowed), at most 253 characters: labels of
@@ -232,6 +247,16 @@ func (d Domain) Validate() error {
 	}
 	if err := d.validateRoutes(origins); err != nil {
 		return bad("%v", err)
+	}
+	if d.Cache != nil && len(d.Cache.IgnoreCookies) > MaxIgnoreCookies {
+		return bad("cache ignore_cookies: at most %d, got %d", MaxIgnoreCookies, len(d.Cache.IgnoreCookies))
+	}
+	if d.Cache != nil {
+		for _, c := range d.Cache.IgnoreCookies {
+			if !validCookieName(c) {
+				return bad("cache ignore_cookies: %q is not a cookie name (1–64 of letters, digits and !#$%%&'*+-.^_`|~)", c)
+			}
+		}
 	}
 	if d.Cache != nil && (d.Cache.TTLSeconds < 0 || d.Cache.TTLSeconds > 86400*365) {
 		return bad("cache ttl_seconds must be 0–31536000, got %d", d.Cache.TTLSeconds)
@@ -409,6 +434,20 @@ func (d Domain) validateRoutes(origins map[string]bool) error {
 		}
 	}
 	return nil
+}
+
+// validCookieName is an RFC 6265 token of 1–64 characters.
+func validCookieName(c string) bool {
+	if c == "" || len(c) > 64 {
+		return false
+	}
+	for i := 0; i < len(c); i++ {
+		b := c[i]
+		if !(b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", b) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // printable reports whether s is printable ASCII (space to tilde).

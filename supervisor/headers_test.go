@@ -360,3 +360,52 @@ func TestPoolConnectionLimitIsSharedOut(t *testing.T) {
 		t.Errorf("the neighbour domain while another holds its share: %d, want 200", c)
 	}
 }
+
+// A domain's own choices of how its paths and cookies are read: routes
+// matched whatever the case (case_insensitive), the path sent to the
+// origin as the client wrote it (raw_path), and cookies that personalise
+// nothing cached (cache.ignore_cookies), any other cookie not.
+func TestDomainPathAndCookieChoices(t *testing.T) {
+	var n atomic.Int64
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%d %s", n.Add(1), r.URL.EscapedPath())
+	}))
+	t.Cleanup(origin.Close)
+	doms := originDomain(origin.URL)
+	doms[0].CaseInsensitive, doms[0].RawPath = true, true
+	doms[0].Routes = append(doms[0].Routes, domain.Route{Prefix: "/admin", Respond: &domain.Response{Status: 403, Body: "blocked"}})
+	doms[0].Cache = &domain.Cache{TTLSeconds: 60, IgnoreCookies: []string{"consent", "_ga"}}
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	fetch := func(path, cookie string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = testHost
+		if cookie != "" {
+			req.Header.Set("Cookie", cookie)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := fetch("/ADMIN/x", ""); code != 403 {
+		t.Errorf("/ADMIN/x on a case-insensitive domain: %d, want the /admin rule's 403", code)
+	}
+	if _, body := fetch("/a%2Fb", ""); !strings.HasSuffix(body, " /a%2Fb") {
+		t.Errorf("raw path: the origin saw %q, want /a%%2Fb as sent", body)
+	}
+	a, b := func() string { _, s := fetch("/page", "consent=yes; _ga=1"); return s }(), func() string { _, s := fetch("/page", "consent=no"); return s }()
+	if a != b {
+		t.Errorf("requests with only ignored cookies: %q then %q, want the second from the cache", a, b)
+	}
+	if _, c := fetch("/page", "consent=yes; session=alice"); c == a {
+		t.Errorf("a request with a session cookie was answered from the cache: %q", c)
+	}
+}

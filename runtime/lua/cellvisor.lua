@@ -207,14 +207,21 @@ local function lookup(hosts, host)
     if dot then return hosts["*" .. string.sub(host, dot)] end
 end
 
+-- ready answers the readiness probe: 200, or 503 while drained. The
+-- cell's name and sequence only where the operator exposes the cell: the
+-- public port tells nothing of the host's topology.
 function _M.ready()
     ngx.header["Content-Type"] = "text/plain"
     if dict:get("drained") then
         ngx.status = 503
-        ngx.say("draining ", _M.cell)
+        if _M.expose_cell then ngx.say("draining ", _M.cell) else ngx.say("draining") end
         return ngx.exit(503)
     end
-    ngx.say("ready ", _M.cell, " sequence ", seqstr(state.sequence))
+    if _M.expose_cell then
+        ngx.say("ready ", _M.cell, " sequence ", seqstr(state.sequence))
+    else
+        ngx.say("ready")
+    end
 end
 
 -- normalize is the path routes are matched on and the origin receives:
@@ -488,11 +495,26 @@ local function note_fill()
     local cs = v.upstream_cache_status
     if cs ~= "MISS" and cs ~= "EXPIRED" and cs ~= "BYPASS" then return end
     if not stored_statuses[ngx.status] or v.cv_no_store ~= "" or v.cv_private ~= ""
-        or v.http_authorization or v.http_cookie then
+        or v.http_authorization or (v.cv_cookie or "") ~= "" then
         return
     end
     -- Forgotten once no TTL would keep it (the longest a domain may have).
     fills:set(cache_key(), ngx.now(), 31536000)
+end
+
+-- only_ignored reports whether every cookie of a Cookie header is one the
+-- domain's cache ignores.
+local function only_ignored(cache, header)
+    local set = cache._ignore
+    if not set then
+        set = {}
+        for _, name in ipairs(cache.ignore_cookies) do set[name] = true end
+        cache._ignore = set
+    end
+    for name in string.gmatch(header, "([^=;%s]+)=[^;]*") do
+        if not set[name] then return false end
+    end
+    return true
 end
 
 -- to_origin sends the request to origin o of domain d: the location's
@@ -535,7 +557,12 @@ local function to_origin(d, o, uri)
         if xfp == "http" or xfp == "https" then v.cv_xfp = xfp end
     end
     v.cv_target = t.timeouts .. " " .. table.concat(peers, " ")
-    v.cv_path = escape_path(uri)
+    if d.raw_path then
+        -- The path as the client sent it (the query goes on as $args).
+        v.cv_path = string.match(v.request_uri, "^[^?]*")
+    else
+        v.cv_path = escape_path(uri)
+    end
     v.cv_upstream = t.upstream
     if t.sni ~= "" then v.cv_sni = t.sni end
     -- A domain with a cache TTL has its answers cached; one stored longer
@@ -544,6 +571,9 @@ local function to_origin(d, o, uri)
     local ttl = type(d.cache) == "table" and tonumber(d.cache.ttl_seconds) or 0
     if fills and ttl and ttl > 0 then
         v.cv_cache = "cell_cache"
+        if d.cache.ignore_cookies and v.http_cookie and only_ignored(d.cache, v.http_cookie) then
+            v.cv_cookie = "" -- cookies that personalise nothing: cached
+        end
         v.cv_ttl = string.format("%d", ttl)
         local stored = fills:get(cache_key())
         if not stored then
@@ -567,9 +597,20 @@ function _M.serve()
         return answer(400, "ambiguous path")
     end
     local best
-    for _, r in ipairs(d.routes or {}) do
-        if string.sub(uri, 1, #r.prefix) == r.prefix and (not best or #r.prefix > #best.prefix) then
-            best = r
+    if d.case_insensitive then
+        local luri = string.lower(uri)
+        for _, r in ipairs(d.routes or {}) do
+            local p = r._lower
+            if not p then p = string.lower(r.prefix); r._lower = p end
+            if string.sub(luri, 1, #p) == p and (not best or #p > #best.prefix) then
+                best = r
+            end
+        end
+    else
+        for _, r in ipairs(d.routes or {}) do
+            if string.sub(uri, 1, #r.prefix) == r.prefix and (not best or #r.prefix > #best.prefix) then
+                best = r
+            end
         end
     end
     if not best then
