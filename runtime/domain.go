@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/cespare/xxhash/v2"
+
 	"cellvisor/domain"
 	"cellvisor/internal/sysfile"
 )
@@ -98,13 +100,18 @@ func (p *PoolRuntime) WriteJSON(w io.Writer) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	bw.WriteString(`{"pool":`)
 	bw.WriteString(strconv.Quote(p.Pool))
+	// One host a line, "host":["digest",{document}]: a cell keeps what it
+	// decoded of a host whose digest it already has, and decodes only the
+	// lines that changed. The digest (xxhash64 of the document) only tells
+	// a cell's releases apart: a tenant who forged a collision would only
+	// keep its own domain's previous document.
 	bw.WriteString(`,"hosts":{`)
 	for i, h := range hosts {
 		if i > 0 {
 			bw.WriteByte(',')
 		}
+		bw.WriteByte('\n')
 		bw.WriteString(strconv.Quote(h))
-		bw.WriteByte(':')
 		d := p.Hosts[h]
 		doc := d.Canonical()
 		var err error
@@ -117,9 +124,12 @@ func (p *PoolRuntime) WriteJSON(w io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("pool %s: document of %s: %w", p.Pool, d.Domain, err)
 		}
-		bw.Write(bytes.TrimSpace(doc))
+		doc = bytes.TrimSpace(doc)
+		fmt.Fprintf(bw, `:["%016x",`, xxhash.Sum64(doc))
+		bw.Write(doc)
+		bw.WriteByte(']')
 	}
-	bw.WriteString("}}")
+	bw.WriteString("\n}}")
 	return bw.Flush()
 }
 

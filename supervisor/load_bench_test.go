@@ -14,8 +14,9 @@ import (
 )
 
 // manyDomains are n domains of a shared pool as tenants have them: two
-// hostnames, an origin, three routes (one answered by the cell with
-// "v<rev>" on the first domain), a cache TTL on every other one.
+// hostnames, an origin, three routes, a cache TTL on every other one; the
+// first is at revision rev and answers "v<rev>" on /static, the others
+// stay the same.
 func manyDomains(n, rev int) []domain.Domain {
 	out := make([]domain.Domain, n)
 	for i := range out {
@@ -24,9 +25,13 @@ func manyDomains(n, rev int) []domain.Domain {
 		if i == 0 {
 			name, body = testHost, "v"+strconv.Itoa(rev)
 		}
-		d := domain.Domain{Domain: name, Pool: domain.PoolSharedDefault, Revision: int64(rev),
+		revision := int64(1)
+		if i == 0 {
+			revision = int64(rev) // a publish changes one domain
+		}
+		d := domain.Domain{Domain: name, Pool: domain.PoolSharedDefault, Revision: revision,
 			Hostnames: []string{name, "www." + name},
-			Origins:   []domain.Origin{{Name: "app", URL: "http://127.0.0.1:9/" + name}},
+			Origins:   []domain.Origin{{Name: "app", URL: "http://127.0.0.1:9"}},
 			Routes: []domain.Route{
 				{Prefix: "/", Origin: "app"},
 				{Prefix: "/api/", Origin: "app"},

@@ -77,6 +77,36 @@ local function release_sequence(id)
     return tonumber(string.match(id or "", "^(%d+)%-%x+$"))
 end
 
+-- decode_lines reads a pool runtime written one host a line
+-- ({"pool":…,"hosts":{ / "host":["digest",{…}], … / }}): a host whose
+-- digest the state served has keeps its decoded table (and what was cached
+-- on it) without its line even being copied; only new or changed
+-- documents are decoded. It answers the hosts and their digests, or nil
+-- where the data is not written so (it is then decoded whole).
+local function decode_lines(data)
+    local prev_hosts, prev_digests = state.hosts, state.digests or {}
+    local hosts, digests = {}, {}
+    local nl = string.find(data, "\n", 1, true)
+    if not nl or string.sub(data, nl - 10, nl - 1) ~= ',"hosts":{' then return nil end
+    local pos, len = nl + 1, #data
+    while pos <= len do
+        local e = string.find(data, "\n", pos, true) or (len + 1)
+        if string.byte(data, pos) == 125 then break end -- the closing "}}"
+        local host, digest, from = string.match(data, '^"([^"\\]+)":%["(%x+)",()', pos)
+        if not host then return nil end
+        local d = prev_hosts[host]
+        if d == nil or prev_digests[host] ~= digest then
+            local last = e - 1
+            if string.byte(data, last) == 44 then last = last - 1 end -- ","
+            d = cjson.decode(string.sub(data, from, last - 1)) -- up to the "]"
+            if type(d) ~= "table" then return nil end
+        end
+        hosts[host], digests[host] = d, digest
+        pos = e + 1
+    end
+    return hosts, digests
+end
+
 -- read_release reads release id (its release.json and its pool's data)
 -- and builds the state it would serve, or answers nil and why. Nothing is
 -- changed.
@@ -94,18 +124,26 @@ local function read_release(id)
     if (meta.pool or "") ~= _M.pool then
         return nil, "release " .. id .. " is of pool " .. tostring(meta.pool) .. ", the cell's is " .. _M.pool, "reload"
     end
-    local hosts = {}
+    local hosts, digests = {}, {}
     if _M.pool ~= "" then
         local pdata, perr = cvfile.read(dir .. "/pools/" .. _M.pool .. ".json", max_data, "data of release " .. id)
         if not pdata then return nil, perr end
-        local rt, derr = cjson.decode(pdata)
-        pdata = nil
-        if type(rt) ~= "table" or type(rt.hosts) ~= "table" then
-            return nil, "data of release " .. id .. " does not decode: " .. tostring(derr or "no hosts")
+        hosts, digests = decode_lines(pdata)
+        if not hosts then
+            -- Not one host a line, or a line that does not decode: decoded
+            -- whole, for what it says.
+            local rt, derr = cjson.decode(pdata)
+            if type(rt) ~= "table" or type(rt.hosts) ~= "table" then
+                return nil, "data of release " .. id .. " does not decode: " .. tostring(derr or "no hosts")
+            end
+            hosts, digests = {}, {}
+            for h, v in pairs(rt.hosts) do
+                hosts[h] = (type(v) == "table" and v[2]) or v -- ["digest", {…}], or an older agent's {…}
+            end
         end
-        hosts = rt.hosts
     end
-    return { id = id, sequence = meta.sequence, shape = type(meta.shape) == "string" and meta.shape or "", hosts = hosts }
+    return { id = id, sequence = meta.sequence, shape = type(meta.shape) == "string" and meta.shape or "",
+        hosts = hosts, digests = digests }
 end
 
 function _M.init(opts)
