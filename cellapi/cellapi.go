@@ -69,6 +69,20 @@ type Status struct {
 	// Origins are keyed by domain/origin-name.
 	Origins  map[string]Origin `json:"origins"`
 	Security Security          `json:"security"`
+	// Bodies is the cell's request-body budget (limits.request_tmp): what
+	// the requests in progress hold, and the bodies refused past it.
+	Bodies Bodies `json:"bodies"`
+}
+
+// Bodies is the cell's account of request bodies against its budget.
+type Bodies struct {
+	// Held is the bytes the bodies of requests in progress may hold on
+	// disk: their declared lengths, the whole per-request limit for a
+	// chunked one.
+	Held int64 `json:"held"`
+	// Refused counts the bodies refused with 503 because admitting them
+	// would have held more than the budget (limits.request_tmp).
+	Refused int64 `json:"refused"`
 }
 
 // Connections are the cell's client connections (nginx's stub status).

@@ -63,6 +63,9 @@ type harnessOpts struct {
 	// users are the slots' own users (celluser); nil: the cells run as
 	// the test's user.
 	users map[string]*celluser.User
+	// cacheBudget and bodyBudget are the cells' limits.cache and
+	// limits.request_tmp; 0 means the shipped ones.
+	cacheBudget, bodyBudget int64
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -119,6 +122,12 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	cfg.OpenResty.Binary, cfg.OpenResty.Modules = bin, mods
 	if o.workerConns != 0 {
 		cfg.OpenResty.WorkerConnections = o.workerConns
+	}
+	if o.cacheBudget != 0 {
+		cfg.Limits.Cache = config.Bytes(o.cacheBudget)
+	}
+	if o.bodyBudget != 0 {
+		cfg.Limits.RequestTmp = config.Bytes(o.bodyBudget)
 	}
 	topo, _, err := runtime.LoadOrCreate(runtime.Layout{Slots: o.slots, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase,
 		Address: "127.0.0.1", StateDir: cfg.StateDir, RunDir: cfg.RunDir})

@@ -231,6 +231,7 @@ local served_from_cache = { HIT = true, STALE = true, UPDATING = true }
 -- records a passive-origin failure when the origin could not be reached,
 -- timed out or answered 5xx.
 function _M.log()
+    _M.release_body()
     if ngx.ctx.probe then return end
     dict:incr("requests", 1, 0)
     if ngx.var.limit_conn_status == "REJECTED" then
@@ -428,6 +429,102 @@ function _M.private()
     end
     ngx.header["Content-Type"] = "application/json"
     ngx.say(encode_status())
+end
+
+
+-- Request bodies: one budget for the whole cell (limits.request_tmp). A
+-- body nginx buffers goes to an unlinked file in tmp/request, where du sees
+-- nothing; the per-request limit (client_max_body_size) bounded each, but
+-- not their sum. admit_body runs in the access phase, before nginx reads
+-- any of the body, and reserves what the body may hold: its declared
+-- length, or the whole per-request limit for a chunked one (its length is
+-- unknown until it ends). Past the budget the request is refused with 503
+-- and counted; log() gives the reservation back when the request ends.
+-- Bodies small enough for nginx's memory buffer count too: the budget
+-- bounds what the requests in progress may hold, wherever nginx puts it.
+local body_held = "body:held"
+
+-- body_key is this worker's share of the reservations, so that what a
+-- worker held when it died (killed, out of memory) can be given back.
+local function body_key()
+    return "body:w:" .. ngx.worker.pid()
+end
+
+-- reclaim_bodies gives back the reservations of workers that are gone, at
+-- most once a second (it reads every key of the dict), and says whether
+-- it gave back any.
+local function reclaim_bodies()
+    if not dict:add("body:reclaimed", true, 1) then return false end
+    local gave = false
+    for _, key in ipairs(dict:get_keys(0)) do
+        local pid = string.match(key, "^body:w:(%d+)$")
+        if pid and tonumber(pid) ~= ngx.worker.pid() then
+            local f = io.open("/proc/" .. pid .. "/stat", "rb")
+            if f then
+                f:close()
+            else
+                local n = dict:get(key) or 0
+                dict:delete(key)
+                if n > 0 then
+                    dict:incr(body_held, -n, 0)
+                    gave = true
+                end
+            end
+        end
+    end
+    return gave
+end
+
+local function reserve_body(n, budget)
+    local held, err = dict:incr(body_held, n, 0)
+    if not held then
+        -- The dict is full: nothing can be counted, so nothing is admitted.
+        ngx.log(ngx.ERR, "cellvisor: request body budget: ", err)
+        return false
+    end
+    if held > budget then
+        dict:incr(body_held, -n, 0)
+        return false
+    end
+    dict:incr(body_key(), n, 0)
+    return true
+end
+
+-- admit_body(budget, max): budget is limits.request_tmp, max the
+-- per-request limit (client_max_body_size).
+function _M.admit_body(budget, max)
+    local n = tonumber(ngx.var.http_content_length)
+    if not n and ngx.var.http_transfer_encoding then
+        n = max
+    end
+    if not n or n <= 0 then return end
+    if not reserve_body(n, budget) and not (reclaim_bodies() and reserve_body(n, budget)) then
+        dict:incr("refused:bodies", 1, 0)
+        ngx.log(ngx.WARN, "cellvisor: refused a request body of ", n, " bytes: the cell's bodies hold ",
+            dict:get(body_held) or 0, " of ", budget)
+        return ngx.exit(503)
+    end
+    ngx.var.cv_body = n
+end
+
+-- release_body gives back the request's reservation (from log()).
+function _M.release_body()
+    local n = tonumber(ngx.var.cv_body)
+    if not n or n <= 0 then return end
+    ngx.var.cv_body = ""
+    dict:incr(body_held, -n, 0)
+    dict:incr(body_key(), -n, 0)
+end
+
+-- The status document with the disk budgets' figures the cell keeps.
+local status_base = status_doc
+status_doc = function()
+    local doc = status_base()
+    doc.bodies = {
+        held = dict:get(body_held) or 0,
+        refused = dict:get("refused:bodies") or 0,
+    }
+    return doc
 end
 
 return _M

@@ -1,0 +1,284 @@
+package supervisor_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"cellvisor/internal/testutil"
+)
+
+// heldBytes is what the cell's processes hold on disk under dir, measured
+// apart from the code under test: the blocks of every file still linked
+// there, and of every file a cell process has open there, unlinked ones
+// included (nginx unlinks a request body's temporary file at once), each
+// inode once.
+func heldBytes(pids []int, dir string) (int64, error) {
+	seen := map[uint64]bool{}
+	var total int64
+	add := func(st *syscall.Stat_t) {
+		if !seen[st.Ino] {
+			seen[st.Ino] = true
+			total += st.Blocks * 512
+		}
+	}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // removed while walking: by the cell, as it may
+			}
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		var st syscall.Stat_t
+		if err := syscall.Lstat(path, &st); err == nil {
+			add(&st)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, pid := range pids {
+		fdDir := "/proc/" + strconv.Itoa(pid) + "/fd"
+		fds, err := os.ReadDir(fdDir)
+		if err != nil {
+			continue // the process ended
+		}
+		for _, fd := range fds {
+			l, err := os.Readlink(fdDir + "/" + fd.Name())
+			if err != nil || !strings.HasPrefix(l, dir+"/") {
+				continue
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(fdDir+"/"+fd.Name(), &st); err == nil && st.Mode&syscall.S_IFMT == syscall.S_IFREG {
+				add(&st)
+			}
+		}
+	}
+	return total, nil
+}
+
+// peakWatch samples heldBytes until stopped and keeps the largest value.
+type peakWatch struct {
+	peak   atomic.Int64
+	last   atomic.Int64
+	stop   context.CancelFunc
+	done   chan struct{}
+	errMu  sync.Mutex
+	sample error
+}
+
+func watchPeak(t *testing.T, pids func() []int, dir string) *peakWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &peakWatch{stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			n, err := heldBytes(pids(), dir)
+			if err != nil {
+				w.errMu.Lock()
+				w.sample = err
+				w.errMu.Unlock()
+			}
+			w.last.Store(n)
+			if n > w.peak.Load() {
+				w.peak.Store(n)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(w.end)
+	return w
+}
+
+// end stops sampling and returns the peak.
+func (w *peakWatch) end() {
+	w.stop()
+	<-w.done
+}
+
+// cellPIDs reads the cell's processes from its cgroup, nil when it has none.
+func cellPIDs(h *harness, name string) func() []int {
+	return func() []int {
+		g, err := h.cg.Open(name)
+		if err != nil {
+			return nil
+		}
+		pids, _ := g.Procs()
+		return pids
+	}
+}
+
+// upload is one slow upload: the head and all but the last KiB of a body
+// of size bytes, the rest once finish is closed.
+type upload struct {
+	conn   net.Conn
+	status chan int // the answer's status, 0 when there was none
+}
+
+func startUpload(t *testing.T, port, size int, finish <-chan struct{}) *upload {
+	t.Helper()
+	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	u := &upload{conn: c, status: make(chan int, 1)}
+	go func() {
+		fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", testHost, size)
+		body := make([]byte, size-1024)
+		if _, err := c.Write(body); err != nil {
+			return // refused: the cell answered and closed
+		}
+		<-finish
+		c.Write(make([]byte, 1024))
+	}()
+	go func() {
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			u.status <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		u.status <- resp.StatusCode
+	}()
+	return u
+}
+
+// Slow concurrent uploads hold no more on disk than the cell's request
+// budget (limits.request_tmp) in all, within 10 %: an upload past it is
+// refused with 503 before its body is read, and counted. Before, 24 slow
+// uploads of 1 MiB held 24 MiB against a budget of 4 MiB, all answered
+// 200 (issue 39).
+func TestRequestBodiesHoldTheCellBudget(t *testing.T) {
+	const budget, size, n = 4 << 20, 1 << 20, 24
+	origin := newBodyOrigin(t)
+	h := layoutHarness(t, harnessOpts{slots: 1, domains: originDomain(origin.URL), bodyBudget: budget})
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		b, _ := os.ReadFile(filepath.Join(h.slotSpec("cell-01").LogsDir(), "error.log"))
+		t.Logf("error.log: %s", b)
+		b, _ = os.ReadFile(filepath.Join(h.slotSpec("cell-01").LogsDir(), "stderr.log"))
+		t.Logf("stderr.log: %s", b)
+	})
+	h.start()
+	st := h.waitReady("cell-01", 0)
+	w := watchPeak(t, cellPIDs(h, "cell-01"), h.slotSpec("cell-01").RequestTmpDir())
+	finish := make(chan struct{})
+	ups := make([]*upload, n)
+	for i := range ups {
+		ups[i] = startUpload(t, st.HTTPPort, size, finish)
+	}
+	// Every upload is either refused, or has its body (but the last KiB)
+	// on the cell's disk.
+	refused := 0
+	testutil.Eventually(t, 30*time.Second, func() error {
+		for _, u := range ups {
+			select {
+			case code := <-u.status:
+				if code != http.StatusServiceUnavailable {
+					t.Fatalf("an upload still sending its body was answered %d, want 503 or none yet", code)
+				}
+				u.status = nil // nil channel: never ready again
+				refused++
+			default:
+			}
+		}
+		held := bodyFiles(t, cellPIDs(h, "cell-01")(), h.slotSpec("cell-01").RequestTmpDir(), size-1024-64<<10)
+		if held+refused != n {
+			return fmt.Errorf("%d uploads held on disk, %d refused, of %d", held, refused, n)
+		}
+		return nil
+	})
+	w.end()
+	t.Logf("%d of %d uploads refused; the cell held at most %d bytes of bodies", refused, n, w.peak.Load())
+	if peak := w.peak.Load(); peak > budget*11/10 {
+		t.Errorf("the cell held %d bytes of request bodies at once, budget %d", peak, budget)
+	}
+	if refused == 0 {
+		t.Errorf("no upload refused: %d uploads of %d bytes against a budget of %d", n, size, budget)
+	}
+	close(finish)
+	for i, u := range ups {
+		if u.status == nil {
+			continue
+		}
+		select {
+		case code := <-u.status:
+			if code != http.StatusOK {
+				t.Errorf("upload %d, admitted, answered %d", i, code)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("upload %d not answered", i)
+		}
+	}
+	// The cell counts its refusals, and gives the budget back.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		cs := h.sup.LiveStatus(ctx).Slots[0].Cell
+		if cs == nil {
+			return errors.New("no cell status")
+		}
+		if cs.Bodies.Refused != int64(refused) || cs.Bodies.Held != 0 {
+			return fmt.Errorf("cell's bodies %+v, want %d refused, 0 held", cs.Bodies, refused)
+		}
+		return nil
+	})
+}
+
+// bodyFiles counts the cell's open files under dir of at least min bytes.
+func bodyFiles(t *testing.T, pids []int, dir string, min int64) int {
+	n := 0
+	for _, pid := range pids {
+		fdDir := "/proc/" + strconv.Itoa(pid) + "/fd"
+		fds, _ := os.ReadDir(fdDir)
+		for _, fd := range fds {
+			if l, err := os.Readlink(fdDir + "/" + fd.Name()); err != nil || !strings.HasPrefix(l, dir+"/") {
+				continue
+			}
+			if fi, err := os.Stat(fdDir + "/" + fd.Name()); err == nil && fi.Size() >= min {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// newBodyOrigin is a loopback origin that reads each body and answers 200
+// with its length.
+func newBodyOrigin(t *testing.T) *httptest.Server {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "got %d", n)
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
