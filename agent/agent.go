@@ -414,6 +414,8 @@ func supervisorOptions(cfg config.Agent, topo runtime.Topology, assign runtime.A
 		DrainTimeout:  cfg.Restart.DrainTimeout.D(),
 		Liveness:      livenessPolicy(cfg.Liveness),
 		LogBudget:     int64(cfg.Limits.Logs),
+		CacheBudget:   int64(cfg.Limits.Cache),
+		RequestBudget: int64(cfg.Limits.RequestTmp),
 		Logger:        log,
 		Version:       Version,
 	}

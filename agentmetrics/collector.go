@@ -201,6 +201,17 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 			gauge(emit, cellLogBytes, float64(n), cell, pool)
 		}
 	}
+	if d := s.Disk; d != nil {
+		for _, b := range []struct {
+			name string
+			b    supervisor.DiskBudget
+		}{{"cache", d.Cache}, {"request_tmp", d.RequestTmp}, {"logs", d.Logs}} {
+			gauge(emit, cellDisk, float64(b.b.Bytes), cell, pool, b.name)
+			gauge(emit, cellDiskUnlinked, float64(b.b.Unlinked), cell, pool, b.name)
+			gauge(emit, cellDiskBudget, float64(b.b.Budget), cell, pool, b.name)
+		}
+		counter(emit, cellCacheWakes, float64(d.CacheWakes), cell, pool)
+	}
 	if s.PID == 0 {
 		return
 	}
@@ -224,6 +235,8 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	}
 	counter(emit, cellOriginFailures, float64(failures), cell, pool)
 	counter(emit, cellSecurity, float64(r.Security.AuthFailures), cell, pool)
+	gauge(emit, cellBodiesHeld, float64(r.Bodies.Held), cell, pool)
+	counter(emit, cellBodiesRefused, float64(r.Bodies.Refused), cell, pool)
 }
 
 func gauge(emit func(sample), d *Desc, v float64, labels ...string) {

@@ -47,6 +47,12 @@ var (
 	cellPIDsLimit        = desc("cell_pids_limit", "The cell's task limit.", cellLabels...)
 	cellPIDsRefused      = desc("cell_pids_refused_total", "Forks the cell's task limit refused.", cellLabels...)
 	cellOOM              = desc("cell_oom_kills_total", "Processes of the cell killed by the kernel's OOM killer at its memory limit.", cellLabels...)
+	cellDisk             = desc("cell_disk_bytes", "Bytes the cell holds on disk against each budget (cache, request_tmp, logs), as the agent last measured them: the files there and the cell's open files there, unlinked ones included.", "cell", "pool", "budget")
+	cellDiskUnlinked     = desc("cell_disk_unlinked_bytes", "Of cell_disk_bytes, the bytes in files no longer in the directory, held only by the cell's open descriptors (du does not see them).", "cell", "pool", "budget")
+	cellDiskBudget       = desc("cell_disk_budget_bytes", "The cell's disk budgets: limits.cache, limits.request_tmp, limits.logs.", "cell", "pool", "budget")
+	cellCacheWakes       = desc("cell_cache_manager_wakes_total", "Times the agent woke the cell's cache manager because the cache was over its target (three quarters of limits.cache), since the agent started.", cellLabels...)
+	cellBodiesHeld       = desc("cell_request_bodies_held_bytes", "Bytes the cell has reserved for the request bodies in progress against limits.request_tmp.", cellLabels...)
+	cellBodiesRefused    = desc("cell_request_bodies_refused_total", "Request bodies the cell refused with 503 because they would have taken it past limits.request_tmp.", cellLabels...)
 	cellLogBytes         = desc("cell_log_bytes", "Bytes in the cell's logs directory (bounded by limits.logs).", cellLabels...)
 	cellReportOK         = desc("cell_report_ok", "1 when the running cell answered its private status call during this scrape; the series below are left out when it did not.", cellLabels...)
 	cellConns            = desc("cell_connections", "The cell's client connections by state (nginx stub status: active, reading, writing, waiting).", "cell", "pool", "state")
@@ -61,7 +67,7 @@ var (
 		activationLastDuration, activationLastTime, activationLastSequence, activationLastOutcome, activations, refusals,
 		cellInfo, cellState, cellReady, cellDrained, cellUp, cellRestarts, cellSequence, cellMemory, cellMemoryLimit,
 		cellCPU, cellCPULimit, cellThrottled, cellThrottledPeriods, cellPIDs, cellPIDsLimit, cellPIDsRefused, cellOOM,
-		cellLogBytes, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity, cellOverloaded, cellOverloads,
+		cellLogBytes, cellDisk, cellDiskUnlinked, cellDiskBudget, cellCacheWakes, cellBodiesHeld, cellBodiesRefused, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity, cellOverloaded, cellOverloads,
 	}
 )
 

@@ -183,6 +183,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
 		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
 		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
+		CacheBudget: int64(cfg.Limits.Cache), RequestBudget: int64(cfg.Limits.RequestTmp),
 		RestartLimit: o.limit, Liveness: o.liveness, Users: o.users,
 	}
 	sup, err := supervisor.New(opts)

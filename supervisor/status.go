@@ -53,8 +53,11 @@ type SlotStatus struct {
 	Drained    bool            `json:"drained"`
 	// Cell is the running cell's own report from its private endpoint
 	// (connections, requests, passive-origin failures, security events).
-	Cell      *cellapi.Status `json:"cell,omitempty"`
-	CellError string          `json:"cell_error,omitempty"`
+	Cell *cellapi.Status `json:"cell,omitempty"`
+	// Disk is what the assigned cell holds on disk against each budget, as
+	// the agent last measured it (at most a couple of seconds old).
+	Disk      *DiskUse `json:"disk,omitempty"`
+	CellError string   `json:"cell_error,omitempty"`
 }
 
 // Status is the whole agent as the admin endpoint reports it.

@@ -73,6 +73,11 @@ type Options struct {
 	// LogBudget is the most bytes a cell's logs directory may hold; zero
 	// means 16 MiB.
 	LogBudget int64
+	// CacheBudget and RequestBudget are limits.cache and
+	// limits.request_tmp, which the disk watch reports use against; zero
+	// means 256 MiB and 64 MiB. The cells' releases carry the settings
+	// that keep them (runtime.CacheTarget).
+	CacheBudget, RequestBudget int64
 	// MonitorInterval is how often cells' own status is read to report
 	// security events; zero means 10s.
 	MonitorInterval time.Duration
@@ -130,6 +135,12 @@ func New(o Options) (*Supervisor, error) {
 	}
 	if o.LogBudget == 0 {
 		o.LogBudget = 16 << 20
+	}
+	if o.CacheBudget == 0 {
+		o.CacheBudget = 256 << 20
+	}
+	if o.RequestBudget == 0 {
+		o.RequestBudget = 64 << 20
 	}
 	if o.MonitorInterval == 0 {
 		o.MonitorInterval = 10 * time.Second
@@ -221,6 +232,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		if b == nil {
 			continue
 		}
+		sideWG.Go(func() { c.watchDisk(side) })
 		sideWG.Add(1)
 		go func() {
 			defer sideWG.Done()
