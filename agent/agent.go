@@ -181,6 +181,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		}
 	}
 	if a.source != nil {
+		a.sup.ExpectReleases()
 		if err := a.setupActivation(topo, assign); err != nil {
 			return nil, err
 		}

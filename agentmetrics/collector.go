@@ -38,7 +38,7 @@ type Options struct {
 }
 
 // States are the runtime states exported one gauge each.
-var states = []supervisor.State{supervisor.StateReady, supervisor.StateDegraded, supervisor.StateDrained, supervisor.StateStopped}
+var states = []supervisor.State{supervisor.StateReady, supervisor.StateDegraded, supervisor.StateDrained, supervisor.StateStopped, supervisor.StateWaiting}
 
 // Enrollments are the enrollment states exported one gauge each (status
 // says "not enrolled"; labels use underscores).

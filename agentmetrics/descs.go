@@ -29,7 +29,7 @@ var (
 	refusals               = desc("activation_refusals_total", "Manifests and snapshots refused since the agent started, by reason class (each refused sequence once).", "reason")
 
 	cellInfo             = desc("cell_info", "A cell slot's pool (empty when unassigned) and assignment (assigned, unassigned); always 1.", "cell", "pool", "assignment")
-	cellState            = desc("cell_state", "1 for the cell's runtime state, 0 for the others: ready, degraded, drained, stopped.", "cell", "pool", "state")
+	cellState            = desc("cell_state", "1 for the cell's runtime state, 0 for the others: ready, degraded, drained, stopped, waiting (for its first release from the manifest source).", "cell", "pool", "state")
 	cellReady            = desc("cell_ready", "1 when the cell is ready (running, answering its readiness check, not drained).", cellLabels...)
 	cellDrained          = desc("cell_drained", "1 when the cell is drained by the operator or a control task.", cellLabels...)
 	cellUp               = desc("cell_up", "1 when the cell has a running master process.", cellLabels...)

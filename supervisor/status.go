@@ -17,6 +17,10 @@ const (
 	StateDegraded State = "degraded"
 	StateDrained  State = "drained"
 	StateStopped  State = "stopped"
+	// StateWaiting is an assigned slot that has never had a release, while
+	// a manifest source is to deliver one (Supervisor.ExpectReleases): a
+	// freshly enrolled edge before its first manifest.
+	StateWaiting State = "waiting"
 )
 
 // Assignment states.

@@ -111,6 +111,8 @@ type Supervisor struct {
 	// live are the settings that may change while cells run (Update); the
 	// same fields of o are only their initial values.
 	live atomic.Pointer[Settings]
+	// expect says a manifest source delivers the releases (ExpectReleases).
+	expect atomic.Bool
 }
 
 // New validates options and prepares the slots; it starts nothing.
@@ -177,6 +179,11 @@ func checkBinary(path string) error {
 	}
 	return nil
 }
+
+// ExpectReleases says a manifest source delivers the releases: an assigned
+// slot that has never had one waits for it (StateWaiting) rather than
+// being degraded. Call it before Run.
+func (s *Supervisor) ExpectReleases() { s.expect.Store(true) }
 
 // Ready is closed once every slot has had its first outcome: its cell is
 // ready, failed its first start, or is not to be run.
