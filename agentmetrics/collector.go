@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"cellvisor/activation"
+	"cellvisor/cellapi"
 	"cellvisor/supervisor"
 )
 
@@ -229,11 +230,21 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	counter(emit, cellRequests, float64(r.Requests), cell, pool)
 	counter(emit, cellLimited, float64(r.Refused.Connections), cell, pool, "connections")
 	counter(emit, cellLimited, float64(r.Refused.Rate), cell, pool, "rate")
-	var failures int64
+	byReason := map[string]int64{}
 	for _, o := range r.Origins {
-		failures += o.Failures
+		given := int64(0)
+		for reason, n := range o.Reasons {
+			byReason[reason] += n
+			given += n
+		}
+		byReason["unknown"] += max(o.Failures-given, 0)
 	}
-	counter(emit, cellOriginFailures, float64(failures), cell, pool)
+	for _, reason := range cellapi.OriginReasons {
+		counter(emit, cellOriginFailures, float64(byReason[reason]), cell, pool, reason)
+	}
+	if n := byReason["unknown"]; n > 0 {
+		counter(emit, cellOriginFailures, float64(n), cell, pool, "unknown")
+	}
 	counter(emit, cellSecurity, float64(r.Security.AuthFailures), cell, pool)
 	gauge(emit, cellBodiesHeld, float64(r.Bodies.Held), cell, pool)
 	counter(emit, cellBodiesRefused, float64(r.Bodies.Refused), cell, pool)

@@ -30,7 +30,8 @@ func fakeStatus(context.Context) supervisor.Status {
 				Restarts: 3, OperatorRestarts: 1, Limits: cgroup.Limits{MemoryBytes: 512 << 20, CPUQuotaUS: 50000, CPUPeriodUS: 100000, PIDs: 128},
 				Usage: &cgroup.Usage{MemoryBytes: 1 << 20, CPUUsageNS: 2_500_000_000, PIDs: 3},
 				Cell: &cellapi.Status{Requests: 9, Connections: cellapi.Connections{Active: 4},
-					Origins:  map[string]cellapi.Origin{"a.test/o1": {Failures: 2}, "b.test/o2": {Failures: 5}},
+					Origins: map[string]cellapi.Origin{"a.test/o1": {Failures: 2, Reasons: map[string]int64{"reset": 2}},
+						"b.test/o2": {Failures: 5, Reasons: map[string]int64{"http_5xx": 3, "reset": 1}}},
 					Security: cellapi.Security{AuthFailures: 6}, Bodies: cellapi.Bodies{Held: 1024, Refused: 8}},
 				Disk: &supervisor.DiskUse{Cache: supervisor.DiskBudget{Bytes: 3 << 20, Budget: 256 << 20},
 					RequestTmp: supervisor.DiskBudget{Bytes: 2 << 20, Unlinked: 2 << 20, Budget: 64 << 20},
@@ -66,9 +67,16 @@ cellvisor_cell_restarts_total{cell="cell-02",kind="crash",pool="quarantine-defau
 cellvisor_cell_restarts_total{cell="cell-02",kind="operator",pool="quarantine-default"} 0
 cellvisor_cell_restarts_total{cell="cell-03",kind="crash",pool=""} 0
 cellvisor_cell_restarts_total{cell="cell-03",kind="operator",pool=""} 0
-# HELP cellvisor_cell_origin_failures_total Passive-origin failures the cell saw while proxying, over every origin (no per-domain series).
+# HELP cellvisor_cell_origin_failures_total Passive-origin failures the cell saw while proxying, over every origin (no per-domain series), by reason: connect_failed, connect_timeout, resolve, read_timeout, reset, bad_answer, http_5xx (unknown: counted by a cell that gave none).
 # TYPE cellvisor_cell_origin_failures_total counter
-cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default"} 7
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="bad_answer"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="connect_failed"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="connect_timeout"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="http_5xx"} 3
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="read_timeout"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="reset"} 3
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="resolve"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="unknown"} 1
 # HELP cellvisor_cell_disk_unlinked_bytes Of cell_disk_bytes, the bytes in files no longer in the directory, held only by the cell's open descriptors (du does not see them).
 # TYPE cellvisor_cell_disk_unlinked_bytes gauge
 cellvisor_cell_disk_unlinked_bytes{budget="cache",cell="cell-01",pool="shared-default"} 0

@@ -58,7 +58,7 @@ var (
 	cellConns            = desc("cell_connections", "The cell's client connections by state (nginx stub status: active, reading, writing, waiting).", "cell", "pool", "state")
 	cellRequests         = desc("cell_requests_total", "Requests the cell served since its master started (resets when the cell restarts).", cellLabels...)
 	cellLimited          = desc("cell_limit_refused_total", "Requests the pool limits refused, by kind: connections (503) and rate (429).", "cell", "pool", "kind")
-	cellOriginFailures   = desc("cell_origin_failures_total", "Passive-origin failures the cell saw while proxying, over every origin (no per-domain series).", cellLabels...)
+	cellOriginFailures   = desc("cell_origin_failures_total", "Passive-origin failures the cell saw while proxying, over every origin (no per-domain series), by reason: connect_failed, connect_timeout, resolve, read_timeout, reset, bad_answer, http_5xx (unknown: counted by a cell that gave none).", "cell", "pool", "reason")
 	cellSecurity         = desc("cell_security_events_total", "Refused (unauthenticated or wrongly signed) calls to the cell's private endpoint.", cellLabels...)
 
 	allDescs = []*Desc{

@@ -128,7 +128,19 @@ type Origin struct {
 	Failures      int64   `json:"failures"`
 	LastFailureAt float64 `json:"last_failure_at"`
 	LastStatus    int     `json:"last_status"`
+	// Reasons counts the failures by reason (OriginReasons); LastReason is
+	// the last one's.
+	Reasons    map[string]int64 `json:"reasons,omitempty"`
+	LastReason string           `json:"last_reason,omitempty"`
 }
+
+// OriginReasons are the reasons a cell gives an origin's failure:
+// connect_failed (refused, unreachable, or the TLS handshake failed),
+// connect_timeout, resolve (its name did not resolve), read_timeout (no
+// answer in time), reset (the connection closed without an answer),
+// bad_answer (an answer nginx could not read), http_5xx (the origin's own
+// 5xx).
+var OriginReasons = []string{"connect_failed", "connect_timeout", "resolve", "read_timeout", "reset", "bad_answer", "http_5xx"}
 
 // Security counts refused private calls.
 type Security struct {

@@ -379,8 +379,8 @@ func TestOriginDownIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, ok := st.Origins[testHost+"/app"]
-	if !ok || o.Failures != 3 || o.LastStatus != 502 || o.LastFailureAt == 0 {
-		t.Fatalf("origins %+v: want 3 failures of %s/app, last 502", st.Origins, testHost)
+	if !ok || o.Failures != 3 || o.LastStatus != 502 || o.LastFailureAt == 0 || o.Reasons["connect_failed"] != 3 || o.LastReason != "connect_failed" {
+		t.Fatalf("origins %+v: want 3 failures of %s/app, connect_failed, last 502", st.Origins, testHost)
 	}
 	if st.Requests != 3 {
 		t.Errorf("requests %d, want 3 (readiness probes are not requests)", st.Requests)
