@@ -226,6 +226,16 @@ func TestRequestBodiesHoldTheCellBudget(t *testing.T) {
 	if refused == 0 {
 		t.Errorf("no upload refused: %d uploads of %d bytes against a budget of %d", n, size, budget)
 	}
+	// The agent reports what the admitted bodies hold, though du sees
+	// nothing: files nginx unlinked, held open.
+	admitted := int64(n-refused) * (size - 64<<10)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		d := h.slot("cell-01").Disk
+		if d == nil || d.RequestTmp.Unlinked < admitted || d.RequestTmp.Bytes > budget*11/10 || d.RequestTmp.Budget != budget {
+			return fmt.Errorf("agent's disk use %+v, want request_tmp of %d, at least %d unlinked", d, budget, admitted)
+		}
+		return nil
+	})
 	close(finish)
 	for i, u := range ups {
 		if u.status == nil {
