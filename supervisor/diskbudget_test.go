@@ -356,3 +356,76 @@ func TestCacheHoldsItsBudget(t *testing.T) {
 		return nil
 	})
 }
+
+// A chunked body, whose length nginx learns only at its end, holds the
+// whole per-request limit while it lasts (here the whole budget): slow
+// chunked uploads beside it are refused, and once it ends the budget is
+// whole again. Before, any number of them were admitted (issue 39).
+func TestChunkedBodiesHoldTheCellBudget(t *testing.T) {
+	const budget = 4 << 20
+	origin := newBodyOrigin(t)
+	h := newHarness(t, harnessOpts{slots: 1, domains: originDomain(origin.URL), bodyBudget: budget})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	finish := make(chan struct{})
+	chunked := func() *upload {
+		c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		u := &upload{conn: c, status: make(chan int, 1)}
+		go func() {
+			fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n%x\r\n%s\r\n", testHost, 256<<10, make([]byte, 256<<10))
+			<-finish
+			io.WriteString(c, "0\r\n\r\n")
+		}()
+		go func() {
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				u.status <- 0
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			u.status <- resp.StatusCode
+		}()
+		return u
+	}
+	first := chunked()
+	// The first is admitted: its first chunk is in the cell's hands.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if cs := h.sup.LiveStatus(ctx).Slots[0].Cell; cs == nil || cs.Bodies.Held != budget {
+			return fmt.Errorf("cell status %+v, want the chunked body holding %d", cs, budget)
+		}
+		return nil
+	})
+	for i := range 3 {
+		select {
+		case code := <-chunked().status:
+			if code != http.StatusServiceUnavailable {
+				t.Errorf("chunked upload %d beside another: %d, want 503", i+2, code)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("chunked upload %d beside another not refused", i+2)
+		}
+	}
+	close(finish)
+	select {
+	case code := <-first.status:
+		if code != http.StatusOK {
+			t.Errorf("the admitted chunked upload answered %d", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the admitted chunked upload not answered")
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if cs := h.sup.LiveStatus(ctx).Slots[0].Cell; cs == nil || cs.Bodies.Held != 0 || cs.Bodies.Refused != 3 {
+			return fmt.Errorf("cell status %+v, want nothing held, 3 refused", cs)
+		}
+		return nil
+	})
+}
