@@ -147,17 +147,22 @@ func startUpload(t *testing.T, port, size int, finish <-chan struct{}) *upload {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Close() })
 	u := &upload{conn: c, status: make(chan int, 1)}
-	go func() {
+	gone := make(chan struct{})
+	var wrote sync.WaitGroup
+	t.Cleanup(func() { close(gone); c.Close(); wrote.Wait() })
+	wrote.Go(func() {
 		fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", testHost, size)
 		body := make([]byte, size-1024)
 		if _, err := c.Write(body); err != nil {
 			return // refused: the cell answered and closed
 		}
-		<-finish
-		c.Write(make([]byte, 1024))
-	}()
+		select {
+		case <-finish:
+			c.Write(make([]byte, 1024))
+		case <-gone:
+		}
+	})
 	go func() {
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
@@ -372,13 +377,18 @@ func TestChunkedBodiesHoldTheCellBudget(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { c.Close() })
 		u := &upload{conn: c, status: make(chan int, 1)}
-		go func() {
+		gone := make(chan struct{})
+		var wrote sync.WaitGroup
+		t.Cleanup(func() { close(gone); c.Close(); wrote.Wait() })
+		wrote.Go(func() {
 			fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n%x\r\n%s\r\n", testHost, 256<<10, make([]byte, 256<<10))
-			<-finish
-			io.WriteString(c, "0\r\n\r\n")
-		}()
+			select {
+			case <-finish:
+				io.WriteString(c, "0\r\n\r\n")
+			case <-gone:
+			}
+		})
 		go func() {
 			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 			if err != nil {
