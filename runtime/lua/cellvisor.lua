@@ -226,45 +226,6 @@ end
 -- Answers of the cache that served a request without asking the origin.
 local served_from_cache = { HIT = true, STALE = true, UPDATING = true }
 
--- last_value is the last of an upstream variable's values (one per
--- origin server tried, separated by ", " or " : "), nil for "-" or none.
-local function last_value(v)
-    local last = string.match(v or "", "([^%s,:]+)%s*$")
-    if last == "-" then return nil end
-    return last
-end
-
--- origin_fault is the reason a proxied request's origin failed, with the
--- status to record, or nil when it did not: an answer below 500, or the
--- client's doing (a body over the limit or cut short before any origin
--- was tried, a client gone before the origin answered: "-").
-local function origin_fault()
-    local us = ngx.var.upstream_status or ""
-    if us == "" then
-        -- No origin server was tried: nginx answers 502 only when the
-        -- origin's name did not resolve.
-        if ngx.status == 502 then return "resolve", 502 end
-        return nil
-    end
-    local last = tonumber(last_value(us))
-    if not last or last < 500 then return nil end
-    if last_value(ngx.var.upstream_header_time) then
-        return "http_5xx", last -- the origin's own answer
-    end
-    -- nginx's own 502 or 504: the origin gave no answer it could read.
-    local connected = last_value(ngx.var.upstream_connect_time) ~= nil
-    if last == 504 then
-        return connected and "read_timeout" or "connect_timeout", last
-    end
-    if not connected then
-        return "connect_failed", last -- refused, unreachable, or TLS
-    end
-    if (tonumber(last_value(ngx.var.upstream_bytes_received)) or 0) > 0 then
-        return "bad_answer", last
-    end
-    return "reset", last
-end
-
 -- log() runs for every public request: it gives back its body's
 -- reservation, counts it, counts the pool limits' refusals by kind and the
 -- cache's answers, and, for proxied ones, records a passive-origin failure
@@ -289,7 +250,7 @@ function _M.log()
         dict:incr("cache:" .. string.lower(cs), 1, 0)
         if served_from_cache[cs] then return end
     end
-    local reason, status = origin_fault()
+    local reason, status = _M.origin_fault()
     if not reason then return end
     local key = "origin:" .. origin
     local rec = cjson.decode(dict:get(key) or "{}") or {}
@@ -472,6 +433,45 @@ function _M.private()
     ngx.say(encode_status())
 end
 
+-- last_value is the last of an upstream variable's values (one per
+-- origin server tried, separated by ", " or " : "), nil for "-" or none.
+local function last_value(v)
+    local last = string.match(v or "", "([^%s,:]+)%s*$")
+    if last == "-" then return nil end
+    return last
+end
+
+-- origin_fault (from log()) is the reason a proxied request's origin
+-- failed, with the status to record, or nil when it did not: an answer
+-- below 500, or the client's doing (a body over the limit or cut short
+-- before any origin was tried, a client gone before the origin answered:
+-- "-").
+function _M.origin_fault()
+    local us = ngx.var.upstream_status or ""
+    if us == "" then
+        -- No origin server was tried: nginx answers 502 only when the
+        -- origin's name did not resolve.
+        if ngx.status == 502 then return "resolve", 502 end
+        return nil
+    end
+    local last = tonumber(last_value(us))
+    if not last or last < 500 then return nil end
+    if last_value(ngx.var.upstream_header_time) then
+        return "http_5xx", last -- the origin's own answer
+    end
+    -- nginx's own 502 or 504: the origin gave no answer it could read.
+    local connected = last_value(ngx.var.upstream_connect_time) ~= nil
+    if last == 504 then
+        return connected and "read_timeout" or "connect_timeout", last
+    end
+    if not connected then
+        return "connect_failed", last -- refused, unreachable, or TLS
+    end
+    if (tonumber(last_value(ngx.var.upstream_bytes_received)) or 0) > 0 then
+        return "bad_answer", last
+    end
+    return "reset", last
+end
 
 -- Request bodies: one budget for the whole cell (limits.request_tmp). A
 -- body nginx buffers goes to an unlinked file in tmp/request, where du sees
