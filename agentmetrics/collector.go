@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"cellvisor/activation"
-	"cellvisor/cellapi"
 	"cellvisor/supervisor"
 )
 
@@ -239,7 +238,7 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 		}
 		byReason["unknown"] += max(o.Failures-given, 0)
 	}
-	for _, reason := range cellapi.OriginReasons {
+	for _, reason := range supervisor.OriginReasons {
 		counter(emit, cellOriginFailures, float64(byReason[reason]), cell, pool, reason)
 	}
 	if n := byReason["unknown"]; n > 0 {

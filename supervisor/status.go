@@ -29,6 +29,10 @@ const (
 	Unassigned = "unassigned"
 )
 
+// OriginReasons are the reasons a cell gives an origin's failure
+// (cellapi.OriginReasons), for the agent's metrics.
+var OriginReasons = cellapi.OriginReasons
+
 // SlotStatus is one slot as the admin endpoint reports it.
 type SlotStatus struct {
 	Name       string `json:"name"`
