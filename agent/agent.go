@@ -181,6 +181,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 		}
 	}
 	if a.source != nil {
+		a.sup.ExpectReleases()
 		if err := a.setupActivation(topo, assign); err != nil {
 			return nil, err
 		}
@@ -414,6 +415,8 @@ func supervisorOptions(cfg config.Agent, topo runtime.Topology, assign runtime.A
 		DrainTimeout:  cfg.Restart.DrainTimeout.D(),
 		Liveness:      livenessPolicy(cfg.Liveness),
 		LogBudget:     int64(cfg.Limits.Logs),
+		CacheBudget:   int64(cfg.Limits.Cache),
+		RequestBudget: int64(cfg.Limits.RequestTmp),
 		Logger:        log,
 		Version:       Version,
 	}

@@ -209,7 +209,7 @@ func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runt
 		ClientBodyTimeout:     int(cfg.OpenResty.ClientBodyTimeout.D().Seconds()),
 		SendTimeout:           int(cfg.OpenResty.SendTimeout.D().Seconds()),
 		ExposeCell:            cfg.OpenResty.ExposeCell,
-		CacheMaxBytes:         int64(cfg.Limits.Cache),
+		CacheMaxBytes:         runtime.CacheTarget(int64(cfg.Limits.Cache)),
 		RequestMaxBytes:       int64(cfg.Limits.RequestTmp),
 		FrontDoorFile:         FrontDoorFile(cfg.StateDir),
 		Resolvers:             cfg.OpenResty.Resolvers,

@@ -166,8 +166,12 @@ func (a *Agent) summary() string {
 	for _, n := range counts {
 		total += n
 	}
-	line := fmt.Sprintf("%d slots: %d ready, %d drained, %d degraded, %d stopped; cgroups %s",
-		total, counts[supervisor.StateReady], counts[supervisor.StateDrained], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], a.cg.Mode())
+	waiting := ""
+	if n := counts[supervisor.StateWaiting]; n > 0 {
+		waiting = fmt.Sprintf(", %d waiting for their first release", n)
+	}
+	line := fmt.Sprintf("%d slots: %d ready, %d drained, %d degraded, %d stopped%s; cgroups %s",
+		total, counts[supervisor.StateReady], counts[supervisor.StateDrained], counts[supervisor.StateDegraded], counts[supervisor.StateStopped], waiting, a.cg.Mode())
 	assigned, ready, drained, first, reason := a.sup.Serving()
 	if down := assigned - ready - drained; down > 0 {
 		prefix := degraded

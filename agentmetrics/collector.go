@@ -38,7 +38,7 @@ type Options struct {
 }
 
 // States are the runtime states exported one gauge each.
-var states = []supervisor.State{supervisor.StateReady, supervisor.StateDegraded, supervisor.StateDrained, supervisor.StateStopped}
+var states = []supervisor.State{supervisor.StateReady, supervisor.StateDegraded, supervisor.StateDrained, supervisor.StateStopped, supervisor.StateWaiting}
 
 // Enrollments are the enrollment states exported one gauge each (status
 // says "not enrolled"; labels use underscores).
@@ -202,6 +202,17 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 		}
 	}
 	counter(emit, cellReloads, float64(s.Reloads), cell, pool)
+	if d := s.Disk; d != nil {
+		for _, b := range []struct {
+			name string
+			b    supervisor.DiskBudget
+		}{{"cache", d.Cache}, {"request_tmp", d.RequestTmp}, {"logs", d.Logs}} {
+			gauge(emit, cellDisk, float64(b.b.Bytes), cell, pool, b.name)
+			gauge(emit, cellDiskUnlinked, float64(b.b.Unlinked), cell, pool, b.name)
+			gauge(emit, cellDiskBudget, float64(b.b.Budget), cell, pool, b.name)
+		}
+		counter(emit, cellCacheWakes, float64(d.CacheWakes), cell, pool)
+	}
 	if s.PID == 0 {
 		return
 	}
@@ -219,16 +230,28 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	counter(emit, cellRequests, float64(r.Requests), cell, pool)
 	counter(emit, cellLimited, float64(r.Refused.Connections), cell, pool, "connections")
 	counter(emit, cellLimited, float64(r.Refused.Rate), cell, pool, "rate")
-	var failures int64
+	byReason := map[string]int64{}
 	for _, o := range r.Origins {
-		failures += o.Failures
+		given := int64(0)
+		for reason, n := range o.Reasons {
+			byReason[reason] += n
+			given += n
+		}
+		byReason["unknown"] += max(o.Failures-given, 0)
 	}
-	counter(emit, cellOriginFailures, float64(failures), cell, pool)
+	for _, reason := range supervisor.OriginReasons {
+		counter(emit, cellOriginFailures, float64(byReason[reason]), cell, pool, reason)
+	}
+	if n := byReason["unknown"]; n > 0 {
+		counter(emit, cellOriginFailures, float64(n), cell, pool, "unknown")
+	}
 	counter(emit, cellSecurity, float64(r.Security.AuthFailures), cell, pool)
 	counter(emit, cellLoads, float64(r.Loads.Count), cell, pool)
 	counter(emit, cellLoadFailures, float64(r.Loads.Failures), cell, pool)
 	counter(emit, cellCut, float64(r.Cut.Shutdown), cell, pool)
 	gauge(emit, cellLuaHeap, float64(r.LuaKB)*1024, cell, pool)
+	gauge(emit, cellBodiesHeld, float64(r.Bodies.Held), cell, pool)
+	counter(emit, cellBodiesRefused, float64(r.Bodies.Refused), cell, pool)
 }
 
 func gauge(emit func(sample), d *Desc, v float64, labels ...string) {

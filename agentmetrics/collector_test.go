@@ -30,8 +30,12 @@ func fakeStatus(context.Context) supervisor.Status {
 				Restarts: 3, OperatorRestarts: 1, Limits: cgroup.Limits{MemoryBytes: 512 << 20, CPUQuotaUS: 50000, CPUPeriodUS: 100000, PIDs: 128},
 				Usage: &cgroup.Usage{MemoryBytes: 1 << 20, CPUUsageNS: 2_500_000_000, PIDs: 3},
 				Cell: &cellapi.Status{Requests: 9, Connections: cellapi.Connections{Active: 4},
-					Origins:  map[string]cellapi.Origin{"a.test/o1": {Failures: 2}, "b.test/o2": {Failures: 5}},
-					Security: cellapi.Security{AuthFailures: 6}}},
+					Origins: map[string]cellapi.Origin{"a.test/o1": {Failures: 2, Reasons: map[string]int64{"reset": 2}},
+						"b.test/o2": {Failures: 5, Reasons: map[string]int64{"http_5xx": 3, "reset": 1}}},
+					Security: cellapi.Security{AuthFailures: 6}, Bodies: cellapi.Bodies{Held: 1024, Refused: 8}},
+				Disk: &supervisor.DiskUse{Cache: supervisor.DiskBudget{Bytes: 3 << 20, Budget: 256 << 20},
+					RequestTmp: supervisor.DiskBudget{Bytes: 2 << 20, Unlinked: 2 << 20, Budget: 64 << 20},
+					Logs:       supervisor.DiskBudget{Bytes: 4096, Budget: 16 << 20}, CacheWakes: 5}},
 			{Name: "cell-02", Pool: "quarantine-default", Assignment: supervisor.Assigned, State: supervisor.StateDrained, Drained: true, PID: 43},
 			{Name: "cell-03", Assignment: supervisor.Unassigned, State: supervisor.StateStopped},
 		},
@@ -63,9 +67,27 @@ cellvisor_cell_restarts_total{cell="cell-02",kind="crash",pool="quarantine-defau
 cellvisor_cell_restarts_total{cell="cell-02",kind="operator",pool="quarantine-default"} 0
 cellvisor_cell_restarts_total{cell="cell-03",kind="crash",pool=""} 0
 cellvisor_cell_restarts_total{cell="cell-03",kind="operator",pool=""} 0
-# HELP cellvisor_cell_origin_failures_total Passive-origin failures the cell saw while proxying, over every origin (no per-domain series).
+# HELP cellvisor_cell_origin_failures_total Passive-origin failures the cell saw while proxying, over every origin (no per-domain series), by reason: connect_failed, connect_timeout, resolve, read_timeout, reset, bad_answer, http_5xx (unknown: counted by a cell that gave none).
 # TYPE cellvisor_cell_origin_failures_total counter
-cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default"} 7
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="bad_answer"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="connect_failed"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="connect_timeout"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="http_5xx"} 3
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="read_timeout"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="reset"} 3
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="resolve"} 0
+cellvisor_cell_origin_failures_total{cell="cell-01",pool="shared-default",reason="unknown"} 1
+# HELP cellvisor_cell_disk_unlinked_bytes Of cell_disk_bytes, the bytes in files no longer in the directory, held only by the cell's open descriptors (du does not see them).
+# TYPE cellvisor_cell_disk_unlinked_bytes gauge
+cellvisor_cell_disk_unlinked_bytes{budget="cache",cell="cell-01",pool="shared-default"} 0
+cellvisor_cell_disk_unlinked_bytes{budget="logs",cell="cell-01",pool="shared-default"} 0
+cellvisor_cell_disk_unlinked_bytes{budget="request_tmp",cell="cell-01",pool="shared-default"} 2097152
+# HELP cellvisor_cell_cache_manager_wakes_total Times the agent woke the cell's cache manager because the cache was over its target (three quarters of limits.cache), since the agent started.
+# TYPE cellvisor_cell_cache_manager_wakes_total counter
+cellvisor_cell_cache_manager_wakes_total{cell="cell-01",pool="shared-default"} 5
+# HELP cellvisor_cell_request_bodies_refused_total Request bodies the cell refused with 503 because they would have taken it past limits.request_tmp.
+# TYPE cellvisor_cell_request_bodies_refused_total counter
+cellvisor_cell_request_bodies_refused_total{cell="cell-01",pool="shared-default"} 8
 # HELP cellvisor_cell_cpu_seconds_total CPU time the cell's cgroup used (cpu.stat usage_usec on v2, cpuacct.usage on v1).
 # TYPE cellvisor_cell_cpu_seconds_total counter
 cellvisor_cell_cpu_seconds_total{cell="cell-01",pool="shared-default"} 2.5
@@ -100,7 +122,7 @@ cellvisor_frontdoor_last_fetch_timestamp_seconds 1500
 # TYPE cellvisor_activation_last_duration_seconds gauge
 cellvisor_activation_last_duration_seconds 1.5
 `
-	names := []string{"cellvisor_cell_restarts_total", "cellvisor_cell_origin_failures_total", "cellvisor_cell_cpu_seconds_total",
+	names := []string{"cellvisor_cell_disk_unlinked_bytes", "cellvisor_cell_cache_manager_wakes_total", "cellvisor_cell_request_bodies_refused_total", "cellvisor_cell_restarts_total", "cellvisor_cell_origin_failures_total", "cellvisor_cell_cpu_seconds_total",
 		"cellvisor_cell_drained", "cellvisor_agent_enrollment_state", "cellvisor_activation_last_outcome", "cellvisor_activation_last_duration_seconds",
 		"cellvisor_frontdoor_rows", "cellvisor_frontdoor_fetch_failing", "cellvisor_frontdoor_last_fetch_timestamp_seconds"}
 	if err := promtest.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {

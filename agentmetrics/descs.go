@@ -29,7 +29,7 @@ var (
 	refusals               = desc("activation_refusals_total", "Manifests and snapshots refused since the agent started, by reason class (each refused sequence once).", "reason")
 
 	cellInfo             = desc("cell_info", "A cell slot's pool (empty when unassigned) and assignment (assigned, unassigned); always 1.", "cell", "pool", "assignment")
-	cellState            = desc("cell_state", "1 for the cell's runtime state, 0 for the others: ready, degraded, drained, stopped.", "cell", "pool", "state")
+	cellState            = desc("cell_state", "1 for the cell's runtime state, 0 for the others: ready, degraded, drained, stopped, waiting (for its first release from the manifest source).", "cell", "pool", "state")
 	cellReady            = desc("cell_ready", "1 when the cell is ready (running, answering its readiness check, not drained).", cellLabels...)
 	cellDrained          = desc("cell_drained", "1 when the cell is drained by the operator or a control task.", cellLabels...)
 	cellUp               = desc("cell_up", "1 when the cell has a running master process.", cellLabels...)
@@ -47,12 +47,18 @@ var (
 	cellPIDsLimit        = desc("cell_pids_limit", "The cell's task limit.", cellLabels...)
 	cellPIDsRefused      = desc("cell_pids_refused_total", "Forks the cell's task limit refused.", cellLabels...)
 	cellOOM              = desc("cell_oom_kills_total", "Processes of the cell killed by the kernel's OOM killer at its memory limit.", cellLabels...)
+	cellDisk             = desc("cell_disk_bytes", "Bytes the cell holds on disk against each budget (cache, request_tmp, logs), as the agent last measured them: the files there and the cell's open files there, unlinked ones included.", "cell", "pool", "budget")
+	cellDiskUnlinked     = desc("cell_disk_unlinked_bytes", "Of cell_disk_bytes, the bytes in files no longer in the directory, held only by the cell's open descriptors (du does not see them).", "cell", "pool", "budget")
+	cellDiskBudget       = desc("cell_disk_budget_bytes", "The cell's disk budgets: limits.cache, limits.request_tmp, limits.logs.", "cell", "pool", "budget")
+	cellCacheWakes       = desc("cell_cache_manager_wakes_total", "Times the agent woke the cell's cache manager because the cache was over its target (three quarters of limits.cache), since the agent started.", cellLabels...)
+	cellBodiesHeld       = desc("cell_request_bodies_held_bytes", "Bytes the cell has reserved for the request bodies in progress against limits.request_tmp.", cellLabels...)
+	cellBodiesRefused    = desc("cell_request_bodies_refused_total", "Request bodies the cell refused with 503 because they would have taken it past limits.request_tmp.", cellLabels...)
 	cellLogBytes         = desc("cell_log_bytes", "Bytes in the cell's logs directory (bounded by limits.logs).", cellLabels...)
 	cellReportOK         = desc("cell_report_ok", "1 when the running cell answered its private status call during this scrape; the series below are left out when it did not.", cellLabels...)
 	cellConns            = desc("cell_connections", "The cell's client connections by state (nginx stub status: active, reading, writing, waiting).", "cell", "pool", "state")
 	cellRequests         = desc("cell_requests_total", "Requests the cell served since its master started (resets when the cell restarts).", cellLabels...)
 	cellLimited          = desc("cell_limit_refused_total", "Requests the pool limits refused, by kind: connections (503) and rate (429).", "cell", "pool", "kind")
-	cellOriginFailures   = desc("cell_origin_failures_total", "Passive-origin failures the cell saw while proxying, over every origin (no per-domain series).", cellLabels...)
+	cellOriginFailures   = desc("cell_origin_failures_total", "Passive-origin failures the cell saw while proxying, over every origin (no per-domain series), by reason: connect_failed, connect_timeout, resolve, read_timeout, reset, bad_answer, http_5xx (unknown: counted by a cell that gave none).", "cell", "pool", "reason")
 	cellSecurity         = desc("cell_security_events_total", "Refused (unauthenticated or wrongly signed) calls to the cell's private endpoint.", cellLabels...)
 	cellLoads            = desc("cell_loads_total", "Releases the cell loaded as data, without a reload, since its master started.", cellLabels...)
 	cellLoadFailures     = desc("cell_load_failures_total", "Releases the cell could not load (it kept serving what it had), since its master started.", cellLabels...)
@@ -66,7 +72,7 @@ var (
 		activationLastDuration, activationLastTime, activationLastSequence, activationLastOutcome, activations, refusals,
 		cellInfo, cellState, cellReady, cellDrained, cellUp, cellRestarts, cellSequence, cellMemory, cellMemoryLimit,
 		cellCPU, cellCPULimit, cellThrottled, cellThrottledPeriods, cellPIDs, cellPIDsLimit, cellPIDsRefused, cellOOM,
-		cellLogBytes, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity, cellOverloaded, cellOverloads,
+		cellLogBytes, cellDisk, cellDiskUnlinked, cellDiskBudget, cellCacheWakes, cellBodiesHeld, cellBodiesRefused, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity, cellOverloaded, cellOverloads,
 		cellLoads, cellLoadFailures, cellReloads, cellCut, cellLuaHeap,
 	}
 )

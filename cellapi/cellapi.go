@@ -99,6 +99,20 @@ type Status struct {
 	// the retries they took.
 	OriginServers map[string]OriginServer `json:"origin_servers"`
 	Security      Security                `json:"security"`
+	// Bodies is the cell's request-body budget (limits.request_tmp): what
+	// the requests in progress hold, and the bodies refused past it.
+	Bodies Bodies `json:"bodies"`
+}
+
+// Bodies is the cell's account of request bodies against its budget.
+type Bodies struct {
+	// Held is the bytes the bodies of requests in progress may hold on
+	// disk: their declared lengths, the whole per-request limit for a
+	// chunked one.
+	Held int64 `json:"held"`
+	// Refused counts the bodies refused with 503 because admitting them
+	// would have held more than the budget (limits.request_tmp).
+	Refused int64 `json:"refused"`
 }
 
 // Loads are a cell's loads of releases without a reload.
@@ -183,9 +197,11 @@ type Origin struct {
 	Failures      int64   `json:"failures"`
 	LastFailureAt float64 `json:"last_failure_at"`
 	LastStatus    int     `json:"last_status"`
-	// LastReason says what failed last where the cell knows more than a
-	// status: "dns: ..." for a name that did not resolve.
-	LastReason string `json:"last_reason,omitempty"`
+	// Reasons counts the failures by reason (OriginReasons); LastReason is
+	// the last one's ("resolve: ..." with the resolver's answer where the
+	// origin's name did not resolve).
+	Reasons    map[string]int64 `json:"reasons,omitempty"`
+	LastReason string           `json:"last_reason,omitempty"`
 }
 
 // OriginServer is one origin server's passive health in a cell: down
@@ -195,6 +211,14 @@ type OriginServer struct {
 	Failures int64 `json:"failures"`
 	Retries  int64 `json:"retries"`
 }
+
+// OriginReasons are the reasons a cell gives an origin's failure:
+// connect_failed (refused, unreachable, or the TLS handshake failed),
+// connect_timeout, resolve (its name did not resolve), read_timeout (no
+// answer in time), reset (the connection closed without an answer),
+// bad_answer (an answer nginx could not read), http_5xx (the origin's own
+// 5xx).
+var OriginReasons = []string{"connect_failed", "connect_timeout", "resolve", "read_timeout", "reset", "bad_answer", "http_5xx"}
 
 // Security counts refused private calls.
 type Security struct {

@@ -379,8 +379,8 @@ func TestOriginDownIsReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, ok := st.Origins[testHost+"/app"]
-	if !ok || o.Failures != 3 || o.LastStatus != 502 || o.LastFailureAt == 0 {
-		t.Fatalf("origins %+v: want 3 failures of %s/app, last 502", st.Origins, testHost)
+	if !ok || o.Failures != 3 || o.LastStatus != 502 || o.LastFailureAt == 0 || o.Reasons["connect_failed"] != 3 || o.LastReason != "connect_failed" {
+		t.Fatalf("origins %+v: want 3 failures of %s/app, connect_failed, last 502", st.Origins, testHost)
 	}
 	if st.Requests != 3 {
 		t.Errorf("requests %d, want 3 (readiness probes are not requests)", st.Requests)
@@ -469,6 +469,18 @@ func TestBodyOverLimitRefused(t *testing.T) {
 	if code, _, err := post(65<<20, false); err != nil || code != 413 {
 		t.Errorf("65 MiB body with Content-Length: %d %v, want 413", code, err)
 	}
+	// A chunked body reserves the whole per-request limit, here the cell's
+	// whole body budget (limits.request_tmp): it is admitted once the
+	// bodies before it are given back, which a lingering close of their
+	// connections may delay a moment.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if cs := h.sup.LiveStatus(ctx).Slots[0].Cell; cs == nil || cs.Bodies.Held != 0 {
+			return fmt.Errorf("cell status %+v, want no body held", cs)
+		}
+		return nil
+	})
 	if code, _, err := post(65<<20, true); err != nil || code != 413 {
 		t.Errorf("65 MiB chunked body: %d %v, want 413", code, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,31 +39,41 @@ const (
 )
 
 // exitDetail is the last emerg, alert or crit line that the master pid
-// started at the mark wrote to the cell's logs, or "": from error.log only
-// lines past the mark dated from its start and written by that pid; from
+// started at the mark wrote to the cell's logs, else its last error line
+// (an init_by_lua error is one: the master exits with status 1 after it),
+// or "": from error.log only lines past the mark dated from its start and
+// written by that pid (never a worker's error about one request); from
 // stderr.log only what was appended past the mark (nginx's stderr lines
 // carry neither). A line of an earlier master is never quoted as this
 // exit's reason, even after the logs were rotated.
 func exitDetail(dir string, m logMark, pid int) string {
-	if data, err := readSince(filepath.Join(dir, "error.log"), m.errorLog); err == nil {
-		if l := lastAlert(data, func(l string) bool { return ownLine(l, pid, m.at) }); l != "" {
-			return l
+	errorLog, errErr := readSince(filepath.Join(dir, "error.log"), m.errorLog)
+	stderr, stderrErr := readSince(filepath.Join(dir, "stderr.log"), m.stderr)
+	mine := func(l string) bool { return ownLine(l, pid, m.at) }
+	any := func(string) bool { return true }
+	for _, levels := range [][]string{{"[emerg]", "[alert]", "[crit]"}, {"[error]"}} {
+		if errErr == nil {
+			if l := lastAlert(errorLog, levels, mine); l != "" {
+				return l
+			}
 		}
-	}
-	if data, err := readSince(filepath.Join(dir, "stderr.log"), m.stderr); err == nil {
-		return lastAlert(data, func(string) bool { return true })
+		if stderrErr == nil {
+			if l := lastAlert(stderr, levels, any); l != "" {
+				return l
+			}
+		}
 	}
 	return ""
 }
 
-// lastAlert returns the last line of data that reports an emerg, alert or
-// crit condition (or the cgroup join helper's failure, its errno as text)
-// and that own accepts, cut to maxDetailLine bytes.
-func lastAlert(data []byte, own func(string) bool) string {
+// lastAlert returns the last line of data that reports a condition of one
+// of levels (or the cgroup join helper's failure, its errno as text) and
+// that own accepts, cut to maxDetailLine bytes.
+func lastAlert(data []byte, levels []string, own func(string) bool) string {
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
 		l := lines[i]
-		if !strings.Contains(l, "[emerg]") && !strings.Contains(l, "[alert]") && !strings.Contains(l, "[crit]") &&
+		if !slices.ContainsFunc(levels, func(lv string) bool { return strings.Contains(l, lv) }) &&
 			!strings.HasPrefix(l, "cellvisor-cgexec") {
 			continue
 		}

@@ -33,6 +33,10 @@ func TestExitDetailQuotesOnlyThisMaster(t *testing.T) {
 		{"cgroup join failure", "", "cellvisor-cgexec: 1: cannot create /sys/fs/cgroup/x: Permission denied", false, "cannot create"},
 		{"built-in join helper's failure", "", "cellvisor-cgexec: cannot join /sys/fs/cgroup/x/tasks: errno 13", false, "cannot join /sys/fs/cgroup/x/tasks: permission denied"},
 		{"garbage", "\x00\x00 [alert]\n[alert] 4242#", "", false, ""},
+		{"own error line, no alert", line(started, "4242", "error", "init_by_lua error: too short"), "", false, "init_by_lua error: too short"},
+		{"a worker's error is not the master's", line(started, "4243", "error", "upstream timed out"), "", false, ""},
+		{"an alert wins over a later error", line(started, "4242", "alert", "the alert") + "\n" + line(started, "4242", "error", "an error"), "", false, "the alert"},
+		{"stderr error line", "", "nginx: [error] init_by_lua error: boom", false, "init_by_lua error: boom"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

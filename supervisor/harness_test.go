@@ -67,6 +67,9 @@ type harnessOpts struct {
 	// the bundle https origins are verified against ("": the default).
 	resolvers []string
 	caFile    string
+	// cacheBudget and bodyBudget are the cells' limits.cache and
+	// limits.request_tmp; 0 means the shipped ones.
+	cacheBudget, bodyBudget int64
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -128,6 +131,12 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	if o.caFile != "" {
 		cfg.OpenResty.OriginCAFile = o.caFile
 	}
+	if o.cacheBudget != 0 {
+		cfg.Limits.Cache = config.Bytes(o.cacheBudget)
+	}
+	if o.bodyBudget != 0 {
+		cfg.Limits.RequestTmp = config.Bytes(o.bodyBudget)
+	}
 	topo, _, err := runtime.LoadOrCreate(runtime.Layout{Slots: o.slots, HTTPBase: cfg.Ports.HTTPBase, HTTPSBase: cfg.Ports.HTTPSBase,
 		Address: "127.0.0.1", StateDir: cfg.StateDir, RunDir: cfg.RunDir})
 	if err != nil {
@@ -182,6 +191,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
 		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
 		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
+		CacheBudget: int64(cfg.Limits.Cache), RequestBudget: int64(cfg.Limits.RequestTmp),
 		RestartLimit: o.limit, Liveness: o.liveness, Users: o.users,
 	}
 	sup, err := supervisor.New(opts)

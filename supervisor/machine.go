@@ -27,12 +27,13 @@ const (
 	evHung                      // a cell failed its liveness checks RestartThreshold times in a row
 	evAssigned                  // an unassigned slot was assigned to a pool
 	evUnassign                  // the slot's assignment was withdrawn
+	evAwaitFirst                // the assigned slot has never had a release, and a manifest source is to deliver one
 
 	numEvents // not an event: how many there are
 )
 
 var eventNames = [...]string{"unassigned", "refused", "no release", "released", "start failed", "ready",
-	"probe timeout", "exit", "restart", "restarted", "drain", "undrain", "stop", "unresponsive", "responsive", "hung", "assigned", "unassign"}
+	"probe timeout", "exit", "restart", "restarted", "drain", "undrain", "stop", "unresponsive", "responsive", "hung", "assigned", "unassign", "await first release"}
 
 func (e event) String() string { return eventNames[e] }
 
@@ -86,6 +87,9 @@ func next(f facts, ev event) (State, action) {
 		return StateStopped, actIdle
 	case evNoRelease:
 		return StateDegraded, actAwaitRelease
+	case evAwaitFirst:
+		// Nothing is wrong yet: a fresh edge before its first manifest.
+		return StateWaiting, actAwaitRelease
 	case evReleased:
 		return f.state, actStart
 	case evReady:

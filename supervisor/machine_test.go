@@ -28,6 +28,7 @@ func TestNext(t *testing.T) {
 		{"unassigning a slot waiting for its release idles", facts{state: StateDegraded}, evUnassign, StateStopped, actIdle},
 		{"refused limits keep the cell stopped", stopped, evRefused, StateStopped, actEnd},
 		{"an assigned slot with no release is degraded and waits", stopped, evNoRelease, StateDegraded, actAwaitRelease},
+		{"an assigned slot before its first release from a manifest source is waiting", stopped, evAwaitFirst, StateWaiting, actAwaitRelease},
 		{"a release arriving starts the cell", facts{state: StateDegraded}, evReleased, StateDegraded, actStart},
 		{"ready makes a starting cell ready", starting, evReady, StateReady, actNone},
 		{"ready after a crash makes it ready", restarting, evReady, StateReady, actNone},

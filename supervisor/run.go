@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
@@ -149,7 +152,11 @@ func (c *slot) awaitRelease(ctx context.Context) bool {
 			c.mu.Unlock()
 			return true
 		}
-		c.on(evNoRelease, "runtime missing: "+err.Error())
+		if errors.Is(err, runtime.ErrNoRelease) && c.s.expect.Load() && neverReleased(c.spec) {
+			c.on(evAwaitFirst, "waiting for its first release from the manifest source")
+		} else {
+			c.on(evNoRelease, "runtime missing: "+err.Error())
+		}
 		c.firstOutcome()
 		select {
 		case <-ctx.Done():
@@ -328,4 +335,12 @@ func (c *slot) probed(ctx context.Context, p *proc, err error, pending **restart
 		return false, fmt.Sprintf("not ready within %s (%v)", c.s.o.ReadyTimeout, err)
 	}
 	return false, ""
+}
+
+// neverReleased says the slot's runtime holds no release at all: it never
+// had one, or was emptied when unassigned. A release withdrawn because it
+// was damaged leaves its directory: that slot is degraded, not waiting.
+func neverReleased(s runtime.Slot) bool {
+	ents, err := os.ReadDir(filepath.Join(s.RuntimeDir(), "releases"))
+	return (err == nil || errors.Is(err, fs.ErrNotExist)) && len(ents) == 0
 }

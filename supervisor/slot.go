@@ -48,7 +48,9 @@ type slot struct {
 	// (saveCounters).
 	opRestartsTotal int
 	secSeen         int64 // refused private calls already reported
-	live            LivenessStatus
+	// disk is the disk watch's latest measure (diskwatch.go).
+	disk diskState
+	live LivenessStatus
 	// preReload are the master's children before its last reload: the
 	// cell has loaded the new release once none of them listens (settle.go).
 	preReload []procID
@@ -206,6 +208,7 @@ func (c *slot) status() SlotStatus {
 	if pool != "" {
 		st.Assignment = Assigned
 		st.Limits = c.s.settings().Limits
+		st.Disk = c.disk.snapshot()
 	}
 	if g != nil && g.Path() != "" {
 		st.Cgroup, st.CgroupPaths = g.Path(), g.Paths()

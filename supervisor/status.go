@@ -17,6 +17,10 @@ const (
 	StateDegraded State = "degraded"
 	StateDrained  State = "drained"
 	StateStopped  State = "stopped"
+	// StateWaiting is an assigned slot that has never had a release, while
+	// a manifest source is to deliver one (Supervisor.ExpectReleases): a
+	// freshly enrolled edge before its first manifest.
+	StateWaiting State = "waiting"
 )
 
 // Assignment states.
@@ -24,6 +28,10 @@ const (
 	Assigned   = "assigned"
 	Unassigned = "unassigned"
 )
+
+// OriginReasons are the reasons a cell gives an origin's failure
+// (cellapi.OriginReasons), for the agent's metrics.
+var OriginReasons = cellapi.OriginReasons
 
 // SlotStatus is one slot as the admin endpoint reports it.
 type SlotStatus struct {
@@ -59,8 +67,11 @@ type SlotStatus struct {
 	Reloads int64 `json:"reloads"`
 	// Cell is the running cell's own report from its private endpoint
 	// (connections, requests, passive-origin failures, security events).
-	Cell      *cellapi.Status `json:"cell,omitempty"`
-	CellError string          `json:"cell_error,omitempty"`
+	Cell *cellapi.Status `json:"cell,omitempty"`
+	// Disk is what the assigned cell holds on disk against each budget, as
+	// the agent last measured it (at most a couple of seconds old).
+	Disk      *DiskUse `json:"disk,omitempty"`
+	CellError string   `json:"cell_error,omitempty"`
 }
 
 // Status is the whole agent as the admin endpoint reports it.

@@ -73,6 +73,11 @@ type Options struct {
 	// LogBudget is the most bytes a cell's logs directory may hold; zero
 	// means 16 MiB.
 	LogBudget int64
+	// CacheBudget and RequestBudget are limits.cache and
+	// limits.request_tmp, which the disk watch reports use against; zero
+	// means 256 MiB and 64 MiB. The cells' releases carry the settings
+	// that keep them (runtime.CacheTarget).
+	CacheBudget, RequestBudget int64
 	// MonitorInterval is how often cells' own status is read to report
 	// security events; zero means 10s.
 	MonitorInterval time.Duration
@@ -106,6 +111,8 @@ type Supervisor struct {
 	// live are the settings that may change while cells run (Update); the
 	// same fields of o are only their initial values.
 	live atomic.Pointer[Settings]
+	// expect says a manifest source delivers the releases (ExpectReleases).
+	expect atomic.Bool
 }
 
 // New validates options and prepares the slots; it starts nothing.
@@ -130,6 +137,12 @@ func New(o Options) (*Supervisor, error) {
 	}
 	if o.LogBudget == 0 {
 		o.LogBudget = 16 << 20
+	}
+	if o.CacheBudget == 0 {
+		o.CacheBudget = 256 << 20
+	}
+	if o.RequestBudget == 0 {
+		o.RequestBudget = 64 << 20
 	}
 	if o.MonitorInterval == 0 {
 		o.MonitorInterval = 10 * time.Second
@@ -166,6 +179,11 @@ func checkBinary(path string) error {
 	}
 	return nil
 }
+
+// ExpectReleases says a manifest source delivers the releases: an assigned
+// slot that has never had one waits for it (StateWaiting) rather than
+// being degraded. Call it before Run.
+func (s *Supervisor) ExpectReleases() { s.expect.Store(true) }
 
 // Ready is closed once every slot has had its first outcome: its cell is
 // ready, failed its first start, or is not to be run.
@@ -221,6 +239,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		if b == nil {
 			continue
 		}
+		sideWG.Go(func() { c.watchDisk(side) })
 		sideWG.Add(1)
 		go func() {
 			defer sideWG.Done()

@@ -112,9 +112,9 @@ func printStatus(w io.Writer, st supervisor.Status) {
 	}
 	printEgress(w, st.Egress)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tPID\tHTTP\tHTTPS\tMEMORY\tPIDS\tTHROTTLED\tCONNS\tRESTARTS\tREASON")
+	fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tPID\tHTTP\tHTTPS\tMEMORY\tPIDS\tTHROTTLED\tCONNS\tDISK\tRESTARTS\tREASON")
 	for _, s := range st.Slots {
-		pool, pid, mem, pids, thr, conns := "-", "-", "-", "-", "-", "-"
+		pool, pid, mem, pids, thr, conns, disk := "-", "-", "-", "-", "-", "-", "-"
 		if s.Pool != "" {
 			pool = s.Pool
 		}
@@ -132,10 +132,13 @@ func printStatus(w io.Writer, st supervisor.Status) {
 				s.Reason = strings.TrimSpace(fmt.Sprintf("%s %d refused private calls", s.Reason, c.Security.AuthFailures))
 			}
 		}
+		if d := s.Disk; d != nil {
+			disk = fmt.Sprintf("c%s r%s l%s", share(d.Cache), share(d.RequestTmp), share(d.Logs))
+		}
 		// Crash restarts, then operator restarts: "2+1".
 		restarts := fmt.Sprintf("%d+%d", s.Restarts, s.OperatorRestarts)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, pool, s.State, pid,
-			s.HTTPPort, s.HTTPSPort, mem, pids, thr, conns, restarts, s.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, pool, s.State, pid,
+			s.HTTPPort, s.HTTPSPort, mem, pids, thr, conns, disk, restarts, s.Reason)
 	}
 	tw.Flush()
 }
@@ -233,4 +236,12 @@ func controlCmd(verb, short, long string, load func() (config.Agent, error), std
 		return err
 	}
 	return c
+}
+
+// share is what a cell holds against a disk budget, in percent of it.
+func share(b supervisor.DiskBudget) string {
+	if b.Budget <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d%%", b.Bytes*100/b.Budget)
 }

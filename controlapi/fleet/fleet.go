@@ -160,7 +160,7 @@ func stateClass(state string, drained bool) string {
 	switch {
 	case drained:
 		return "state-drained"
-	case state == "ready", state == "degraded", state == "drained", state == "stopped":
+	case state == "ready", state == "degraded", state == "drained", state == "stopped", state == "waiting":
 		return "state-" + state
 	}
 	return "state-other"

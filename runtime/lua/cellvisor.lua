@@ -474,7 +474,9 @@ local function note_servers(origin, tried, statuses)
     end
 end
 
--- note_failure records a passive-origin failure of origin (domain/name).
+-- note_failure records a passive-origin failure of origin (domain/name)
+-- with its reason (one of cellapi.OriginReasons, then ": detail" where
+-- the cell knows more).
 local function note_failure(origin, status, reason)
     local key = "origin:" .. origin
     local rec = cjson.decode(dict:get(key) or "{}") or {}
@@ -482,6 +484,9 @@ local function note_failure(origin, status, reason)
     rec.last_failure_at = ngx.now()
     rec.last_status = status
     rec.last_reason = reason
+    local kind = string.match(reason, "^[%w_]+")
+    if type(rec.reasons) ~= "table" then rec.reasons = {} end
+    rec.reasons[kind] = (rec.reasons[kind] or 0) + 1
     dict:set(key, cjson.encode(rec))
 end
 
@@ -576,12 +581,12 @@ local function to_origin(d, o, uri)
             tried[#tried + 1] = sv.url
         elseif #peers == 0 and i == first and not second then
             -- No upstream was tried: recorded here, not by log().
-            note_failure(name, 502, "dns: " .. tostring(err))
+            note_failure(name, 502, "resolve: " .. tostring(err))
             return ngx.exit(502)
         end
     end
     if #peers == 0 then
-        note_failure(name, 502, "dns: no server of the origin resolves")
+        note_failure(name, 502, "resolve: no server of the origin resolves")
         return ngx.exit(502)
     end
     local v = ngx.var
@@ -677,11 +682,13 @@ end
 -- Answers of the cache that served a request without asking the origin.
 local served_from_cache = { HIT = true, STALE = true, UPDATING = true }
 
--- log() runs for every public request: it counts it, counts the pool
--- limits' refusals by kind and the cache's answers, and, for proxied ones,
--- records a passive-origin failure when the origin could not be reached,
--- timed out or answered 5xx.
+-- log() runs for every public request: it gives back its body's
+-- reservation, counts it, counts the pool limits' refusals by kind and the
+-- cache's answers, and, for proxied ones, records a passive-origin failure
+-- with its reason when the origin failed (origin_fault), never for what
+-- the client did.
 function _M.log()
+    _M.release_body()
     dict:incr("requests", 1, 0)
     -- A request a shutting-down worker ended before it completed: cut by
     -- the end of a reload's or a stop's grace (worker_shutdown_timeout).
@@ -716,15 +723,9 @@ function _M.log()
         for url in string.gmatch(servers, "%S+") do tried[#tried + 1] = url end
         note_servers(origin, tried, us)
     end
-    local last = tonumber(string.match(us, "(%d+)%s*$")) or 0
-    if us == "" or last >= 500 or last == 0 then
-        local key = "origin:" .. origin
-        local rec = cjson.decode(dict:get(key) or "{}") or {}
-        rec.failures = (rec.failures or 0) + 1
-        rec.last_failure_at = ngx.now()
-        rec.last_status = last ~= 0 and last or ngx.status
-        dict:set(key, cjson.encode(rec))
-    end
+    local reason, status = _M.origin_fault()
+    if not reason then return end
+    note_failure(origin, status, reason)
 end
 
 -- Authentication of private calls: HMAC-SHA1 (RFC 2104; ngx_lua's built-in
@@ -933,6 +934,141 @@ function _M.private()
     end
     ngx.header["Content-Type"] = "application/json"
     ngx.say(encode_status())
+end
+
+-- last_value is the last of an upstream variable's values (one per
+-- origin server tried, separated by ", " or " : "), nil for "-" or none.
+local function last_value(v)
+    local last = string.match(v or "", "([^%s,:]+)%s*$")
+    if last == "-" then return nil end
+    return last
+end
+
+-- origin_fault (from log()) is the reason a proxied request's origin
+-- failed, with the status to record, or nil when it did not: an answer
+-- below 500, or the client's doing (a body over the limit or cut short
+-- before any origin was tried, a client gone before the origin answered:
+-- "-").
+function _M.origin_fault()
+    local us = ngx.var.upstream_status or ""
+    if us == "" then
+        -- No origin server was tried: nginx answers 502 only when the
+        -- origin's name did not resolve.
+        if ngx.status == 502 then return "resolve", 502 end
+        return nil
+    end
+    local last = tonumber(last_value(us))
+    if not last or last < 500 then return nil end
+    if last_value(ngx.var.upstream_header_time) then
+        return "http_5xx", last -- the origin's own answer
+    end
+    -- nginx's own 502 or 504: the origin gave no answer it could read.
+    local connected = last_value(ngx.var.upstream_connect_time) ~= nil
+    if last == 504 then
+        return connected and "read_timeout" or "connect_timeout", last
+    end
+    if not connected then
+        return "connect_failed", last -- refused, unreachable, or TLS
+    end
+    if (tonumber(last_value(ngx.var.upstream_bytes_received)) or 0) > 0 then
+        return "bad_answer", last
+    end
+    return "reset", last
+end
+
+-- Request bodies: one budget for the whole cell (limits.request_tmp). A
+-- body nginx buffers goes to an unlinked file in tmp/request, where du sees
+-- nothing; the per-request limit (client_max_body_size) bounded each, but
+-- not their sum. admit_body runs in the access phase, before nginx reads
+-- any of the body, and reserves what the body may hold: its declared
+-- length, or the whole per-request limit for a chunked one (its length is
+-- unknown until it ends). Past the budget the request is refused with 503
+-- and counted; log() gives the reservation back when the request ends.
+-- Bodies small enough for nginx's memory buffer count too: the budget
+-- bounds what the requests in progress may hold, wherever nginx puts it.
+local body_held = "body:held"
+
+-- body_key is this worker's share of the reservations, so that what a
+-- worker held when it died (killed, out of memory) can be given back.
+local function body_key()
+    return "body:w:" .. ngx.worker.pid()
+end
+
+-- reclaim_bodies gives back the reservations of workers that are gone, at
+-- most once a second (it reads every key of the dict), and says whether
+-- it gave back any.
+local function reclaim_bodies()
+    if not dict:add("body:reclaimed", true, 1) then return false end
+    local gave = false
+    for _, key in ipairs(dict:get_keys(0)) do
+        local pid = string.match(key, "^body:w:(%d+)$")
+        if pid and tonumber(pid) ~= ngx.worker.pid() then
+            local f = io.open("/proc/" .. pid .. "/stat", "rb")
+            if f then
+                f:close()
+            else
+                local n = dict:get(key) or 0
+                dict:delete(key)
+                if n > 0 then
+                    dict:incr(body_held, -n, 0)
+                    gave = true
+                end
+            end
+        end
+    end
+    return gave
+end
+
+local function reserve_body(n, budget)
+    local held, err = dict:incr(body_held, n, 0)
+    if not held then
+        -- The dict is full: nothing can be counted, so nothing is admitted.
+        ngx.log(ngx.ERR, "cellvisor: request body budget: ", err)
+        return false
+    end
+    if held > budget then
+        dict:incr(body_held, -n, 0)
+        return false
+    end
+    dict:incr(body_key(), n, 0)
+    return true
+end
+
+-- admit_body(budget, max): budget is limits.request_tmp, max the
+-- per-request limit (client_max_body_size).
+function _M.admit_body(budget, max)
+    local n = tonumber(ngx.var.http_content_length)
+    if not n and ngx.var.http_transfer_encoding then
+        n = max
+    end
+    if not n or n <= 0 then return end
+    if not reserve_body(n, budget) and not (reclaim_bodies() and reserve_body(n, budget)) then
+        dict:incr("refused:bodies", 1, 0)
+        ngx.log(ngx.WARN, "cellvisor: refused a request body of ", n, " bytes: the cell's bodies hold ",
+            dict:get(body_held) or 0, " of ", budget)
+        return ngx.exit(503)
+    end
+    ngx.var.cv_body = n
+end
+
+-- release_body gives back the request's reservation (from log()).
+function _M.release_body()
+    local n = tonumber(ngx.var.cv_body)
+    if not n or n <= 0 then return end
+    ngx.var.cv_body = ""
+    dict:incr(body_held, -n, 0)
+    dict:incr(body_key(), -n, 0)
+end
+
+-- The status document with the disk budgets' figures the cell keeps.
+local status_base = status_doc
+status_doc = function()
+    local doc = status_base()
+    doc.bodies = {
+        held = dict:get(body_held) or 0,
+        refused = dict:get("refused:bodies") or 0,
+    }
+    return doc
 end
 
 return _M
