@@ -67,6 +67,8 @@ type harnessOpts struct {
 	// the bundle https origins are verified against ("": the default).
 	resolvers []string
 	caFile    string
+	// exposeCell is openresty.expose_cell.
+	exposeCell bool
 	// cacheBudget and bodyBudget are the cells' limits.cache and
 	// limits.request_tmp; 0 means the shipped ones.
 	cacheBudget, bodyBudget int64
@@ -127,7 +129,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	if o.workerConns != 0 {
 		cfg.OpenResty.WorkerConnections = o.workerConns
 	}
-	cfg.OpenResty.Resolvers = o.resolvers
+	cfg.OpenResty.Resolvers, cfg.OpenResty.ExposeCell = o.resolvers, o.exposeCell
 	if o.caFile != "" {
 		cfg.OpenResty.OriginCAFile = o.caFile
 	}

@@ -100,6 +100,9 @@ func TestOriginSeesTheEdgesForwardedHeaders(t *testing.T) {
 func TestCellNameNotDisclosed(t *testing.T) {
 	h := newHarness(t, harnessOpts{slots: 1})
 	port := h.waitReady("cell-01", 0).HTTPPort
+	if _, body, err := get(port, "/.cellvisor/ready"); err != nil || body != "ready\n" {
+		t.Errorf("the public readiness page: %q, %v; want \"ready\" and nothing of the cell", body, err)
+	}
 	for _, host := range []string{testHost, "unknown.example"} {
 		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+"/", nil)
 		if err != nil {

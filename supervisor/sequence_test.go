@@ -15,7 +15,7 @@ import (
 // undrain work on it: marker, cell and status agree. (The cell's Lua used
 // to round it, so that every drain "failed" after it had worked.)
 func TestLargestSequenceDrainAgrees(t *testing.T) {
-	h := newHarness(t, harnessOpts{slots: 1, sequence: manifest.MaxSequence})
+	h := newHarness(t, harnessOpts{slots: 1, sequence: manifest.MaxSequence, exposeCell: true}) // its readiness page says the sequence
 	port := h.waitReady("cell-01", 0).HTTPPort
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

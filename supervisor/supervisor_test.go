@@ -31,7 +31,7 @@ func TestEightSlotsAssignedCellsServe(t *testing.T) {
 		"cell-01": "shared-default", "cell-02": "quarantine-default",
 		"cell-03": "reserved-a", "cell-04": "reserved-a", "cell-05": "dedicated-x",
 	}
-	h := newHarness(t, harnessOpts{slots: 8, assign: assign})
+	h := newHarness(t, harnessOpts{slots: 8, assign: assign, exposeCell: true}) // each readiness page names its cell
 	st := h.sup.Status()
 	if len(st.Slots) != 8 {
 		t.Fatalf("%d slots, want 8", len(st.Slots))
