@@ -2,6 +2,7 @@ package controlapi
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,9 +23,10 @@ type cache struct {
 
 	refreshMu sync.Mutex // serializes refreshes
 
-	mu    sync.RWMutex // guards the following fields (not an entry's seen)
-	gen   int64
-	edges map[string]*cached
+	mu      sync.RWMutex // guards the following fields (not an entry's seen)
+	gen     int64
+	edges   map[string]*cached
+	fanouts []store.Fanout // above the lowest Built of edges, oldest first
 }
 
 // cached is one edge: its state; when this replica last saw it and last
@@ -58,6 +60,12 @@ func (c *cache) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var fanouts []store.Fanout
+	if gen != since {
+		if fanouts, err = c.st.Fanouts(ctx, since, gen); err != nil {
+			return err
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, id := range deleted {
@@ -65,13 +73,57 @@ func (c *cache) refresh(ctx context.Context) error {
 	}
 	for _, st := range states {
 		if e := c.edges[st.ID]; e != nil {
-			e.state = st
+			if st.Gen >= e.state.Gen { // not behind what built() set
+				e.state = st
+			}
 		} else {
 			c.edges[st.ID] = &cached{state: st}
 		}
 	}
+	c.fanouts = append(c.fanouts, fanouts...)
+	if len(c.fanouts) > 0 && (len(states) > 0 || len(deleted) > 0) {
+		c.pruneFanoutsLocked()
+	}
 	c.gen = gen
 	return nil
+}
+
+// pruneFanoutsLocked drops the fan-outs every edge is built past.
+func (c *cache) pruneFanoutsLocked() {
+	low := int64(-1)
+	for _, e := range c.edges {
+		if low < 0 || e.state.Built < low {
+			low = e.state.Built
+		}
+	}
+	i := 0
+	for i < len(c.fanouts) && c.fanouts[i].Gen <= low {
+		i++
+	}
+	c.fanouts = slices.Clip(c.fanouts[i:])
+}
+
+// unbuilt reports whether a fan-out the edge's manifest is not built past
+// concerns one of its pools: its next poll builds it (store.Build).
+func (c *cache) unbuilt(st store.EdgeState) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for i := len(c.fanouts) - 1; i >= 0 && c.fanouts[i].Gen > st.Built; i-- {
+		if c.fanouts[i].Concerns(st.Pools) {
+			return true
+		}
+	}
+	return false
+}
+
+// built records an edge's manifest built by this replica, ahead of the
+// next refresh.
+func (c *cache) built(id string, b store.Built) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.edges[id]; e != nil && b.Gen > e.state.Gen {
+		e.state.Sequence, e.state.Built, e.state.Gen = b.Sequence, b.Gen, b.Gen
+	}
 }
 
 // get returns an edge's cached state.

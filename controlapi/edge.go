@@ -57,7 +57,7 @@ func (s *Server) edge(h edgeFunc) http.HandlerFunc {
 		id := leaf.Subject.CommonName
 		serial := pki.SerialHex(leaf)
 		st, ok := s.cache.current(r.Context(), id, serial)
-		if ok && !cheapPoll(r, st) {
+		if ok && !s.cheapPoll(r, st) {
 			// Anything with a body: the database's word on the certificate,
 			// not the cache's (a rotation on another replica a moment ago).
 			e, err := s.st.Edge(r.Context(), id)
@@ -85,14 +85,32 @@ func (s *Server) edge(h edgeFunc) http.HandlerFunc {
 
 // cheapPoll reports a manifest poll the cache answers with 304: it gives
 // nothing away, so a cached view of the certificate (at most one refresh
-// interval old) is enough for it.
-func cheapPoll(r *http.Request, st store.EdgeState) bool {
+// interval old) is enough for it. A poll with a fan-out to build is not.
+func (s *Server) cheapPoll(r *http.Request, st store.EdgeState) bool {
 	if r.URL.Path != edgeapi.PathManifest {
 		return false
 	}
 	q := r.URL.Query()
 	after, err := strconv.ParseInt(q.Get("after"), 10, 64)
-	return err == nil && q.Get("cursor") == "" && st.Sequence <= after
+	return err == nil && q.Get("cursor") == "" && st.Sequence <= after && !s.cache.unbuilt(st)
+}
+
+// build brings the edge's manifest up to every fan-out that concerns it
+// (store.Build), when one does, and returns its state with the newest
+// sequence.
+func (s *Server) build(ctx context.Context, st store.EdgeState) (store.EdgeState, error) {
+	if !s.cache.unbuilt(st) {
+		return st, nil
+	}
+	start := time.Now()
+	b, err := s.st.Build(ctx, st.ID, s.sign)
+	if err != nil {
+		return st, err
+	}
+	s.metrics.Build(time.Since(start), b.Advanced)
+	s.cache.built(st.ID, b)
+	st.Sequence, st.Built, st.Gen = b.Sequence, b.Gen, b.Gen
+	return st, nil
 }
 
 // enroll exchanges a bootstrap token and a CSR for a client certificate.
@@ -197,6 +215,11 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 		return errorf(http.StatusBadRequest, "after: want a sequence 0–%d", int64(manifest.MaxSequence))
 	}
 	cursor := q.Get("cursor")
+	if cursor == "" {
+		if st, err = s.build(r.Context(), st); err != nil {
+			return err
+		}
+	}
 	w.Header().Set(edgeapi.HeaderTasks, strconv.Itoa(st.PendingTasks))
 	if cursor == "" && st.Sequence <= after {
 		w.Header().Set("ETag", etag(after))
