@@ -119,6 +119,9 @@ type Server struct {
 	cert    tls.Certificate
 	clients *x509.CertPool
 	cache   *cache
+	// writer group-commits acks and status reports (store.Batcher); Run
+	// runs it.
+	writer  *store.Batcher
 	metrics *metrics.Metrics
 	fleet   *fleet.Pages
 	leases  *lease.Service
@@ -204,10 +207,11 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})
 	// The store is this server's: it reports its writes and placements here.
-	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement, Retried: func(err error) {
+	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement, Batch: s.metrics.Batch, Retried: func(err error) {
 		s.metrics.Retry()
 		s.log.Debug("database write run again: the database could not serialize it at once", zap.Error(err))
 	}}
+	s.writer = s.st.NewBatcher(0)
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
 	}
@@ -360,15 +364,21 @@ func (s *Server) EdgeTLSConfig() *tls.Config {
 // listener served over TLS.
 func (s *Server) ServerCertificate() tls.Certificate { return s.cert }
 
-// Run keeps the poll cache current, writes last-seen times and drives the
-// moves under way until ctx ends, then writes last-seen times a last time.
+// Run keeps the poll cache current, commits acks and status reports in
+// batches, writes last-seen times and drives the moves under way until ctx
+// ends, then writes last-seen times a last time. Edge requests that write
+// wait for it: serve them only while it runs.
 func (s *Server) Run(ctx context.Context) {
-	moves := make(chan struct{})
+	moves, writer := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(moves)
 		s.runMoves(ctx)
 	}()
-	defer func() { <-moves }()
+	go func() {
+		defer close(writer)
+		s.writer.Run(ctx)
+	}()
+	defer func() { <-moves; <-writer }()
 	refresh := time.NewTicker(s.o.Refresh)
 	defer refresh.Stop()
 	touch := time.NewTicker(s.o.TouchInterval)

@@ -303,7 +303,7 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState)
 		s.metrics.Ack("invalid")
 		return errorf(http.StatusBadRequest, "status %q: want applied, refused or partial", a.Status)
 	}
-	if err := s.st.Ack(r.Context(), st.ID, a); err != nil {
+	if err := s.writer.Ack(r.Context(), st.ID, a); err != nil { // answered once committed
 		return err
 	}
 	s.metrics.Ack(a.Status)
@@ -349,7 +349,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 	if rep.Gateways != nil {
 		rec.Gateways, rec.GatewaysAt, rec.SyncGateways = gatewayRows(rep.Gateways), now, true
 	}
-	if err := s.st.PutStatus(r.Context(), st.ID, rec); err != nil {
+	if err := s.writer.PutStatus(r.Context(), st.ID, rec); err != nil { // answered once committed
 		s.cache.wroteStatus(st.ID, digest, now, true)
 		return err
 	}

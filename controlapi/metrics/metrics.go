@@ -115,6 +115,7 @@ type Metrics struct {
 	statuses    *prometheus.CounterVec
 	publish     prometheus.Histogram
 	builds      *prometheus.HistogramVec
+	batches     prometheus.Histogram
 	placement   prometheus.Histogram
 	writes      *prometheus.CounterVec
 	retries     prometheus.Counter
@@ -169,6 +170,11 @@ func New(o Options) *Metrics {
 		Help:    "Building an edge's manifest past the fan-outs that concern it, at its poll, by result: advanced (a new sequence signed) or unchanged.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12), // 100 µs to about 2.4 s
 	}, []string{"result"})
+	m.batches = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "cellvisor_control_db_batch_writes",
+		Help:    "Writes (acks, status reports) each group-committed transaction carried.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 10), // 1 to 512
+	})
 	m.placement = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "cellvisor_control_placement_duration_seconds",
 		Help:    "Placing one domain on one edge's pool (reading its cells and placements, choosing).",
@@ -186,7 +192,7 @@ func New(o Options) *Metrics {
 		Name: "cellvisor_control_last_seen_rows_written_total",
 		Help: "Edges' last-seen times written to the database by the batched flushes (one row each).",
 	})
-	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.builds, m.placement, m.writes, m.retries, m.seenRows,
+	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.builds, m.batches, m.placement, m.writes, m.retries, m.seenRows,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &fleet{m: m}, &listenerCollector{m: m})
 	return m
 }
@@ -289,6 +295,9 @@ func (m *Metrics) Build(d time.Duration, advanced bool) {
 	}
 	m.builds.WithLabelValues(result).Observe(d.Seconds())
 }
+
+// Batch records how many writes one group-committed transaction carried.
+func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
 
 // Placement records one placement's duration.
 func (m *Metrics) Placement(d time.Duration) { m.placement.Observe(d.Seconds()) }

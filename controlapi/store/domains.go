@@ -307,19 +307,22 @@ func (s *Store) Artifact(ctx context.Context, edgeID, sha string) ([]byte, error
 // sequence, and moves the edge's active sequence forward when it says the
 // sequence is active.
 func (s *Store) Ack(ctx context.Context, edgeID string, a manifest.Ack) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return s.ack(ctx, tx, edgeID, a) })
+}
+
+// ack is Ack's statements.
+func (s *Store) ack(ctx context.Context, tx *sql.Tx, edgeID string, a manifest.Ack) error {
 	cells := strings.Join(a.Cells, ",")
-	return s.tx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO acks (edge_id, sequence, status, reason, cells, at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (edge_id, sequence) DO UPDATE SET status = excluded.status, reason = excluded.reason, cells = excluded.cells,
-			at = excluded.at, received_at = excluded.received_at`), edgeID, a.Sequence, a.Status, a.Reason, cells, ms(a.At), ms(s.Now()))
-		if err != nil {
-			return fmt.Errorf("ack %d of edge %s: %w", a.Sequence, edgeID, err)
-		}
-		if a.Status == manifest.AckApplied || a.Status == manifest.AckPartial {
-			_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET active_sequence = ? WHERE id = ? AND active_sequence < ? AND sequence >= ?`), a.Sequence, edgeID, a.Sequence, a.Sequence)
-		}
-		return err
-	})
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO acks (edge_id, sequence, status, reason, cells, at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (edge_id, sequence) DO UPDATE SET status = excluded.status, reason = excluded.reason, cells = excluded.cells,
+		at = excluded.at, received_at = excluded.received_at`), edgeID, a.Sequence, a.Status, a.Reason, cells, ms(a.At), ms(s.Now()))
+	if err != nil {
+		return fmt.Errorf("ack %d of edge %s: %w", a.Sequence, edgeID, err)
+	}
+	if a.Status == manifest.AckApplied || a.Status == manifest.AckPartial {
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET active_sequence = ? WHERE id = ? AND active_sequence < ? AND sequence >= ?`), a.Sequence, edgeID, a.Sequence, a.Sequence)
+	}
+	return err
 }
 
 // Acks returns an edge's newest acknowledgements, newest first.

@@ -336,25 +336,28 @@ type Report struct {
 // turn and runs again for as long as ctx lasts, instead of failing.
 // ErrNotFound: no such edge (deleted meanwhile).
 func (s *Store) PutStatus(ctx context.Context, id string, r Report) error {
-	err := s.retryTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET status = ?, status_at = ?, last_seen = ?, egress_intake = ? WHERE id = ?`),
-			string(r.Status), ms(r.At), ms(s.Now()), r.IntakeURL, id)
-		if err != nil {
-			return err
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return fmt.Errorf("edge %s: %w", id, ErrNotFound)
-		}
-		if err := s.putReach(ctx, tx, id, r.Reach); err != nil {
-			return err
-		}
-		if r.SyncGateways {
-			return s.syncGateways(ctx, tx, id, r.Gateways, r.GatewaysAt)
-		}
-		return nil
-	})
+	err := s.retryTx(ctx, func(tx *sql.Tx) error { return s.putStatus(ctx, tx, id, r) })
 	if err != nil {
 		return fmt.Errorf("status of edge %s: %w", id, err)
+	}
+	return nil
+}
+
+// putStatus is PutStatus's statements.
+func (s *Store) putStatus(ctx context.Context, tx *sql.Tx, id string, r Report) error {
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET status = ?, status_at = ?, last_seen = ?, egress_intake = ? WHERE id = ?`),
+		string(r.Status), ms(r.At), ms(s.Now()), r.IntakeURL, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("edge %s: %w", id, ErrNotFound)
+	}
+	if err := s.putReach(ctx, tx, id, r.Reach); err != nil {
+		return err
+	}
+	if r.SyncGateways {
+		return s.syncGateways(ctx, tx, id, r.Gateways, r.GatewaysAt)
 	}
 	return nil
 }
