@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -215,9 +216,21 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 		return errorf(http.StatusBadRequest, "after: want a sequence 0–%d", int64(manifest.MaxSequence))
 	}
 	cursor := q.Get("cursor")
+	wait, err := waitParam(q.Get(edgeapi.QueryWait))
+	if err != nil {
+		return err
+	}
 	if cursor == "" {
 		if st, err = s.build(r.Context(), st); err != nil {
 			return err
+		}
+		if st.Sequence <= after && st.PendingTasks == 0 && wait > 0 && r.Header.Get("If-None-Match") != "" {
+			start := time.Now()
+			st, err = s.hold(r, st, after, wait)
+			heldFor(w, time.Since(start))
+			if err != nil {
+				return err
+			}
 		}
 	}
 	w.Header().Set(edgeapi.HeaderTasks, strconv.Itoa(st.PendingTasks))
@@ -266,6 +279,63 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 	writeJSON(w, http.StatusOK, p)
 	s.metrics.Poll(metrics.PollManifest)
 	return nil
+}
+
+// waitParam parses ?wait= (seconds; empty for none), capped at
+// edgeapi.MaxWait.
+func waitParam(v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, errorf(http.StatusBadRequest, "wait: want seconds, 0–%d", int(edgeapi.MaxWait.Seconds()))
+	}
+	return min(time.Duration(n)*time.Second, edgeapi.MaxWait), nil
+}
+
+// hold holds a poll with nothing new until the edge's manifest moves past
+// after, a task is pending for it, or wait (less up to a tenth, at random,
+// so that held polls do not come back together) is over; then it returns
+// the edge's state, its manifest built. A change to show re-checks the
+// certificate against the database, as anything with a body does.
+func (s *Server) hold(r *http.Request, st store.EdgeState, after int64, wait time.Duration) (store.EdgeState, error) {
+	ctx := r.Context()
+	serial := pki.SerialHex(r.TLS.VerifiedChains[0][0]) // edge() checked there is one
+	t := time.NewTimer(wait - rand.N(wait/10+1))
+	defer t.Stop()
+	defer func() { s.cache.see(st.ID, s.o.Now()) }() // the poll is the heartbeat
+	s.metrics.Held(1)
+	defer s.metrics.Held(-1)
+	for {
+		ch := s.cache.watch(st.ID)
+		cur, ok := s.cache.get(st.ID)
+		if !ok || cur.CertSerial != serial {
+			return st, errorf(http.StatusUnauthorized, "client certificate is not edge %s's current identity (rotated or unknown)", st.ID)
+		}
+		if cur.Sequence > after || cur.PendingTasks > 0 || s.cache.unbuilt(cur) {
+			break
+		}
+		select {
+		case <-ch:
+			continue
+		case <-t.C:
+		case <-s.holds:
+		case <-ctx.Done():
+			return st, ctx.Err()
+		}
+		return cur, nil
+	}
+	e, err := s.st.Edge(ctx, st.ID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && e.CertSerial != serial) {
+		return st, errorf(http.StatusUnauthorized, "client certificate is not edge %s's current identity (rotated or unknown)", st.ID)
+	}
+	if err != nil {
+		return st, err
+	}
+	cur, _ := s.cache.get(st.ID)
+	cur.Sequence = max(cur.Sequence, e.Sequence)
+	return s.build(ctx, cur)
 }
 
 // artifact serves an artifact named in one of the edge's manifests.

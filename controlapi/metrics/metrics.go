@@ -116,6 +116,7 @@ type Metrics struct {
 	publish     prometheus.Histogram
 	builds      *prometheus.HistogramVec
 	batches     prometheus.Histogram
+	held        prometheus.Gauge
 	placement   prometheus.Histogram
 	writes      *prometheus.CounterVec
 	retries     prometheus.Counter
@@ -175,6 +176,10 @@ func New(o Options) *Metrics {
 		Help:    "Writes (acks, status reports) each group-committed transaction carried.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 10), // 1 to 512
 	})
+	m.held = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "cellvisor_control_polls_held",
+		Help: "Manifest polls held now (long polls waiting for a new manifest or a task).",
+	})
 	m.placement = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "cellvisor_control_placement_duration_seconds",
 		Help:    "Placing one domain on one edge's pool (reading its cells and placements, choosing).",
@@ -192,7 +197,7 @@ func New(o Options) *Metrics {
 		Name: "cellvisor_control_last_seen_rows_written_total",
 		Help: "Edges' last-seen times written to the database by the batched flushes (one row each).",
 	})
-	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.builds, m.batches, m.placement, m.writes, m.retries, m.seenRows,
+	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.builds, m.batches, m.held, m.placement, m.writes, m.retries, m.seenRows,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &fleet{m: m}, &listenerCollector{m: m})
 	return m
 }
@@ -298,6 +303,9 @@ func (m *Metrics) Build(d time.Duration, advanced bool) {
 
 // Batch records how many writes one group-committed transaction carried.
 func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
+
+// Held counts a poll held (+1) or answered after its hold (-1).
+func (m *Metrics) Held(delta int) { m.held.Add(float64(delta)) }
 
 // Placement records one placement's duration.
 func (m *Metrics) Placement(d time.Duration) { m.placement.Observe(d.Seconds()) }
