@@ -57,7 +57,11 @@ func (a *Activator) Poll(ctx context.Context) error {
 		if err := a.recover(ctx, fctx); err != nil {
 			return err
 		}
-		active = a.Active()
+		if a.Active() != 0 {
+			// Recovered: this poll ends (and counts) now; the next asks
+			// for anything newer, and may be held (a long poll) then.
+			return nil
+		}
 	}
 	m, err := manifest.Collect(fctx, a.o.Source.Page, a.o.EdgeID, active)
 	if err == nil {

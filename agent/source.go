@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -38,7 +39,8 @@ func (a *Agent) chooseSource() error {
 		return fmt.Errorf("domains_dir: this edge is enrolled with %s; its configuration comes from there, remove domains_dir", id.ControlURL)
 	}
 	a.id, a.key = id, key
-	a.client, err = controlclient.New(controlclient.Options{URL: id.ControlURL, Dir: a.cfg.IdentityDir(), Logger: a.log})
+	a.client, err = controlclient.New(controlclient.Options{URL: id.ControlURL, Dir: a.cfg.IdentityDir(), Logger: a.log,
+		LongPoll: longPoll(a.cfg.Source.PollTimeout.D())})
 	if err != nil {
 		a.unusable(fmt.Errorf("%w: control client: %v", errUnusable, err))
 		return nil
@@ -81,4 +83,11 @@ func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignment
 		},
 	})
 	return err
+}
+
+// longPoll is how long the agent lets the control API hold a poll: 90 s,
+// within half the poll's own bound (source.poll_timeout), which also
+// covers the pages and artifacts fetched after it.
+func longPoll(pollTimeout time.Duration) time.Duration {
+	return min(90*time.Second, pollTimeout/2)
 }

@@ -108,7 +108,7 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 	p, err := s.st.PublishDomain(r.Context(), name, req.Pool, d.Hostnames, func(rev int64) ([]byte, error) {
 		_, data, err := domainArtifact(name, req.Pool, req.Config, rev)
 		return data, err
-	}, s.sign)
+	})
 	s.metrics.Publish(time.Since(start))
 	if errors.Is(err, store.ErrNotFound) {
 		return errorf(http.StatusBadRequest, "pool: %q does not exist", req.Pool)
@@ -117,7 +117,7 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.refresh(r.Context())
-	s.log.Info("domain published", zap.String("domain", name), zap.String("pool", req.Pool), zap.Int64("revision", p.Domain.Revision), zap.Int("edges", len(p.Edges)))
+	s.log.Info("domain published", zap.String("domain", name), zap.String("pool", req.Pool), zap.Int64("revision", p.Domain.Revision), zap.Int64("publish", p.Fanout), zap.Int("edges", p.Pending))
 	for edge, why := range p.Skipped {
 		s.log.Warn("domain not placed on an edge", zap.String("domain", name), zap.String("edge", edge), zap.String("reason", why))
 	}
@@ -126,7 +126,8 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 }
 
 func publishedView(p store.Published) adminapi.PublishedView {
-	v := adminapi.PublishedView{Domain: domainView(p.Domain), Edges: map[string]int64{}, Skipped: p.Skipped}
+	v := adminapi.PublishedView{Domain: domainView(p.Domain), Edges: map[string]int64{}, Skipped: p.Skipped,
+		Publish: p.Fanout, EdgesPending: p.Pending}
 	for _, e := range p.Edges {
 		v.Edges[e.EdgeID] = e.Sequence
 	}
@@ -134,12 +135,12 @@ func publishedView(p store.Published) adminapi.PublishedView {
 }
 
 func (s *Server) deleteDomain(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.st.DeleteDomain(r.Context(), r.PathValue("name"), s.sign)
+	p, err := s.st.DeleteDomain(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return err
 	}
 	s.refresh(r.Context())
-	s.log.Info("domain deleted", zap.String("domain", p.Domain.Name), zap.Int("edges", len(p.Edges)))
+	s.log.Info("domain deleted", zap.String("domain", p.Domain.Name), zap.Int64("publish", p.Fanout), zap.Int("edges", p.Pending))
 	writeJSON(w, http.StatusOK, publishedView(p))
 	return nil
 }

@@ -2,6 +2,8 @@ package controlapi
 
 import (
 	"context"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,14 +19,16 @@ import (
 // body is read from the database, so a stale cache delays, never leaks.
 // It catches up by generation: every change to an edge bumps a counter.
 type cache struct {
-	st  *store.Store
-	log *zap.Logger
+	st       *store.Store
+	log      *zap.Logger
+	wakeRate int // held polls a fan-out wakes a second
 
 	refreshMu sync.Mutex // serializes refreshes
 
-	mu    sync.RWMutex // guards the following fields (not an entry's seen)
-	gen   int64
-	edges map[string]*cached
+	mu      sync.RWMutex // guards the following fields (not an entry's seen)
+	gen     int64
+	edges   map[string]*cached
+	fanouts []store.Fanout // above the lowest Built of edges, oldest first
 }
 
 // cached is one edge: its state; when this replica last saw it and last
@@ -32,6 +36,7 @@ type cache struct {
 // under the read lock; and the status report this replica last wrote.
 type cached struct {
 	state   store.EdgeState
+	wake    chan struct{} // closed when state changes; guarded by cache.mu (write)
 	seen    atomic.Int64
 	written atomic.Int64
 	status  atomic.Pointer[statusMemo]
@@ -43,8 +48,44 @@ type statusMemo struct {
 	at     time.Time
 }
 
-func newCache(st *store.Store, log *zap.Logger) *cache {
-	return &cache{st: st, log: log, edges: map[string]*cached{}}
+func newCache(st *store.Store, log *zap.Logger, wakeRate int) *cache {
+	return &cache{st: st, log: log, wakeRate: wakeRate, edges: map[string]*cached{}}
+}
+
+// watch returns a channel closed when the edge's state changes (its
+// sequence, pending tasks or certificate; a fan-out that concerns it) or
+// the edge is deleted: what a held poll waits on. Nil for an unknown edge.
+func (c *cache) watch(id string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.edges[id]
+	if e == nil {
+		return nil
+	}
+	if e.wake == nil {
+		e.wake = make(chan struct{})
+	}
+	return e.wake
+}
+
+// wakeLocked wakes the polls held on e at once.
+func (e *cached) wakeLocked() {
+	if e.wake != nil {
+		close(e.wake)
+		e.wake = nil
+	}
+}
+
+// wakePacedLocked wakes the polls held on es, each at a random moment
+// within len(es)/wakeRate seconds: their builds spread out instead of
+// arriving together after a publish.
+func (c *cache) wakePacedLocked(es []*cached) {
+	spread := time.Duration(len(es)) * time.Second / time.Duration(c.wakeRate)
+	for _, e := range es {
+		ch := e.wake
+		e.wake = nil // a new hold watches anew
+		time.AfterFunc(rand.N(spread+1), func() { close(ch) })
+	}
 }
 
 // refresh loads the edges changed since the last refresh.
@@ -58,20 +99,89 @@ func (c *cache) refresh(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	var fanouts []store.Fanout
+	if gen != since {
+		if fanouts, err = c.st.Fanouts(ctx, since, gen); err != nil {
+			return err
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, id := range deleted {
+		if e := c.edges[id]; e != nil {
+			e.wakeLocked()
+		}
 		delete(c.edges, id)
 	}
 	for _, st := range states {
 		if e := c.edges[st.ID]; e != nil {
-			e.state = st
+			if st.Gen >= e.state.Gen { // not behind what built() set
+				e.state = st
+				e.wakeLocked()
+			}
 		} else {
 			c.edges[st.ID] = &cached{state: st}
 		}
 	}
+	if len(fanouts) > 0 {
+		var held []*cached
+		for _, e := range c.edges {
+			if e.wake == nil {
+				continue
+			}
+			for _, f := range fanouts {
+				if f.Gen > e.state.Built && f.Concerns(e.state.Pools) {
+					held = append(held, e)
+					break
+				}
+			}
+		}
+		c.wakePacedLocked(held)
+	}
+	c.fanouts = append(c.fanouts, fanouts...)
+	if len(c.fanouts) > 0 && (len(states) > 0 || len(deleted) > 0) {
+		c.pruneFanoutsLocked()
+	}
 	c.gen = gen
 	return nil
+}
+
+// pruneFanoutsLocked drops the fan-outs every edge is built past.
+func (c *cache) pruneFanoutsLocked() {
+	low := int64(-1)
+	for _, e := range c.edges {
+		if low < 0 || e.state.Built < low {
+			low = e.state.Built
+		}
+	}
+	i := 0
+	for i < len(c.fanouts) && c.fanouts[i].Gen <= low {
+		i++
+	}
+	c.fanouts = slices.Clip(c.fanouts[i:])
+}
+
+// unbuilt reports whether a fan-out the edge's manifest is not built past
+// concerns one of its pools: its next poll builds it (store.Build).
+func (c *cache) unbuilt(st store.EdgeState) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for i := len(c.fanouts) - 1; i >= 0 && c.fanouts[i].Gen > st.Built; i-- {
+		if c.fanouts[i].Concerns(st.Pools) {
+			return true
+		}
+	}
+	return false
+}
+
+// built records an edge's manifest built by this replica, ahead of the
+// next refresh.
+func (c *cache) built(id string, b store.Built) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.edges[id]; e != nil && b.Gen > e.state.Gen {
+		e.state.Sequence, e.state.Built, e.state.Gen = b.Sequence, b.Gen, b.Gen
+	}
 }
 
 // get returns an edge's cached state.

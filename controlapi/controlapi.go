@@ -50,6 +50,10 @@ type Options struct {
 	// Hostnames name the edge-control API in its server certificate (DNS
 	// names or IPs); nil means localhost, 127.0.0.1 and ::1.
 	Hostnames []string
+	// PollWakeRate is how many held polls a second a publish wakes (spread
+	// at random over len/rate seconds, so that their builds do not come at
+	// once); zero means 1000.
+	PollWakeRate int
 	// Refresh is how often the poll cache catches up with the database
 	// (changes made by other replicas); zero means 1s.
 	Refresh time.Duration
@@ -119,6 +123,9 @@ type Server struct {
 	cert    tls.Certificate
 	clients *x509.CertPool
 	cache   *cache
+	// writer group-commits acks and status reports (store.Batcher); Run
+	// runs it.
+	writer  *store.Batcher
 	metrics *metrics.Metrics
 	fleet   *fleet.Pages
 	leases  *lease.Service
@@ -131,7 +138,16 @@ type Server struct {
 	snaps *snapcache.Cache
 	// moveNudge wakes the move loop (acks, status reports, new moves).
 	moveNudge chan struct{}
+	// holds is closed by StopHolds: every held poll answers at once.
+	holds     chan struct{}
+	holdsOnce sync.Once
 }
+
+// StopHolds answers every held poll at once, and holds no more: call it
+// when the edge listener shuts down (http.Server.RegisterOnShutdown), so
+// that shutting down does not wait out their holds. Run calls it when it
+// ends.
+func (s *Server) StopHolds() { s.holdsOnce.Do(func() { close(s.holds) }) }
 
 // New loads the control plane's keys from the store, creating them on
 // first start (the first of several replicas starting together wins), and
@@ -147,6 +163,9 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	if o.Hostnames == nil {
 		o.Hostnames = []string{"localhost", "127.0.0.1", "::1"}
+	}
+	if o.PollWakeRate <= 0 {
+		o.PollWakeRate = 1000
 	}
 	if o.Refresh <= 0 {
 		o.Refresh = time.Second
@@ -190,7 +209,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if err := egressDefaults(&o); err != nil {
 		return nil, err
 	}
-	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1)}
+	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1), holds: make(chan struct{})}
 	var err error
 	if o.SnapshotPerOrg <= 0 {
 		o.SnapshotPerOrg = DefaultSnapshotPerOrg(o.SnapshotDownloads)
@@ -204,10 +223,11 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})
 	// The store is this server's: it reports its writes and placements here.
-	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement, Retried: func(err error) {
+	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement, Batch: s.metrics.Batch, Retried: func(err error) {
 		s.metrics.Retry()
 		s.log.Debug("database write run again: the database could not serialize it at once", zap.Error(err))
 	}}
+	s.writer = s.st.NewBatcher(0)
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
 	}
@@ -235,7 +255,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 		return nil, err
 	}
 	s.cert = tls.Certificate{Certificate: [][]byte{cert.Raw}, PrivateKey: key, Leaf: cert}
-	s.cache = newCache(s.st, s.log)
+	s.cache = newCache(s.st, s.log, o.PollWakeRate)
 	if s.leases, err = lease.New(lease.Options{Store: s.st, Lease: o.EgressLease, ReachWindow: o.EgressReachWindow,
 		TouchInterval: o.TouchInterval, LastSeen: s.cache.lastSeen, Logger: s.log, Now: o.Now}); err != nil {
 		return nil, err
@@ -360,15 +380,22 @@ func (s *Server) EdgeTLSConfig() *tls.Config {
 // listener served over TLS.
 func (s *Server) ServerCertificate() tls.Certificate { return s.cert }
 
-// Run keeps the poll cache current, writes last-seen times and drives the
-// moves under way until ctx ends, then writes last-seen times a last time.
+// Run keeps the poll cache current, commits acks and status reports in
+// batches, writes last-seen times and drives the moves under way until ctx
+// ends, then writes last-seen times a last time. Edge requests that write
+// wait for it: serve them only while it runs.
 func (s *Server) Run(ctx context.Context) {
-	moves := make(chan struct{})
+	moves, writer := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(moves)
 		s.runMoves(ctx)
 	}()
-	defer func() { <-moves }()
+	go func() {
+		defer close(writer)
+		s.writer.Run(ctx)
+	}()
+	defer func() { <-moves; <-writer }()
+	defer s.StopHolds()
 	refresh := time.NewTicker(s.o.Refresh)
 	defer refresh.Stop()
 	touch := time.NewTicker(s.o.TouchInterval)

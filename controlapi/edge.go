@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -57,7 +58,7 @@ func (s *Server) edge(h edgeFunc) http.HandlerFunc {
 		id := leaf.Subject.CommonName
 		serial := pki.SerialHex(leaf)
 		st, ok := s.cache.current(r.Context(), id, serial)
-		if ok && !cheapPoll(r, st) {
+		if ok && !s.cheapPoll(r, st) {
 			// Anything with a body: the database's word on the certificate,
 			// not the cache's (a rotation on another replica a moment ago).
 			e, err := s.st.Edge(r.Context(), id)
@@ -85,14 +86,32 @@ func (s *Server) edge(h edgeFunc) http.HandlerFunc {
 
 // cheapPoll reports a manifest poll the cache answers with 304: it gives
 // nothing away, so a cached view of the certificate (at most one refresh
-// interval old) is enough for it.
-func cheapPoll(r *http.Request, st store.EdgeState) bool {
+// interval old) is enough for it. A poll with a fan-out to build is not.
+func (s *Server) cheapPoll(r *http.Request, st store.EdgeState) bool {
 	if r.URL.Path != edgeapi.PathManifest {
 		return false
 	}
 	q := r.URL.Query()
 	after, err := strconv.ParseInt(q.Get("after"), 10, 64)
-	return err == nil && q.Get("cursor") == "" && st.Sequence <= after
+	return err == nil && q.Get("cursor") == "" && st.Sequence <= after && !s.cache.unbuilt(st)
+}
+
+// build brings the edge's manifest up to every fan-out that concerns it
+// (store.Build), when one does, and returns its state with the newest
+// sequence.
+func (s *Server) build(ctx context.Context, st store.EdgeState) (store.EdgeState, error) {
+	if !s.cache.unbuilt(st) {
+		return st, nil
+	}
+	start := time.Now()
+	b, err := s.st.Build(ctx, st.ID, s.sign)
+	if err != nil {
+		return st, err
+	}
+	s.metrics.Build(time.Since(start), b.Advanced)
+	s.cache.built(st.ID, b)
+	st.Sequence, st.Built, st.Gen = b.Sequence, b.Gen, b.Gen
+	return st, nil
 }
 
 // enroll exchanges a bootstrap token and a CSR for a client certificate.
@@ -197,6 +216,23 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 		return errorf(http.StatusBadRequest, "after: want a sequence 0–%d", int64(manifest.MaxSequence))
 	}
 	cursor := q.Get("cursor")
+	wait, err := waitParam(q.Get(edgeapi.QueryWait))
+	if err != nil {
+		return err
+	}
+	if cursor == "" {
+		if st, err = s.build(r.Context(), st); err != nil {
+			return err
+		}
+		if st.Sequence <= after && st.PendingTasks == 0 && wait > 0 && r.Header.Get("If-None-Match") != "" {
+			start := time.Now()
+			st, err = s.hold(r, st, after, wait)
+			heldFor(w, time.Since(start))
+			if err != nil {
+				return err
+			}
+		}
+	}
 	w.Header().Set(edgeapi.HeaderTasks, strconv.Itoa(st.PendingTasks))
 	if cursor == "" && st.Sequence <= after {
 		w.Header().Set("ETag", etag(after))
@@ -245,6 +281,63 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 	return nil
 }
 
+// waitParam parses ?wait= (seconds; empty for none), capped at
+// edgeapi.MaxWait.
+func waitParam(v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, errorf(http.StatusBadRequest, "wait: want seconds, 0–%d", int(edgeapi.MaxWait.Seconds()))
+	}
+	return min(time.Duration(n)*time.Second, edgeapi.MaxWait), nil
+}
+
+// hold holds a poll with nothing new until the edge's manifest moves past
+// after, a task is pending for it, or wait (less up to a tenth, at random,
+// so that held polls do not come back together) is over; then it returns
+// the edge's state, its manifest built. A change to show re-checks the
+// certificate against the database, as anything with a body does.
+func (s *Server) hold(r *http.Request, st store.EdgeState, after int64, wait time.Duration) (store.EdgeState, error) {
+	ctx := r.Context()
+	serial := pki.SerialHex(r.TLS.VerifiedChains[0][0]) // edge() checked there is one
+	t := time.NewTimer(wait - rand.N(wait/10+1))
+	defer t.Stop()
+	defer func() { s.cache.see(st.ID, s.o.Now()) }() // the poll is the heartbeat
+	s.metrics.Held(1)
+	defer s.metrics.Held(-1)
+	for {
+		ch := s.cache.watch(st.ID)
+		cur, ok := s.cache.get(st.ID)
+		if !ok || cur.CertSerial != serial {
+			return st, errorf(http.StatusUnauthorized, "client certificate is not edge %s's current identity (rotated or unknown)", st.ID)
+		}
+		if cur.Sequence > after || cur.PendingTasks > 0 || s.cache.unbuilt(cur) {
+			break
+		}
+		select {
+		case <-ch:
+			continue
+		case <-t.C:
+		case <-s.holds:
+		case <-ctx.Done():
+			return st, ctx.Err()
+		}
+		return cur, nil
+	}
+	e, err := s.st.Edge(ctx, st.ID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && e.CertSerial != serial) {
+		return st, errorf(http.StatusUnauthorized, "client certificate is not edge %s's current identity (rotated or unknown)", st.ID)
+	}
+	if err != nil {
+		return st, err
+	}
+	cur, _ := s.cache.get(st.ID)
+	cur.Sequence = max(cur.Sequence, e.Sequence)
+	return s.build(ctx, cur)
+}
+
 // artifact serves an artifact named in one of the edge's manifests.
 func (s *Server) artifact(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
 	data, err := s.st.Artifact(r.Context(), st.ID, r.PathValue("sha"))
@@ -280,7 +373,7 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState)
 		s.metrics.Ack("invalid")
 		return errorf(http.StatusBadRequest, "status %q: want applied, refused or partial", a.Status)
 	}
-	if err := s.st.Ack(r.Context(), st.ID, a); err != nil {
+	if err := s.writer.Ack(r.Context(), st.ID, a); err != nil { // answered once committed
 		return err
 	}
 	s.metrics.Ack(a.Status)
@@ -326,7 +419,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, st store.EdgeSta
 	if rep.Gateways != nil {
 		rec.Gateways, rec.GatewaysAt, rec.SyncGateways = gatewayRows(rep.Gateways), now, true
 	}
-	if err := s.st.PutStatus(r.Context(), st.ID, rec); err != nil {
+	if err := s.writer.PutStatus(r.Context(), st.ID, rec); err != nil { // answered once committed
 		s.cache.wroteStatus(st.ID, digest, now, true)
 		return err
 	}

@@ -193,8 +193,8 @@ func TestDocsListEveryControlMetric(t *testing.T) {
 		t.Fatal(err)
 	}
 	eu1.elect(t, egress.Metering, true)
-	publish(t, e, "app.test", "v1")
 	c, _, _ := e.enroll(t, e.createEdge(t, "live").Token)
+	publish(t, e, "app.test", "v1") // built at the live edge's poll
 	if _, err := c.Page(ctx(t), 0, ""); err != nil {
 		t.Fatal(err)
 	}

@@ -52,6 +52,9 @@ func (s *Server) handle(h handlerFunc) http.HandlerFunc {
 			ae = &apiError{Status: http.StatusConflict, Message: err.Error()}
 		case errors.Is(err, store.ErrInvalid):
 			ae = &apiError{Status: http.StatusBadRequest, Message: err.Error()}
+		case errors.Is(err, store.ErrStopped):
+			w.Header().Set("Retry-After", "5") // a replica shutting down: the agent retries
+			ae = &apiError{Status: http.StatusServiceUnavailable, Message: "the control API is stopping"}
 		case r.Context().Err() != nil:
 			return // the client went away
 		default:

@@ -25,14 +25,24 @@ func (s *Server) instrument(listener string, mux *http.ServeMux, h http.Handler)
 		if rec.code == 0 {
 			rec.code = http.StatusOK
 		}
-		s.metrics.Request(listener, route, rec.code, time.Since(start))
+		s.metrics.Request(listener, route, rec.code, time.Since(start)-rec.held)
 	})
 }
 
-// codeRecorder keeps the status code written.
+// codeRecorder keeps the status code written, and how long the handler
+// held the request on purpose (a long poll's hold), which the request's
+// duration leaves out.
 type codeRecorder struct {
 	http.ResponseWriter
 	code int
+	held time.Duration
+}
+
+// heldFor records that a request was held d on purpose.
+func heldFor(w http.ResponseWriter, d time.Duration) {
+	if c, ok := w.(*codeRecorder); ok {
+		c.held += d
+	}
 }
 
 func (c *codeRecorder) WriteHeader(code int) {

@@ -35,7 +35,7 @@ func (s *Server) rollbackDomain(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errorf(http.StatusConflict, "revision %d of %s no longer decodes: %v", req.To, name, err)
 	}
-	p, err := s.st.RollbackDomain(r.Context(), name, req.To, d.Hostnames, s.sign)
+	p, err := s.st.RollbackDomain(r.Context(), name, req.To, d.Hostnames)
 	if errors.Is(err, store.ErrConflict) {
 		return errorf(http.StatusConflict, "%v", err)
 	}
@@ -43,7 +43,7 @@ func (s *Server) rollbackDomain(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.refresh(r.Context())
-	s.log.Warn("domain rolled back", zap.String("domain", name), zap.Int64("revision", req.To), zap.Int("edges", len(p.Edges)))
+	s.log.Warn("domain rolled back", zap.String("domain", name), zap.Int64("revision", req.To), zap.Int64("publish", p.Fanout), zap.Int("edges", p.Pending))
 	writeJSON(w, http.StatusOK, publishedView(p))
 	return nil
 }

@@ -195,6 +195,7 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 		ReadTimeout: 60 * time.Second, WriteTimeout: 5 * time.Minute, IdleTimeout: 5 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("http"))}
 	adminHS := &http.Server{Handler: srv.AdminHandler(), TLSConfig: adminTLS, ConnState: adminLn.ConnState, ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second, WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(log.Named("admin-http"))}
+	edgeHS.RegisterOnShutdown(srv.StopHolds)
 	errs := make(chan error, 2)
 	go func() { errs <- edgeHS.Serve(edgeLn) }()
 	go func() { errs <- adminHS.Serve(adminLn) }()

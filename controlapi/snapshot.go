@@ -52,6 +52,10 @@ const snapshotRetryAfter = "10"
 // serves as many as it may, 429 while the edge or its org holds its share
 // of them. A download slower than the minimum rate is cut.
 func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
+	st, err := s.build(r.Context(), st)
+	if err != nil {
+		return err
+	}
 	if st.Sequence == 0 {
 		return errorf(http.StatusNotFound, "edge %s has no manifest yet", st.ID)
 	}

@@ -65,6 +65,10 @@ type Options struct {
 	// Timeout bounds one request, its answer read; zero means 30s. The
 	// recovery snapshot gets SnapshotTimeout.
 	Timeout time.Duration
+	// LongPoll is how long the control API may hold a poll while nothing
+	// is new (edgeapi.QueryWait), at most edgeapi.MaxWait; zero polls
+	// plainly. Such a poll's bound is Timeout plus LongPoll.
+	LongPoll time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
 }
@@ -309,16 +313,21 @@ func readError(resp *http.Response) error {
 
 // Page asks for a page of the newest manifest after sequence after: a
 // conditional request that the control API answers with no body when there
-// is none.
+// is none, after holding it up to Options.LongPoll.
 func (c *Client) Page(ctx context.Context, after int64, cursor string) (manifest.Page, error) {
 	q := url.Values{"after": {strconv.FormatInt(after, 10)}}
 	h := http.Header{}
+	timeout := c.o.Timeout
 	if cursor != "" {
 		q.Set("cursor", cursor)
 	} else {
 		h.Set("If-None-Match", `"`+strconv.FormatInt(after, 10)+`"`)
+		if wait := min(c.o.LongPoll, edgeapi.MaxWait); wait >= time.Second {
+			q.Set(edgeapi.QueryWait, strconv.Itoa(int(wait.Seconds())))
+			timeout += wait
+		}
 	}
-	resp, err := c.do(ctx, c.o.Timeout, http.MethodGet, edgeapi.PathManifest, q, h, nil)
+	resp, err := c.do(ctx, timeout, http.MethodGet, edgeapi.PathManifest, q, h, nil)
 	if err != nil {
 		return manifest.Page{}, err
 	}

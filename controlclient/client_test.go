@@ -113,3 +113,38 @@ func TestSnapshotBusyIsToldApart(t *testing.T) {
 		})
 	}
 }
+
+// With LongPoll set, a first-page poll asks the control API to hold it
+// (whole seconds, at most edgeapi.MaxWait) and waits for it past Timeout;
+// a page after a cursor is never held.
+func TestLongPollAsksForAHold(t *testing.T) {
+	mux := http.NewServeMux()
+	waits := make(chan string, 3)
+	mux.HandleFunc("GET "+edgeapi.PathManifest, func(w http.ResponseWriter, r *http.Request) {
+		waits <- r.URL.Query().Get(edgeapi.QueryWait)
+		if r.URL.Query().Get(edgeapi.QueryWait) != "" {
+			time.Sleep(1500 * time.Millisecond) // a hold, longer than the client's Timeout below
+		}
+		w.WriteHeader(http.StatusNotModified)
+	})
+	c := fakeControl(t, mux)
+	c.o.Timeout = time.Second
+	c.o.LongPoll = 5 * time.Minute // capped at edgeapi.MaxWait
+	if _, err := c.Page(context.Background(), 3, ""); !errors.Is(err, manifest.ErrNoChange) {
+		t.Fatalf("held poll: %v, want no change (the hold is within Timeout plus LongPoll)", err)
+	}
+	if got := <-waits; got != "120" {
+		t.Fatalf("wait=%q, want 120", got)
+	}
+	c.Page(context.Background(), 3, "4:a.example") // its answer aside: what it asked for
+	if got := <-waits; got != "" {
+		t.Fatalf("a page after a cursor asked for a hold: wait=%q", got)
+	}
+	c.o.LongPoll = 0
+	if _, err := c.Page(context.Background(), 3, ""); !errors.Is(err, manifest.ErrNoChange) {
+		t.Fatal(err)
+	}
+	if got := <-waits; got != "" {
+		t.Fatalf("a plain poll asked for a hold: wait=%q", got)
+	}
+}

@@ -77,6 +77,18 @@ const (
 	HeaderTasks = "X-Cellvisor-Tasks"
 )
 
+// Long polls.
+const (
+	// QueryWait, on a first-page conditional poll (?after=SEQ&wait=S), asks
+	// the control API to hold the poll up to S seconds while nothing is
+	// newer than SEQ and no task is pending: it answers as soon as either
+	// changes, else 304 at the end (a little before S, jittered). A control
+	// API that does not know it answers at once, as for a plain poll.
+	QueryWait = "wait"
+	// MaxWait is the longest hold asked for; more is held this long.
+	MaxWait = 120 * time.Second
+)
+
 // Bounds on bodies the control API accepts from an edge, and (enrollment
 // and tasks) on the answers an edge reads.
 const (

@@ -76,9 +76,15 @@ func printPublished(verb string) func(io.Writer, adminapi.PublishedView, time.Ti
 	return func(w io.Writer, p adminapi.PublishedView, _ time.Time) error {
 		d := p.Domain
 		fmt.Fprintf(w, "%s %s revision %d to %s (%d bytes, sha256 %.12s)\n", verb, d.Name, d.Revision, d.Pool, d.Size, d.SHA256)
-		if len(p.Edges) == 0 {
-			_, err := fmt.Fprintln(w, "no edge has a cell in the pool: no manifest changed")
+		switch {
+		case p.EdgesPending > 0:
+			fmt.Fprintf(w, "publish %d: %d edge(s) hold the domain; each builds its new manifest at its next poll\n", p.Publish, p.EdgesPending)
+		case len(p.Edges) == 0:
+			_, err := fmt.Fprintln(w, "no edge has a cell of the domain: no manifest changed")
 			return err
+		}
+		if len(p.Edges) == 0 {
+			return nil
 		}
 		ids := make([]string, 0, len(p.Edges))
 		for id := range p.Edges {

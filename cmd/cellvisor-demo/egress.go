@@ -111,8 +111,8 @@ func (e *env) startEdge2(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("publish %s: %w", sharedHost, err)
 	}
-	fmt.Fprintf(out, "$ $CTL domain publish %s --pool shared-default --file -\npublished %s revision %d to shared-default, delivered to %d edge(s)\n",
-		sharedHost, sharedHost, p.Domain.Revision, len(p.Edges))
+	fmt.Fprintf(out, "$ $CTL domain publish %s --pool shared-default --file -\npublished %s revision %d to shared-default; %d edge(s) build it into their manifest at their next poll\n",
+		sharedHost, sharedHost, p.Domain.Revision, p.EdgesPending)
 	logs, err := e.logs.file(edge2AgentLog)
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"cellvisor/controlapi/adminapi"
+	"cellvisor/controlclient"
 	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 )
@@ -34,13 +35,17 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 	port := st.Slots[0].HTTPPort
 	awaitBody(t, port, "v2")
 
+	v2 := c.awaitEdge(t, id, "v2 acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == v.Sequence && v.Sequence > 1 })
+
 	// The operator rolls back to revision 1: marked, so the edge takes it.
 	rb, err := c.admin.RollbackDomain(ctxT(t), "app.test", 1)
-	if err != nil || rb.Domain.Revision != 1 {
+	if err != nil || rb.Domain.Revision != 1 || rb.EdgesPending != 1 {
 		t.Fatalf("rollback: %+v, %v", rb, err)
 	}
 	awaitBody(t, port, "v1")
-	c.awaitEdge(t, id, "the rollback acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == rb.Edges[id] })
+	c.awaitEdge(t, id, "the rollback acknowledged", func(v adminapi.EdgeView) bool {
+		return v.ActiveSequence == v.Sequence && v.Sequence > v2.Sequence
+	})
 	if _, err := c.admin.RollbackDomain(ctxT(t), "app.test", 2); err == nil {
 		t.Error("a rollback to a revision above the current one was taken")
 	}
@@ -71,10 +76,13 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	p5 := c.publish(t, "v5")
+	before := c.awaitEdge(t, id, "the rotations made", func(adminapi.EdgeView) bool { return true })
+	c.publish(t, "v5")
 	a, _ = startAgent(t, bin, cfgPath, cfg)
 	awaitBody(t, port, "v5")
-	c.awaitEdge(t, id, "v5 acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == p5.Edges[id] })
+	v5 := c.awaitEdge(t, id, "v5 acknowledged", func(v adminapi.EdgeView) bool {
+		return v.ActiveSequence == v.Sequence && v.Sequence > before.Sequence
+	})
 	if got := pinnedKey(t, cfg.StateDir); got != rot.PublicKey {
 		t.Fatalf("after two missed rotations pinned %q, want %q", got, rot.PublicKey)
 	}
@@ -89,7 +97,18 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seq := p6.Edges[id]
+	// Built by a poll made with the edge's identity (the agent is stopped),
+	// so that there is an entry to lose.
+	cl, err := controlclient.New(controlclient.Options{URL: c.ep.EdgeURL, Dir: cfg.IdentityDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := cl.Page(ctxT(t), v5.Sequence, "")
+	cl.CloseIdle()
+	if err != nil || p6.EdgesPending != 1 || page.Sequence != v5.Sequence+1 {
+		t.Fatalf("poll after publishing other.test: sequence %d, %v (publish %+v)", page.Sequence, err, p6)
+	}
+	seq := page.Sequence
 	db, err := sql.Open("sqlite", filepath.Join(c.data, "control.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -102,13 +121,13 @@ func TestManifestAuthenticationEndToEnd(t *testing.T) {
 	v := c.awaitEdge(t, id, "the refusal acknowledged", func(v adminapi.EdgeView) bool {
 		return len(v.Acks) > 0 && v.Acks[0].Sequence == seq
 	})
-	if ack := v.Acks[0]; ack.Status != manifest.AckRefused || !strings.Contains(ack.Reason, "header says 2 entries") || v.ActiveSequence != p5.Edges[id] {
+	if ack := v.Acks[0]; ack.Status != manifest.AckRefused || !strings.Contains(ack.Reason, "header says 2 entries") || v.ActiveSequence != v5.Sequence {
 		t.Fatalf("ack %+v, active %d", ack, v.ActiveSequence)
 	}
 	if got, err := appBody(port); err != nil || got != "v5" {
 		t.Fatalf("after the refusal cell-01 answers %q, %v", got, err)
 	}
-	if ctl := mustStatus(t, cfg).Control; ctl == nil || ctl.ActiveSequence != p5.Edges[id] {
+	if ctl := mustStatus(t, cfg).Control; ctl == nil || ctl.ActiveSequence != v5.Sequence {
 		t.Fatalf("status control %+v", ctl)
 	}
 	if code := a.stop(t); code != 0 {

@@ -90,8 +90,14 @@ type DomainView struct {
 // PublishedView is the outcome of publishing or deleting a domain.
 type PublishedView struct {
 	Domain DomainView `json:"domain"`
-	// Edges maps each edge whose manifest advanced to its new sequence.
+	// Edges maps each edge whose manifest advanced at once to its new
+	// sequence: none for a publish, a rollback or a delete, which fan out.
 	Edges map[string]int64 `json:"edges"`
+	// Publish is the id of the fan-out (0 when nothing fanned out).
+	Publish int64 `json:"publish,omitempty"`
+	// EdgesPending counts the edges where the domain is placed (was, for a
+	// delete): each builds its new manifest at its next poll.
+	EdgesPending int `json:"edges_pending"`
 	// Skipped maps each edge of the pool where the domain could not be
 	// placed (too few ready cells, no room) to the reason.
 	Skipped map[string]string `json:"skipped,omitempty"`

@@ -114,6 +114,9 @@ type Metrics struct {
 	acks        *prometheus.CounterVec
 	statuses    *prometheus.CounterVec
 	publish     prometheus.Histogram
+	builds      *prometheus.HistogramVec
+	batches     prometheus.Histogram
+	held        prometheus.Gauge
 	placement   prometheus.Histogram
 	writes      *prometheus.CounterVec
 	retries     prometheus.Counter
@@ -160,8 +163,22 @@ func New(o Options) *Metrics {
 	}, []string{"result"})
 	m.publish = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "cellvisor_control_publish_duration_seconds",
-		Help:    "Publishing a domain revision: placement on every edge of its pool, signing and writing their manifests.",
+		Help:    "Publishing a domain revision: its placement where the pool lacks it and its fan-out (each edge's manifest is built at its next poll).",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12), // 1 ms to about 24 s
+	})
+	m.builds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "cellvisor_control_manifest_builds_seconds",
+		Help:    "Building an edge's manifest past the fan-outs that concern it, at its poll, by result: advanced (a new sequence signed) or unchanged.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12), // 100 µs to about 2.4 s
+	}, []string{"result"})
+	m.batches = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "cellvisor_control_db_batch_writes",
+		Help:    "Writes (acks, status reports) each group-committed transaction carried.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 10), // 1 to 512
+	})
+	m.held = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "cellvisor_control_polls_held",
+		Help: "Manifest polls held now (long polls waiting for a new manifest or a task).",
 	})
 	m.placement = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "cellvisor_control_placement_duration_seconds",
@@ -180,7 +197,7 @@ func New(o Options) *Metrics {
 		Name: "cellvisor_control_last_seen_rows_written_total",
 		Help: "Edges' last-seen times written to the database by the batched flushes (one row each).",
 	})
-	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.placement, m.writes, m.retries, m.seenRows,
+	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.builds, m.batches, m.held, m.placement, m.writes, m.retries, m.seenRows,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &fleet{m: m}, &listenerCollector{m: m})
 	return m
 }
@@ -273,6 +290,22 @@ func (m *Metrics) Status(result string) { m.statuses.WithLabelValues(result).Inc
 
 // Publish records a publish's duration.
 func (m *Metrics) Publish(d time.Duration) { m.publish.Observe(d.Seconds()) }
+
+// Build records the build of one edge's manifest: its duration, and
+// whether it gave the edge a new sequence.
+func (m *Metrics) Build(d time.Duration, advanced bool) {
+	result := "unchanged"
+	if advanced {
+		result = "advanced"
+	}
+	m.builds.WithLabelValues(result).Observe(d.Seconds())
+}
+
+// Batch records how many writes one group-committed transaction carried.
+func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
+
+// Held counts a poll held (+1) or answered after its hold (-1).
+func (m *Metrics) Held(delta int) { m.held.Add(float64(delta)) }
 
 // Placement records one placement's duration.
 func (m *Metrics) Placement(d time.Duration) { m.placement.Observe(d.Seconds()) }

@@ -31,10 +31,19 @@ type EdgeSequence struct {
 }
 
 // Published is the outcome of publishing or deleting a domain: its new
-// revision and every edge whose manifest advanced.
+// revision and its fan-out, which every edge concerned builds into its
+// manifest at its next poll (Build).
 type Published struct {
 	Domain Domain
-	Edges  []EdgeSequence
+	// Edges are the edges whose manifest advanced at once, each with its
+	// new sequence: none for a publish, a rollback or a delete, which fan
+	// out instead.
+	Edges []EdgeSequence
+	// Fanout is the generation of the publish's fan-out.
+	Fanout int64
+	// Pending counts the edges where the domain is placed (where it was,
+	// for a delete): those whose next poll builds a new manifest.
+	Pending int
 	// Skipped are the edges of the pool where the domain is not placed
 	// (yet), each with the reason: too few ready cells, or no room. The
 	// domain's next publish places it there if they have recovered.
@@ -45,13 +54,14 @@ type Published struct {
 type Builder func(revision int64) ([]byte, error)
 
 // PublishDomain stores the artifact build makes as the next revision of
-// domain in pool, answering for hostnames, and advances the manifest of
-// every edge with a cell in that pool (or in the pool the domain leaves),
-// signing the new entry for each with sign. A hostname another domain
+// domain in pool, answering for hostnames, places it on the pool's edges
+// that lack it, and fans it out (a constant number of rows): every edge
+// with a cell of the domain builds its new entry, signed for it, at its
+// next poll (Build). A hostname another domain
 // answers for is refused with ErrConflict, as is the losing one of two
 // concurrent first publishes of a domain (later ones take turns on the
 // domain's row lock).
-func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostnames []string, build Builder, sign Signer) (Published, error) {
+func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostnames []string, build Builder) (Published, error) {
 	var out Published
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		// The generation counter first: it orders this change after every
@@ -114,7 +124,7 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 			return fmt.Errorf("store revision: %w", err)
 		}
 		out.Domain = d
-		return s.placeAndEmit(ctx, tx, gen, domain, p, sign, &out)
+		return s.placeAndFanOut(ctx, tx, gen, domain, p, &out)
 	})
 	if err != nil {
 		return Published{}, fmt.Errorf("publish %s to %s: %w", domain, pool, err)
@@ -122,21 +132,20 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 	return out, nil
 }
 
-// placeAndEmit places a revision just stored where the pool has cells (kept
-// where it was placed; a move's target cells were placed when it started)
-// and gives it to every edge with a cell of the domain: both sides of a
-// move. Publishes and rollbacks alike.
-func (s *Store) placeAndEmit(ctx context.Context, tx *sql.Tx, gen int64, domain string, p Pool, sign Signer, out *Published) error {
+// placeAndFanOut places a revision just stored where the pool has cells
+// (kept where it was placed; a move's target cells were placed when it
+// started) and fans it out to every edge with a cell of the domain: both
+// sides of a move. Publishes and rollbacks alike.
+func (s *Store) placeAndFanOut(ctx context.Context, tx *sql.Tx, gen int64, domain string, p Pool, out *Published) error {
 	var err error
 	if _, out.Skipped, err = s.placePool(ctx, tx, domain, p, RoleActive); err != nil {
 		return err
 	}
-	out.Edges, err = s.reemit(ctx, tx, gen, domain, nil, sign)
-	return err
+	return s.fanOut(ctx, tx, gen, domain, p.Name, out)
 }
 
-// DeleteDomain withdraws a domain from every edge's manifest.
-func (s *Store) DeleteDomain(ctx context.Context, domain string, sign Signer) (Published, error) {
+// DeleteDomain withdraws a domain from every edge's manifest, fanned out.
+func (s *Store) DeleteDomain(ctx context.Context, domain string) (Published, error) {
 	var out Published
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		gen, err := s.next(ctx, tx, "gen") // first: see PublishDomain
@@ -158,8 +167,9 @@ func (s *Store) DeleteDomain(ctx context.Context, domain string, sign Signer) (P
 			return err
 		}
 		out.Domain = d
-		ids, err := s.strings(ctx, tx, `SELECT DISTINCT edge_id FROM placements WHERE domain = ?`, domain)
-		if err != nil {
+		// The fan-out first, while the placements name the pools and edges
+		// concerned.
+		if err := s.fanOut(ctx, tx, gen, domain, d.Pool, &out); err != nil {
 			return err
 		}
 		for _, q := range []string{`DELETE FROM placements WHERE domain = ?`, `DELETE FROM moves WHERE domain = ?`} {
@@ -167,8 +177,7 @@ func (s *Store) DeleteDomain(ctx context.Context, domain string, sign Signer) (P
 				return err
 			}
 		}
-		out.Edges, err = s.reemit(ctx, tx, gen, domain, ids, sign)
-		return err
+		return nil
 	})
 	if err != nil {
 		return Published{}, fmt.Errorf("delete %s: %w", domain, err)
@@ -298,19 +307,22 @@ func (s *Store) Artifact(ctx context.Context, edgeID, sha string) ([]byte, error
 // sequence, and moves the edge's active sequence forward when it says the
 // sequence is active.
 func (s *Store) Ack(ctx context.Context, edgeID string, a manifest.Ack) error {
+	return s.tx(ctx, func(tx *sql.Tx) error { return s.ack(ctx, tx, edgeID, a) })
+}
+
+// ack is Ack's statements.
+func (s *Store) ack(ctx context.Context, tx *sql.Tx, edgeID string, a manifest.Ack) error {
 	cells := strings.Join(a.Cells, ",")
-	return s.tx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, s.q(`INSERT INTO acks (edge_id, sequence, status, reason, cells, at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (edge_id, sequence) DO UPDATE SET status = excluded.status, reason = excluded.reason, cells = excluded.cells,
-			at = excluded.at, received_at = excluded.received_at`), edgeID, a.Sequence, a.Status, a.Reason, cells, ms(a.At), ms(s.Now()))
-		if err != nil {
-			return fmt.Errorf("ack %d of edge %s: %w", a.Sequence, edgeID, err)
-		}
-		if a.Status == manifest.AckApplied || a.Status == manifest.AckPartial {
-			_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET active_sequence = ? WHERE id = ? AND active_sequence < ? AND sequence >= ?`), a.Sequence, edgeID, a.Sequence, a.Sequence)
-		}
-		return err
-	})
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO acks (edge_id, sequence, status, reason, cells, at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (edge_id, sequence) DO UPDATE SET status = excluded.status, reason = excluded.reason, cells = excluded.cells,
+		at = excluded.at, received_at = excluded.received_at`), edgeID, a.Sequence, a.Status, a.Reason, cells, ms(a.At), ms(s.Now()))
+	if err != nil {
+		return fmt.Errorf("ack %d of edge %s: %w", a.Sequence, edgeID, err)
+	}
+	if a.Status == manifest.AckApplied || a.Status == manifest.AckPartial {
+		_, err = tx.ExecContext(ctx, s.q(`UPDATE edges SET active_sequence = ? WHERE id = ? AND active_sequence < ? AND sequence >= ?`), a.Sequence, edgeID, a.Sequence, a.Sequence)
+	}
+	return err
 }
 
 // Acks returns an edge's newest acknowledgements, newest first.

@@ -22,7 +22,7 @@ func heldOn(t *testing.T, s *Store, edge, pool, cell string, n int) []string {
 			t.Fatalf("no domain landed on %s", cell)
 		}
 		d := fmt.Sprintf("d%d.example", i)
-		if _, err := s.PublishDomain(ctx(t), d, pool, nil, bytes([]byte(d)), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), d, pool, nil, bytes([]byte(d))); err != nil {
 			t.Fatal(err)
 		}
 		if slices.Contains(cellsOn(t, s, edge, d), cell) {
@@ -82,7 +82,7 @@ func drainCell(t *testing.T, s *Store, edge, cell, pool string, replicas int, do
 		}
 	}
 	// A new domain is not placed on a draining cell.
-	if _, err := s.PublishDomain(ctx(t), "late.example", before[cell], nil, bytes([]byte("late")), fakeSign); err != nil {
+	if _, err := s.PublishDomain(ctx(t), "late.example", before[cell], nil, bytes([]byte("late"))); err != nil {
 		t.Fatal(err)
 	}
 	if got := cellsOn(t, s, edge, "late.example"); slices.Contains(got, cell) {
@@ -159,7 +159,7 @@ func TestReassignCellMovesItsDomainsFirst(t *testing.T) {
 		domains := heldOn(t, s, a.ID, "reserved-eu", "cell-03", 2)
 		drainCell(t, s, a.ID, "cell-03", "reserved-us", 2, domains)
 		// The reassigned cell takes the other pool's domains.
-		if _, err := s.PublishDomain(ctx(t), "us.example", "reserved-us", nil, bytes([]byte("us")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "us.example", "reserved-us", nil, bytes([]byte("us"))); err != nil {
 			t.Fatal(err)
 		}
 		if got := cellsOn(t, s, a.ID, "us.example"); !slices.Equal(got, []string{"cell-03"}) {
@@ -175,7 +175,7 @@ func TestUnassignRefusedWithNowhereToGo(t *testing.T) {
 		assign(t, s, a.ID, "cell-03", "reserved-small")
 		assign(t, s, a.ID, "cell-04", "reserved-small")
 		for _, d := range []string{"one.example", "two.example"} {
-			if _, err := s.PublishDomain(ctx(t), d, "reserved-small", nil, bytes([]byte(d)), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), d, "reserved-small", nil, bytes([]byte(d))); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -201,7 +201,7 @@ func TestUnassignRefusedWithNowhereToGo(t *testing.T) {
 		// The only cell of a pool has nowhere to send its domains either.
 		reserved(t, s, "reserved-lone", 1, 0)
 		assign(t, s, a.ID, "cell-05", "reserved-lone")
-		if _, err := s.PublishDomain(ctx(t), "lone.example", "reserved-lone", nil, bytes([]byte("l")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "lone.example", "reserved-lone", nil, bytes([]byte("l"))); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := s.ChangeCell(ctx(t), a.ID, "cell-05", "reserved-small", time.Hour, fakeSign); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "lone.example") {
@@ -209,6 +209,7 @@ func TestUnassignRefusedWithNowhereToGo(t *testing.T) {
 		}
 		// An empty cell still changes at once.
 		assign(t, s, a.ID, "cell-06", "reserved-lone")
+		mustEdge(t, s, a.ID)
 		es, d, err := s.ChangeCell(ctx(t), a.ID, "cell-06", "", time.Hour, fakeSign)
 		if err != nil || d != nil || es.Sequence != mustEdge(t, s, a.ID).Sequence {
 			t.Fatalf("unassign an empty cell: %+v %+v %v", es, d, err)

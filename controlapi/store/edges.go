@@ -107,9 +107,11 @@ func (s *Store) CreateEdge(ctx context.Context, n NewEdge, sign Signer) (Edge, e
 			return err
 		}
 		tp := n.Topology
+		// Its first manifest is built from everything committed: built
+		// past every fan-out before this one.
 		_, err = tx.ExecContext(ctx, s.q(`INSERT INTO edges (id, name, org, country, continent, mgmt_ipv4, mgmt_ipv6, slots, token_hash,
-			token_expires_at, created_at, gen, region, zone, priority, cost_tier, weight) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
-			n.ID, n.Name, n.Org, n.Country, n.Continent, n.MgmtIPv4, n.MgmtIPv6, n.Slots, n.TokenHash, ms(n.TokenExpiresAt), now, gen,
+			token_expires_at, created_at, gen, built, region, zone, priority, cost_tier, weight) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`),
+			n.ID, n.Name, n.Org, n.Country, n.Continent, n.MgmtIPv4, n.MgmtIPv6, n.Slots, n.TokenHash, ms(n.TokenExpiresAt), now, gen, gen,
 			tp.Region, tp.Zone, tp.Priority, tp.CostTier, tp.Weight)
 		if isUnique(err) {
 			return fmt.Errorf("edge name %q: %w", n.Name, ErrConflict)
@@ -334,25 +336,28 @@ type Report struct {
 // turn and runs again for as long as ctx lasts, instead of failing.
 // ErrNotFound: no such edge (deleted meanwhile).
 func (s *Store) PutStatus(ctx context.Context, id string, r Report) error {
-	err := s.retryTx(ctx, func(tx *sql.Tx) error {
-		res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET status = ?, status_at = ?, last_seen = ?, egress_intake = ? WHERE id = ?`),
-			string(r.Status), ms(r.At), ms(s.Now()), r.IntakeURL, id)
-		if err != nil {
-			return err
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return fmt.Errorf("edge %s: %w", id, ErrNotFound)
-		}
-		if err := s.putReach(ctx, tx, id, r.Reach); err != nil {
-			return err
-		}
-		if r.SyncGateways {
-			return s.syncGateways(ctx, tx, id, r.Gateways, r.GatewaysAt)
-		}
-		return nil
-	})
+	err := s.retryTx(ctx, func(tx *sql.Tx) error { return s.putStatus(ctx, tx, id, r) })
 	if err != nil {
 		return fmt.Errorf("status of edge %s: %w", id, err)
+	}
+	return nil
+}
+
+// putStatus is PutStatus's statements.
+func (s *Store) putStatus(ctx context.Context, tx *sql.Tx, id string, r Report) error {
+	res, err := tx.ExecContext(ctx, s.q(`UPDATE edges SET status = ?, status_at = ?, last_seen = ?, egress_intake = ? WHERE id = ?`),
+		string(r.Status), ms(r.At), ms(s.Now()), r.IntakeURL, id)
+	if err != nil {
+		return err
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("edge %s: %w", id, ErrNotFound)
+	}
+	if err := s.putReach(ctx, tx, id, r.Reach); err != nil {
+		return err
+	}
+	if r.SyncGateways {
+		return s.syncGateways(ctx, tx, id, r.Gateways, r.GatewaysAt)
 	}
 	return nil
 }
@@ -392,6 +397,11 @@ type EdgeState struct {
 	Sequence     int64
 	PendingTasks int
 	Gen          int64
+	// Built is the generation the edge's manifest is built to: a fan-out
+	// above it concerning one of Pools is not in it yet (see Build).
+	Built int64
+	// Pools are the pools the edge has cells in, by name.
+	Pools []string
 }
 
 // EdgeStates returns the states of edges changed after generation since
@@ -404,22 +414,43 @@ func (s *Store) EdgeStates(ctx context.Context, since int64) (states []EdgeState
 	if err != nil || gen == since {
 		return nil, nil, gen, err
 	}
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT e.id, e.cert_serial, e.sequence, e.gen,
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT e.id, e.cert_serial, e.sequence, e.gen, e.built,
 		(SELECT COUNT(*) FROM tasks t WHERE t.edge_id = e.id AND t.state = 'pending')
 		FROM edges e WHERE e.gen > ?`), since)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("edge states: %w", err)
 	}
 	defer rows.Close()
+	byID := map[string]int{}
 	for rows.Next() {
 		var st EdgeState
-		if err := rows.Scan(&st.ID, &st.CertSerial, &st.Sequence, &st.Gen, &st.PendingTasks); err != nil {
+		if err := rows.Scan(&st.ID, &st.CertSerial, &st.Sequence, &st.Gen, &st.Built, &st.PendingTasks); err != nil {
 			return nil, nil, 0, fmt.Errorf("edge states: %w", err)
 		}
+		byID[st.ID] = len(states)
 		states = append(states, st)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, nil, 0, fmt.Errorf("edge states: %w", err)
+	}
+	// Their pools: an assignment's change bumps the edge's generation.
+	pools, err := s.db.QueryContext(ctx, s.q(`SELECT DISTINCT a.edge_id, a.pool FROM assignments a JOIN edges e ON e.id = a.edge_id
+		WHERE e.gen > ? ORDER BY a.edge_id, a.pool`), since)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("edge pools: %w", err)
+	}
+	defer pools.Close()
+	for pools.Next() {
+		var id, pool string
+		if err := pools.Scan(&id, &pool); err != nil {
+			return nil, nil, 0, fmt.Errorf("edge pools: %w", err)
+		}
+		if i, ok := byID[id]; ok {
+			states[i].Pools = append(states[i].Pools, pool)
+		}
+	}
+	if err := pools.Err(); err != nil {
+		return nil, nil, 0, fmt.Errorf("edge pools: %w", err)
 	}
 	del, err := s.db.QueryContext(ctx, s.q(`SELECT id FROM deleted_edges WHERE gen > ?`), since)
 	if err != nil {

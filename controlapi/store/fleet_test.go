@@ -16,7 +16,7 @@ func TestFleetQueries(t *testing.T) {
 		reserved(t, s, "reserved-eu", 1, 0)
 		assign(t, s, a.ID, "cell-03", "reserved-eu")
 		for _, d := range []string{"f.example", "g.example", "h.example"} {
-			if _, err := s.PublishDomain(ctx(t), d, "shared-default", nil, bytes([]byte(d)), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), d, "shared-default", nil, bytes([]byte(d))); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -24,6 +24,9 @@ type Hooks struct {
 	// (busy, locked, a serialization failure, a deadlock) is run again:
 	// err is why.
 	Retried func(err error)
+	// Batch is called with the number of writes each Batcher transaction
+	// carried, once it is over.
+	Batch func(n int)
 }
 
 // kinds caches the write kind of each call stack (a helper called by

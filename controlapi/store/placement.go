@@ -181,8 +181,32 @@ func (s *Store) placePool(ctx context.Context, tx *sql.Tx, domain string, p Pool
 	if err != nil {
 		return nil, nil, err
 	}
+	// A revision after the first finds the domain placed on most edges:
+	// counted in one query, not read edge by edge.
+	held := map[string]int{}
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT edge_id, COUNT(*) FROM placements WHERE domain = ? AND pool = ? GROUP BY edge_id`), domain, p.Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		held[id] = n
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
 	var first error
 	for _, id := range ids {
+		if held[id] >= p.Replicas {
+			placed = append(placed, id)
+			continue
+		}
 		err := s.place(ctx, tx, domain, p, id, role)
 		switch {
 		case errors.Is(err, ErrUnavailable):

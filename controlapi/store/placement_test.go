@@ -40,13 +40,11 @@ func cellsOn(t *testing.T, s *Store, edge, domain string) []string {
 }
 
 // entryOn is the signed entry of domain in edge's latest manifest (zero
-// when none), with its artifact checked to be the one it names.
+// when none), as its next poll would build it, with its artifact checked
+// to be the one it names.
 func entryOn(t *testing.T, s *Store, edge, domain string) manifest.Entry {
 	t.Helper()
-	e, err := s.Edge(ctx(t), edge)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := mustEdge(t, s, edge)
 	es, err := s.Entries(ctx(t), edge, e.Sequence, "", 500)
 	if err != nil {
 		t.Fatal(err)
@@ -126,8 +124,13 @@ func TestPoolRulesAndDefaults(t *testing.T) {
 	})
 }
 
+// mustEdge is an edge after its manifest is built past every fan-out, as
+// its next poll builds it.
 func mustEdge(t *testing.T, s *Store, id string) Edge {
 	t.Helper()
+	if _, err := s.Build(ctx(t), id, fakeSign); err != nil {
+		t.Fatal(err)
+	}
 	e, err := s.Edge(ctx(t), id)
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +148,7 @@ func TestPlacementIsDurableAndReplicated(t *testing.T) {
 		before := map[string][]string{}
 		for i := range 20 {
 			d := fmt.Sprintf("d%02d.example", i)
-			if _, err := s.PublishDomain(ctx(t), d, "reserved-eu", nil, bytes([]byte(d)), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), d, "reserved-eu", nil, bytes([]byte(d))); err != nil {
 				t.Fatal(err)
 			}
 			cells := cellsOn(t, s, a.ID, d)
@@ -156,11 +159,11 @@ func TestPlacementIsDurableAndReplicated(t *testing.T) {
 		}
 		// An unrelated cell and domain move nothing.
 		assign(t, s, a.ID, "cell-06", "reserved-eu")
-		if _, err := s.PublishDomain(ctx(t), "new.example", "reserved-eu", nil, bytes([]byte("n")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "new.example", "reserved-eu", nil, bytes([]byte("n"))); err != nil {
 			t.Fatal(err)
 		}
 		for d, cells := range before {
-			if _, err := s.PublishDomain(ctx(t), d, "reserved-eu", nil, bytes([]byte(d+"2")), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), d, "reserved-eu", nil, bytes([]byte(d+"2"))); err != nil {
 				t.Fatal(err)
 			}
 			if got := cellsOn(t, s, a.ID, d); !slices.Equal(got, cells) {
@@ -168,7 +171,7 @@ func TestPlacementIsDurableAndReplicated(t *testing.T) {
 			}
 		}
 		// The default pools' domains stay on their one cell.
-		if _, err := s.PublishDomain(ctx(t), "shared.example", "shared-default", nil, bytes([]byte("s")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "shared.example", "shared-default", nil, bytes([]byte("s"))); err != nil {
 			t.Fatal(err)
 		}
 		if got := cellsOn(t, s, a.ID, "shared.example"); !slices.Equal(got, []string{"cell-01"}) {
@@ -186,10 +189,10 @@ func TestPlacementRefusals(t *testing.T) {
 		a := newEdge(t, s, "a")
 		reserved(t, s, "reserved-small", 1, 1)
 		assign(t, s, a.ID, "cell-03", "reserved-small")
-		if _, err := s.PublishDomain(ctx(t), "one.example", "reserved-small", nil, bytes([]byte("1")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "one.example", "reserved-small", nil, bytes([]byte("1"))); err != nil {
 			t.Fatal(err)
 		}
-		_, err := s.PublishDomain(ctx(t), "two.example", "reserved-small", nil, bytes([]byte("2")), fakeSign)
+		_, err := s.PublishDomain(ctx(t), "two.example", "reserved-small", nil, bytes([]byte("2")))
 		if !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("past the bound: %v", err)
 		}
@@ -207,24 +210,24 @@ func TestPlacementRefusals(t *testing.T) {
 		if err := s.PutStatus(ctx(t), a.ID, Report{Status: status, At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n")), fakeSign); !errors.Is(err, ErrUnavailable) {
+		if _, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n"))); !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("below the minimum: %v", err)
 		}
-		if _, err := s.PublishDomain(ctx(t), "one.example", "reserved-small", nil, bytes([]byte("1b")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "one.example", "reserved-small", nil, bytes([]byte("1b"))); err != nil {
 			t.Fatalf("a placed domain's next revision: %v", err)
 		}
 		// With another edge up, the publish goes there and names the one
 		// skipped; once that one is ready, the next publish places it.
 		b := newEdge(t, s, "b")
-		p, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n")), fakeSign)
-		if err != nil || len(p.Edges) != 1 || p.Edges[0].EdgeID != b.ID || p.Skipped[a.ID] == "" {
+		p, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n")))
+		if err != nil || p.Pending != 1 || len(cellsOn(t, s, b.ID, "new.example")) != 1 || p.Skipped[a.ID] == "" {
 			t.Fatalf("one edge below its minimum: %+v, %v", p, err)
 		}
 		status, _ = json.Marshal(map[string]any{"slots": []map[string]any{{"name": "cell-01", "pool": "shared-default", "state": "ready"}}})
 		if err := s.PutStatus(ctx(t), a.ID, Report{Status: status, At: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
-		if p, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n2")), fakeSign); err != nil || len(p.Edges) != 2 || len(p.Skipped) != 0 {
+		if p, err := s.PublishDomain(ctx(t), "new.example", "shared-default", nil, bytes([]byte("n2"))); err != nil || p.Pending != 2 || len(p.Skipped) != 0 {
 			t.Fatalf("after the edge recovered: %+v, %v", p, err)
 		}
 		if got := cellsOn(t, s, a.ID, "new.example"); !slices.Equal(got, []string{"cell-01"}) {
@@ -263,7 +266,7 @@ func concurrentPlacement(t *testing.T, s, other *Store) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				_, err := st.PublishDomain(ctx(t), fmt.Sprintf("c%d.example", i%10), "reserved-eu", nil, bytes([]byte{byte(i)}), fakeSign)
+				_, err := st.PublishDomain(ctx(t), fmt.Sprintf("c%d.example", i%10), "reserved-eu", nil, bytes([]byte{byte(i)}))
 				if err != nil && !errors.Is(err, ErrConflict) {
 					errs <- err
 				}
@@ -314,7 +317,7 @@ func TestMoveTargetFirst(t *testing.T) {
 		reserved(t, s, "reserved-eu", 2, 0)
 		assign(t, s, a.ID, "cell-03", "reserved-eu")
 		assign(t, s, a.ID, "cell-04", "reserved-eu")
-		if _, err := s.PublishDomain(ctx(t), "m.example", "shared-default", nil, bytes([]byte("1")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "m.example", "shared-default", nil, bytes([]byte("1"))); err != nil {
 			t.Fatal(err)
 		}
 		m, _, err := s.StartMove(ctx(t), "m.example", "reserved-eu", time.Hour, fakeSign)
@@ -329,7 +332,7 @@ func TestMoveTargetFirst(t *testing.T) {
 			t.Fatalf("before the ack: %+v, %q, %v", m, waiting, err)
 		}
 		// A revision published during the move goes to both sides.
-		if _, err := s.PublishDomain(ctx(t), "m.example", "shared-default", nil, bytes([]byte("2")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "m.example", "shared-default", nil, bytes([]byte("2"))); err != nil {
 			t.Fatal(err)
 		}
 		if got := cellsOn(t, s, a.ID, "m.example"); len(got) != 3 {
@@ -391,7 +394,7 @@ func TestMovePublishWhileDraining(t *testing.T) {
 		a := newEdge(t, s, "a")
 		reserved(t, s, "reserved-eu", 1, 0)
 		assign(t, s, a.ID, "cell-03", "reserved-eu")
-		if _, err := s.PublishDomain(ctx(t), "d.example", "shared-default", nil, bytes([]byte("1")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "d.example", "shared-default", nil, bytes([]byte("1"))); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := s.StartMove(ctx(t), "d.example", "reserved-eu", time.Hour, fakeSign); err != nil {
@@ -401,10 +404,10 @@ func TestMovePublishWhileDraining(t *testing.T) {
 		if m, _, err := s.StepMove(ctx(t), "d.example", fakeSign, fakeRebuild); err != nil || m.State != adminapi.MoveDraining {
 			t.Fatalf("switch: %+v, %v", m, err)
 		}
-		if _, err := s.PublishDomain(ctx(t), "d.example", "shared-default", nil, bytes([]byte("x")), fakeSign); !errors.Is(err, ErrConflict) {
+		if _, err := s.PublishDomain(ctx(t), "d.example", "shared-default", nil, bytes([]byte("x"))); !errors.Is(err, ErrConflict) {
 			t.Fatalf("publish to the source pool after the switch: %v, want a conflict", err)
 		}
-		if _, err := s.PublishDomain(ctx(t), "d.example", "reserved-eu", nil, bytes([]byte("2")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "d.example", "reserved-eu", nil, bytes([]byte("2"))); err != nil {
 			t.Fatal(err)
 		}
 		e := entryOn(t, s, a.ID, "d.example")
@@ -428,7 +431,7 @@ func TestMoveFailsOnRefusalAndTimeout(t *testing.T) {
 		a := newEdge(t, s, "a")
 		reserved(t, s, "reserved-eu", 1, 0)
 		assign(t, s, a.ID, "cell-03", "reserved-eu")
-		if _, err := s.PublishDomain(ctx(t), "f.example", "shared-default", nil, bytes([]byte("1")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "f.example", "shared-default", nil, bytes([]byte("1"))); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := s.StartMove(ctx(t), "f.example", "reserved-eu", time.Hour, fakeSign); err != nil {

@@ -28,7 +28,7 @@ func (s *Store) Revision(ctx context.Context, domain string, rev int64) (Domain,
 // entry marked as a signed rollback so that the edges take the lower
 // revision. hostnames are the old revision's. The next publish still gets
 // a revision above every one the domain had.
-func (s *Store) RollbackDomain(ctx context.Context, domain string, rev int64, hostnames []string, sign Signer) (Published, error) {
+func (s *Store) RollbackDomain(ctx context.Context, domain string, rev int64, hostnames []string) (Published, error) {
 	var out Published
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		gen, err := s.next(ctx, tx, "gen") // first: see PublishDomain
@@ -68,7 +68,7 @@ func (s *Store) RollbackDomain(ctx context.Context, domain string, rev int64, ho
 		}
 		out.Domain = d
 		// The entries are marked rollback: the revision is below the top.
-		return s.placeAndEmit(ctx, tx, gen, domain, p, sign, &out)
+		return s.placeAndFanOut(ctx, tx, gen, domain, p, &out)
 	})
 	if err != nil {
 		return Published{}, fmt.Errorf("roll %s back to revision %d: %w", domain, rev, err)

@@ -321,4 +321,17 @@ CREATE UNIQUE INDEX gateways_front_door_edge ON gateways (edge_id) WHERE front_d
 CREATE INDEX edges_egress ON edges (org, last_seen, region, zone, priority, cost_tier, weight, id, cert_serial) WHERE cert_serial <> '';
 CREATE INDEX edge_reach_probe ON edge_reach (edge_id, class, reachable, checked_at, destination);
 `,
+	// 11: publishes fan out in constant writes: one row per publish,
+	// rollback or delete (its generation, the domain, the pools whose
+	// edges it concerns), and per edge the generation its manifest is
+	// built to; an edge's poll builds it past every newer fan-out.
+	`
+CREATE TABLE fanouts (
+	gen        {{bigint}} PRIMARY KEY,
+	domain     TEXT NOT NULL,
+	pools      TEXT NOT NULL,
+	created_at {{bigint}} NOT NULL
+);
+ALTER TABLE edges ADD COLUMN built {{bigint}} NOT NULL DEFAULT 0;
+`,
 }

@@ -28,27 +28,32 @@ func TestHeadersRollbackRotation(t *testing.T) {
 			return manifest.Manifest{EdgeID: a.ID, Sequence: seq, Entries: es, Header: h, HeaderSignature: sig, Assignments: assign}
 		}
 		for _, body := range []string{`{"v":1}`, `{"v":2}`} {
-			if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte(body)), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte(body))); err != nil {
 				t.Fatal(err)
 			}
+			mustEdge(t, s, a.ID) // polled after each
 		}
 		if _, err := manifestAt(3).VerifyHeader(pub, a.ID); err != nil {
 			t.Fatalf("sequence 3: %v", err)
 		}
-		rb, err := s.RollbackDomain(ctx(t), "x.example", 1, nil, fakeSign)
-		if err != nil || rb.Domain.Revision != 1 || len(rb.Edges) != 1 {
+		rb, err := s.RollbackDomain(ctx(t), "x.example", 1, nil)
+		if err != nil || rb.Domain.Revision != 1 || rb.Pending != 1 {
 			t.Fatalf("rollback: %+v, %v", rb, err)
+		}
+		if got := mustEdge(t, s, a.ID).Sequence; got != 4 {
+			t.Fatalf("built to sequence %d after the rollback, want 4", got)
 		}
 		m := manifestAt(4)
 		if _, err := m.VerifyHeader(pub, a.ID); err != nil || len(m.Entries) != 1 || !m.Entries[0].Rollback || m.Entries[0].Revision != 1 || !signedFor(a.ID, m.Entries[0]) {
 			t.Fatalf("after rollback: %+v, %v", m.Entries, err)
 		}
-		if _, err := s.RollbackDomain(ctx(t), "x.example", 2, nil, fakeSign); !errors.Is(err, ErrConflict) {
+		if _, err := s.RollbackDomain(ctx(t), "x.example", 2, nil); !errors.Is(err, ErrConflict) {
 			t.Errorf("rollback upwards: %v", err)
 		}
-		if p, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte(`{"v":3}`)), fakeSign); err != nil || p.Domain.Revision != 3 {
+		if p, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte(`{"v":3}`))); err != nil || p.Domain.Revision != 3 {
 			t.Fatalf("publish after rollback: %+v, %v", p, err)
 		}
+		mustEdge(t, s, a.ID)
 		seed := make([]byte, ed25519.SeedSize)
 		seed[0] = 1
 		next := ed25519.NewKeyFromSeed(seed)
@@ -70,8 +75,12 @@ func TestHeadersRollbackRotation(t *testing.T) {
 		if err := m.Entries[0].Verify(next.Public().(ed25519.PublicKey), a.ID, []byte(`{"v":3}`)); err != nil {
 			t.Errorf("entry not re-signed by the new key: %v", err)
 		}
-		if _, err := s.PublishDomain(ctx(t), "y.example", "shared-default", nil, bytes([]byte(`{"y":1}`)), open); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "y.example", "shared-default", nil, bytes([]byte(`{"y":1}`))); err != nil {
 			t.Fatal(err)
+		}
+		// The edge's poll builds it, signed by the new key.
+		if b, err := s.Build(ctx(t), a.ID, open); err != nil || !b.Advanced || b.Sequence != 7 {
+			t.Fatalf("build after the rotation: %+v, %v", b, err)
 		}
 		if m := manifestAt(7); len(m.Header.Rotations) != 1 {
 			t.Errorf("header after rotation carries %d rotations, want the chain of 1", len(m.Header.Rotations))

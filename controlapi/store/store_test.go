@@ -154,12 +154,12 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 			t.Fatal(err)
 		}
 		art := []byte(`{"domain":"x.example"}`)
-		p, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes(art), fakeSign)
+		p, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes(art))
 		if err != nil {
 			t.Fatal(err)
 		}
 		sum := sha256.Sum256(art)
-		if p.Domain.Revision != 1 || p.Domain.SHA256 != hex.EncodeToString(sum[:]) || len(p.Edges) != 2 {
+		if p.Domain.Revision != 1 || p.Domain.SHA256 != hex.EncodeToString(sum[:]) || len(p.Edges) != 0 || p.Pending != 2 || p.Fanout == 0 {
 			t.Fatalf("published %+v", p)
 		}
 		for _, id := range []string{a.ID, b.ID} {
@@ -174,15 +174,18 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 				t.Fatalf("artifact for %s: %q, %v", id, data, err)
 			}
 		}
-		if got, _ := s.Edge(ctx(t), c.ID); got.Sequence != 1 {
+		if got := mustEdge(t, s, c.ID); got.Sequence != 1 {
 			t.Fatalf("edge c advanced to %d", got.Sequence)
 		}
 		if _, err := s.Artifact(ctx(t), c.ID, p.Domain.SHA256); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("artifact for an edge not in its pool: %v, want ErrNotFound", err)
 		}
 		// Revision 2 moves the edges to sequence 3; sequence 2 stays readable.
-		if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte(`{"v":2}`)), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte(`{"v":2}`))); err != nil {
 			t.Fatal(err)
+		}
+		if got := mustEdge(t, s, a.ID); got.Sequence != 3 {
+			t.Fatalf("edge a built to sequence %d, want 3", got.Sequence)
 		}
 		old, _ := s.Entries(ctx(t), a.ID, 2, "", 500)
 		cur, _ := s.Entries(ctx(t), a.ID, 3, "", 500)
@@ -197,12 +200,15 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 		if es, _ := s.Entries(ctx(t), d.ID, 1, "", 500); len(es) != 1 || es[0].Revision != 2 || !signedFor(d.ID, es[0]) {
 			t.Fatalf("new edge entries %+v", es)
 		}
-		if _, err := s.PublishDomain(ctx(t), "y.example", "reserved-none", nil, bytes(art), fakeSign); !errors.Is(err, ErrNotFound) {
+		if _, err := s.PublishDomain(ctx(t), "y.example", "reserved-none", nil, bytes(art)); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("unknown pool: %v", err)
 		}
-		del, err := s.DeleteDomain(ctx(t), "x.example", fakeSign)
-		if err != nil || len(del.Edges) != 3 {
+		del, err := s.DeleteDomain(ctx(t), "x.example")
+		if err != nil || len(del.Edges) != 0 || del.Pending != 3 {
 			t.Fatalf("delete: %+v, %v", del, err)
+		}
+		if got := mustEdge(t, s, a.ID); got.Sequence != 4 {
+			t.Fatalf("edge a built to sequence %d after the delete, want 4", got.Sequence)
 		}
 		if es, _ := s.Entries(ctx(t), a.ID, 4, "", 500); len(es) != 0 {
 			t.Fatalf("entries after delete: %+v", es)
@@ -210,7 +216,7 @@ func TestPublishAdvancesOnlyParticipatingEdges(t *testing.T) {
 		if _, err := s.Entries(ctx(t), a.ID, 5, "", 500); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("future sequence: %v", err)
 		}
-		if p, _ := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes(art), fakeSign); p.Domain.Revision != 3 {
+		if p, _ := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes(art)); p.Domain.Revision != 3 {
 			t.Fatalf("revision after delete and publish %d, want 3", p.Domain.Revision)
 		}
 	})
@@ -220,14 +226,19 @@ func TestPagingAndPruning(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "a")
 		for i := range 7 {
-			if _, err := s.PublishDomain(ctx(t), fmt.Sprintf("d%02d.example", i), "shared-default", nil, bytes([]byte{byte(i)}), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), fmt.Sprintf("d%02d.example", i), "shared-default", nil, bytes([]byte{byte(i)})); err != nil {
 				t.Fatal(err)
 			}
+		}
+		// Seven publishes before the edge polls: one new sequence (1 is its
+		// first, empty) with all seven.
+		if got := mustEdge(t, s, e.ID); got.Sequence != 2 {
+			t.Fatalf("built to sequence %d, want 2", got.Sequence)
 		}
 		var got []string
 		after := ""
 		for {
-			es, err := s.Entries(ctx(t), e.ID, 8, after, 3) // 1 is its first, empty
+			es, err := s.Entries(ctx(t), e.ID, 2, after, 3)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -243,9 +254,10 @@ func TestPagingAndPruning(t *testing.T) {
 			t.Fatalf("paged %v", got)
 		}
 		for i := range keepSequences + 2 {
-			if _, err := s.PublishDomain(ctx(t), "d00.example", "shared-default", nil, bytes([]byte{byte(100 + i)}), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), "d00.example", "shared-default", nil, bytes([]byte{byte(100 + i)})); err != nil {
 				t.Fatal(err)
 			}
+			mustEdge(t, s, e.ID) // polled after each
 		}
 		cur, _ := s.Edge(ctx(t), e.ID)
 		if _, err := s.Entries(ctx(t), e.ID, cur.Sequence-keepSequences, "", 10); !errors.Is(err, ErrNotFound) {
@@ -262,8 +274,11 @@ func TestAcksAndTasks(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "a")
 		for i := range 3 {
-			if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte{byte(i)}), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte{byte(i)})); err != nil {
 				t.Fatal(err)
+			}
+			if i < 2 {
+				mustEdge(t, s, e.ID) // polled after the first two
 			}
 		}
 		at := time.Now().UTC().Truncate(time.Millisecond)
@@ -282,6 +297,14 @@ func TestAcksAndTasks(t *testing.T) {
 		}
 		if got, _ := s.Edge(ctx(t), e.ID); got.ActiveSequence != 3 {
 			t.Fatalf("active sequence %d, want 3", got.ActiveSequence)
+		}
+		// An ack of a sequence not built yet (revision 3 is unbuilt) is
+		// kept, and moves nothing.
+		if err := s.Ack(ctx(t), e.ID, manifest.Ack{Sequence: 4, Status: manifest.AckApplied, At: at}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Edge(ctx(t), e.ID); got.ActiveSequence != 3 || got.Sequence != 3 {
+			t.Fatalf("an ack of sequence 4 before it was built: active %d, sequence %d", got.ActiveSequence, got.Sequence)
 		}
 
 		_, _, gen0, err := s.EdgeStates(ctx(t), 0)
@@ -323,8 +346,8 @@ func TestAcksAndTasks(t *testing.T) {
 	})
 }
 
-// Concurrent publishes to one edge each get their own sequence and none is
-// lost: the edge's row lock orders them.
+// Concurrent publishes to one edge are none of them lost: the edge's next
+// poll builds one new sequence holding every one.
 func TestConcurrentPublishes(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "a")
@@ -332,7 +355,7 @@ func TestConcurrentPublishes(t *testing.T) {
 		errs := make(chan error, 8)
 		for i := range 8 {
 			wg.Go(func() {
-				_, err := s.PublishDomain(ctx(t), fmt.Sprintf("c%d.example", i), "shared-default", nil, bytes([]byte{byte(i)}), fakeSign)
+				_, err := s.PublishDomain(ctx(t), fmt.Sprintf("c%d.example", i), "shared-default", nil, bytes([]byte{byte(i)}))
 				errs <- err
 			})
 		}
@@ -343,10 +366,10 @@ func TestConcurrentPublishes(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		got, _ := s.Edge(ctx(t), e.ID)
+		got := mustEdge(t, s, e.ID)
 		es, _ := s.Entries(ctx(t), e.ID, got.Sequence, "", 100)
-		if got.Sequence != 9 || len(es) != 8 {
-			t.Fatalf("sequence %d with %d entries, want 9 (1 is its first, empty) and 8", got.Sequence, len(es))
+		if got.Sequence != 2 || len(es) != 8 {
+			t.Fatalf("sequence %d with %d entries, want 2 (1 is its first, empty) and 8", got.Sequence, len(es))
 		}
 	})
 }
@@ -356,26 +379,26 @@ func TestConcurrentPublishes(t *testing.T) {
 func TestHostnamesAreClaimedOnce(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "a")
-		if _, err := s.PublishDomain(ctx(t), "a.example", "shared-default", []string{"a.example", "www.example"}, bytes([]byte("a")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "a.example", "shared-default", []string{"a.example", "www.example"}, bytes([]byte("a"))); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.PublishDomain(ctx(t), "b.example", "quarantine-default", []string{"b.example", "www.example"}, bytes([]byte("b")), fakeSign); !errors.Is(err, ErrConflict) {
+		if _, err := s.PublishDomain(ctx(t), "b.example", "quarantine-default", []string{"b.example", "www.example"}, bytes([]byte("b"))); !errors.Is(err, ErrConflict) {
 			t.Fatalf("a claimed hostname: %v, want ErrConflict", err)
 		}
-		if got, _ := s.Edge(ctx(t), e.ID); got.Sequence != 2 {
+		if got := mustEdge(t, s, e.ID); got.Sequence != 2 {
 			t.Fatalf("a refused publish moved the sequence to %d", got.Sequence)
 		}
 		// The owner may republish with it; once it lets go, another may claim it.
-		if _, err := s.PublishDomain(ctx(t), "a.example", "shared-default", []string{"a.example"}, bytes([]byte("a2")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "a.example", "shared-default", []string{"a.example"}, bytes([]byte("a2"))); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.PublishDomain(ctx(t), "b.example", "quarantine-default", []string{"www.example"}, bytes([]byte("b")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "b.example", "quarantine-default", []string{"www.example"}, bytes([]byte("b"))); err != nil {
 			t.Fatalf("a released hostname: %v", err)
 		}
-		if _, err := s.DeleteDomain(ctx(t), "b.example", fakeSign); err != nil {
+		if _, err := s.DeleteDomain(ctx(t), "b.example"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.PublishDomain(ctx(t), "c.example", "shared-default", []string{"www.example"}, bytes([]byte("c")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "c.example", "shared-default", []string{"www.example"}, bytes([]byte("c"))); err != nil {
 			t.Fatalf("the hostname of a deleted domain: %v", err)
 		}
 	})
@@ -411,7 +434,7 @@ func TestPendingTasksOldestFirstAndAckBounds(t *testing.T) {
 func TestEdgesCreatedDuringPublishesGetEveryDomain(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		for i := range 4 {
-			if _, err := s.PublishDomain(ctx(t), fmt.Sprintf("old%d.example", i), "shared-default", nil, bytes([]byte{byte(i)}), fakeSign); err != nil {
+			if _, err := s.PublishDomain(ctx(t), fmt.Sprintf("old%d.example", i), "shared-default", nil, bytes([]byte{byte(i)})); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -424,12 +447,12 @@ func TestEdgesCreatedDuringPublishesGetEveryDomain(t *testing.T) {
 				errs <- err
 			})
 			wg.Go(func() {
-				_, err := s.PublishDomain(ctx(t), fmt.Sprintf("new%d.example", i), "shared-default", nil, bytes([]byte{byte(i)}), fakeSign)
+				_, err := s.PublishDomain(ctx(t), fmt.Sprintf("new%d.example", i), "shared-default", nil, bytes([]byte{byte(i)}))
 				errs <- err
 			})
 			if i < 4 {
 				wg.Go(func() {
-					_, err := s.DeleteDomain(ctx(t), fmt.Sprintf("old%d.example", i), fakeSign)
+					_, err := s.DeleteDomain(ctx(t), fmt.Sprintf("old%d.example", i))
 					errs <- err
 				})
 			}
@@ -450,7 +473,7 @@ func TestEdgesCreatedDuringPublishesGetEveryDomain(t *testing.T) {
 			t.Fatalf("%d domains left, want the 8 new ones", len(want))
 		}
 		for i := range 8 {
-			e, _ := s.Edge(ctx(t), fmt.Sprintf("e%d", i))
+			e := mustEdge(t, s, fmt.Sprintf("e%d", i))
 			es, err := s.Entries(ctx(t), e.ID, e.Sequence, "", 100)
 			if e.Sequence == 0 {
 				es, err = nil, nil
@@ -479,9 +502,10 @@ func TestDeleteEdge(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *Store) {
 		e := newEdge(t, s, "a")
 		keep := newEdge(t, s, "b")
-		if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte("x")), fakeSign); err != nil {
+		if _, err := s.PublishDomain(ctx(t), "x.example", "shared-default", nil, bytes([]byte("x"))); err != nil {
 			t.Fatal(err)
 		}
+		mustEdge(t, s, keep.ID)
 		if _, err := s.CreateTask(ctx(t), e.ID, "cell-01", "drain"); err != nil {
 			t.Fatal(err)
 		}
