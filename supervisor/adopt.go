@@ -69,6 +69,9 @@ func (c *slot) writeRecord(pid int, g cgroup.Group) {
 			err = atomicfile.Replace(c.recordPath(), append(b, '\n'), 0o600)
 		}
 	}
+	if err == nil {
+		c.writeRuntimeRecord(pid, ticks)
+	}
 	if err != nil {
 		c.log.Warn("record cell master: it cannot be adopted after an agent restart", zap.Int("pid", pid), zap.Error(err))
 	}
@@ -81,6 +84,7 @@ func (c *slot) removeRecord() {
 	if err := unix.Unlink(c.recordPath()); err != nil && err != unix.ENOENT {
 		c.log.Warn("remove cell master record", zap.String("path", c.recordPath()), zap.Error(err))
 	}
+	c.removeRuntimeRecord()
 }
 
 // wantUID is the uid this slot's cells run as.
@@ -90,6 +94,13 @@ func (c *slot) wantUID() int {
 	}
 	return os.Geteuid()
 }
+
+// deletedSuffix is what /proc/PID/exe adds to the path of a file that was
+// removed or replaced since the process exec'd it: a package upgrade renames
+// a new binary over the old one, and the master keeps running the old file.
+// Such a master is still the recorded one (its start time, command line and
+// cgroup say so) and is adopted; status says it runs a superseded runtime.
+const deletedSuffix = " (deleted)"
 
 // mismatch says why a process named by a slot's pid file is not the master
 // recorded for it ("" when it is). It is pure: want is what this agent
@@ -106,7 +117,7 @@ func mismatch(want, rec masterRecord, pidFile int, members []int, id procIdentit
 			rec.Binary, rec.Conf, rec.Cgroup, want.Binary, want.Conf, want.Cgroup)
 	case id.startTicks != rec.StartTicks:
 		return fmt.Sprintf("pid %d started at tick %d, the recorded master at %d: the pid was recycled", pidFile, id.startTicks, rec.StartTicks)
-	case id.exe != want.Binary:
+	case id.exe != want.Binary && id.exe != want.Binary+deletedSuffix:
 		return fmt.Sprintf("pid %d runs %s, not %s", pidFile, id.exe, want.Binary)
 	case !namesConf(id.args, want.Conf):
 		return fmt.Sprintf("pid %d's command line does not name %s", pidFile, want.Conf)
@@ -220,7 +231,7 @@ func (c *slot) recover(ctx context.Context, g cgroup.Group) {
 			c.mu.Lock()
 			c.adopted, c.group, c.pid, c.answered = p, g, p.pid, true
 			c.mu.Unlock()
-			c.log.Info("adopted running cell", zap.Int("pid", p.pid))
+			c.adoptRuntime(ctx, p.pid)
 			return
 		}
 		why = reason

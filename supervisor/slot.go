@@ -47,7 +47,8 @@ type slot struct {
 	// the crash restarts. Both, and opRestarts, outlive agent restarts
 	// (saveCounters).
 	opRestartsTotal int
-	secSeen         int64 // refused private calls already reported
+	secSeen         int64   // refused private calls already reported
+	bin             cellBin // what the running master executes (superseded.go)
 	live            LivenessStatus
 	// preReload are the master's children before its last reload: the
 	// cell has loaded the new release once none of them listens (settle.go).

@@ -106,6 +106,10 @@ type Supervisor struct {
 	// live are the settings that may change while cells run (Update); the
 	// same fields of o are only their initial values.
 	live atomic.Pointer[Settings]
+	// bin is the file at binary as last observed (superseded.go); kick
+	// wakes the runtime routine that looks at it.
+	bin  atomic.Pointer[binInfo]
+	kick chan struct{}
 }
 
 // New validates options and prepares the slots; it starts nothing.
@@ -137,13 +141,15 @@ func New(o Options) (*Supervisor, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), clk: clock.Or(o.Clock), ready: make(chan struct{}), binary: o.Binary}
+	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), clk: clock.Or(o.Clock), ready: make(chan struct{}), binary: o.Binary,
+		kick: make(chan struct{}, 1)}
 	live := Settings{Limits: o.Limits, Policy: o.Policy, Liveness: o.Liveness, RestartLimit: o.RestartLimit,
 		RestartWindow: o.RestartWindow, DrainTimeout: o.DrainTimeout}.withDefaults()
 	s.live.Store(&live)
 	if resolved, err := filepath.EvalSymlinks(o.Binary); err == nil {
 		s.binary = resolved
 	}
+	s.observeBinary()
 	for _, spec := range o.Topology.Slots {
 		s.slots = append(s.slots, newSlot(s, spec, o.Assignments[spec.Name]))
 	}
@@ -216,6 +222,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	var sideWG sync.WaitGroup
 	sideWG.Add(1)
 	go func() { defer sideWG.Done(); s.monitor(side) }()
+	sideWG.Go(func() { s.runtimeLoop(side) })
 	for i, c := range s.slots {
 		b := budgets[i]
 		if b == nil {
@@ -480,8 +487,17 @@ func (s *Supervisor) Status() Status {
 	} else if r := s.o.Cgroups.Reason(); r != nil {
 		st.Refusal = "limits not enforced (limits.enforce is false): " + r.Error()
 	}
+	cur := s.observeBinary()
+	st.Runtime = &RuntimeStatus{Binary: s.o.Binary}
+	if cur != nil {
+		st.Runtime.Version = cur.Version
+	}
 	for _, c := range s.slots {
-		st.Slots = append(st.Slots, c.status())
+		ss := c.status()
+		if ss.Runtime = c.runtimeStatus(cur); ss.Runtime != nil && ss.Runtime.Superseded {
+			st.Runtime.Superseded++
+		}
+		st.Slots = append(st.Slots, ss)
 	}
 	return st
 }
