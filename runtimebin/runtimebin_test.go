@@ -42,7 +42,7 @@ func TestVersionAndTestOfScripts(t *testing.T) {
 	defer cancel()
 	for _, tc := range []struct {
 		name, body, want string
-		err             error
+		err              error
 	}{
 		{"nginx", `echo "nginx version: nginx/1.25.3" >&2`, "nginx/1.25.3", nil},
 		{"openresty", `echo "nginx version: openresty/1.25.3.1" >&2; echo "built by gcc" >&2`, "openresty/1.25.3.1", nil},

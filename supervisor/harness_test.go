@@ -53,6 +53,11 @@ type harnessOpts struct {
 	limit    int             // operator restarts per window; 0 means 3
 	// liveness is the liveness policy; zero values take the defaults.
 	liveness supervisor.LivenessPolicy
+	// upgrade is the runtime upgrade policy; "" means auto.
+	upgrade supervisor.UpgradePolicy
+	// modules are the dynamic modules the cells load (and the supervisor
+	// watches); nil: the host's.
+	modules []string
 	// authWindow is the private endpoint's timestamp window in seconds;
 	// 0 means the shipped one.
 	authWindow int
@@ -105,6 +110,9 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	bin, mods := testutil.RequireOpenResty(t)
 	if o.binary != "" {
 		bin = o.binary
+	}
+	if o.modules != nil {
+		mods = o.modules
 	}
 	if o.cg == nil {
 		o.cg = testutil.RequireCgroups(t)
@@ -174,7 +182,8 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		Limits: agent.CellLimits(cfg), Policy: o.policy, Refusal: o.refusal,
 		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
 		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
-		RestartLimit: o.limit, Liveness: o.liveness, Users: o.users,
+		RestartLimit: o.limit, Liveness: o.liveness, Users: o.users, RuntimeUpgrade: o.upgrade,
+		Watch: o.modules,
 	}
 	sup, err := supervisor.New(opts)
 	if err != nil {

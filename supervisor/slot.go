@@ -108,6 +108,7 @@ type slot struct {
 // ready, or why the restart failed.
 type restartReq struct {
 	done chan error
+	kind restartKind
 }
 
 func newSlot(s *Supervisor, spec runtime.Slot, pool string) *slot {

@@ -80,6 +80,12 @@ type RuntimeStatus struct {
 	// Superseded counts the running cells whose master runs a replaced
 	// binary.
 	Superseded int `json:"superseded"`
+	// Upgrade is the roll onto a new binary: "" (nothing to do, or done),
+	// "rolling", "refused" (it failed verification: no cell was touched),
+	// "failed" (a rolled cell did not come back ready: the roll stopped),
+	// "waiting" (runtime_upgrade: manual); Reason says why.
+	Upgrade string `json:"upgrade,omitempty"`
+	Reason  string `json:"reason,omitempty"`
 }
 
 // Status is the whole agent as the admin endpoint reports it.

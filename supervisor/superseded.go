@@ -4,15 +4,19 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
 	"cellvisor/internal/atomicfile"
 	"cellvisor/internal/safefile"
+	"cellvisor/internal/sysfile"
 	"cellvisor/runtimebin"
 )
 
@@ -38,6 +42,35 @@ type cellBin struct {
 	// from /proc/PID/exe); a master whose file could not be told is never
 	// called superseded.
 	known bool
+	// staleModules names a module (Options.Watch) the master maps though
+	// it was replaced since (its last check, upgrade.go); "" for none.
+	staleModules string
+}
+
+// staleModules names the first of modules that the process pid maps though
+// the file was replaced since ("PATH (deleted)" in /proc/PID/maps); "" for
+// none, or when the maps cannot be read.
+func (c *slot) staleModules(pid int, modules []string) string {
+	if len(modules) == 0 {
+		return ""
+	}
+	var maps []byte
+	err := c.readAsCell(func() (err error) {
+		maps, err = sysfile.ReadFile(procRoot+"/"+strconv.Itoa(pid)+"/maps", 4<<20)
+		return err
+	})
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(maps)) {
+		line = strings.TrimRight(line, "\n")
+		for _, m := range modules {
+			if strings.HasSuffix(line, " "+m+deletedSuffix) {
+				return m
+			}
+		}
+	}
+	return ""
 }
 
 // runtimeRecord is written beside the master record when a master starts:
@@ -176,11 +209,26 @@ func (c *slot) removeRuntimeRecord() {
 	}
 }
 
+// errOtherExe says a master executes another file than the configured
+// binary's path: the configured binary is a wrapper that execs the real one
+// (as some tests' are), and whether the master's file was replaced cannot
+// be told.
+var errOtherExe = errors.New("the master executes another path than the configured binary")
+
 // exeID is the identity of the file the process pid executes, replaced at
-// its path or not (stat(2) of /proc/PID/exe follows it to the inode).
+// its path or not (stat(2) of /proc/PID/exe follows it to the inode), if
+// that file is (or was) the configured binary's path.
 func (c *slot) exeID(pid int) (id runtimebin.ID, err error) {
+	exe := procRoot + "/" + strconv.Itoa(pid) + "/exe"
 	err = c.readAsCell(func() error {
-		id, err = runtimebin.Stat(procRoot + "/" + strconv.Itoa(pid) + "/exe")
+		path, err := os.Readlink(exe)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSuffix(path, deletedSuffix) != c.s.binary {
+			return fmt.Errorf("pid %d runs %s: %w", pid, path, errOtherExe)
+		}
+		id, err = runtimebin.Stat(exe)
 		return err
 	})
 	return id, err
@@ -239,9 +287,11 @@ func (c *slot) runtimeStatus(cur *binInfo) *CellRuntime {
 		return nil
 	}
 	r := &CellRuntime{Version: b.Version}
-	if cur != nil && cur.ID != b.ID {
+	if (cur != nil && cur.ID != b.ID) || b.staleModules != "" {
 		r.Superseded = true
-		r.Current = cur.Version
+		if cur != nil {
+			r.Current = cur.Version
+		}
 	}
 	return r
 }
@@ -252,18 +302,5 @@ func (s *Supervisor) kickRuntime() {
 	select {
 	case s.kick <- struct{}{}:
 	default:
-	}
-}
-
-// runtimeLoop learns the configured binary's version, at once and whenever
-// it is woken (the file changed), until ctx ends.
-func (s *Supervisor) runtimeLoop(ctx context.Context) {
-	for {
-		s.learnVersion(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.kick:
-		}
 	}
 }

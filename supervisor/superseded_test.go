@@ -75,7 +75,9 @@ func (h *harness) runtimeOf(name string, cond func(supervisor.SlotStatus) error)
 // path holds now.
 func TestAdoptsMasterOfAReplacedBinary(t *testing.T) {
 	bin := copyBinary(t)
-	h := newHarness(t, harnessOpts{slots: 2, assign: allAssigned(2), binary: bin})
+	// Manual: an automatic roll would replace the masters this test
+	// follows (upgrade_test.go tests it).
+	h := newHarness(t, harnessOpts{slots: 2, assign: allAssigned(2), binary: bin, upgrade: supervisor.UpgradeManual})
 	before := h.waitReady("cell-01", 0)
 	two := h.waitReady("cell-02", 0)
 	st := h.runtimeOf("cell-01", func(s supervisor.SlotStatus) error {
@@ -115,7 +117,11 @@ func TestAdoptsMasterOfAReplacedBinary(t *testing.T) {
 			t.Errorf("%s after adoption: %d %q %v", got.Name, code, body, err)
 		}
 	}
-	if st := h.sup.Status(); st.Runtime == nil || st.Runtime.Superseded != 2 || st.Runtime.Binary != bin {
-		t.Errorf("agent's runtime %+v, want %s with 2 superseded cells", st.Runtime, bin)
-	}
+	testutil.Eventually(t, 30*time.Second, func() error {
+		st := h.sup.Status()
+		if r := st.Runtime; r == nil || r.Superseded != 2 || r.Binary != bin || r.Upgrade != supervisor.UpgradeWaiting {
+			return fmt.Errorf("agent's runtime %+v, want %s with 2 superseded cells waiting for the operator", r, bin)
+		}
+		return nil
+	})
 }

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"cellvisor/agent"
+	"cellvisor/config"
+	"cellvisor/internal/testutil"
+	"cellvisor/supervisor"
+)
+
+// install puts src at dst as a package upgrade does: written beside it,
+// then renamed over it, so running processes keep the old file.
+func install(t *testing.T, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst+".dpkg-new", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(dst+".dpkg-new", dst); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The sequence: cells serving under the agent, the binary replaced
+// as a package upgrade replaces it, the agent killed (-9) and started again.
+// The new agent adopts every cell with the same master, then rolls each
+// onto the new binary with nginx's own binary upgrade (the masters' parent
+// is no longer the agent that started them): under a steady stream of
+// requests none fails, and each cell ends with a master executing the new
+// file.
+func TestRuntimeUpgradeAfterAgentKill(t *testing.T) {
+	testutil.RequireCgroups(t)
+	nginx, _ := testutil.RequireOpenResty(t)
+	dir := t.TempDir()
+	testutil.Traversable(t, dir)
+	copyBin := filepath.Join(dir, "nginx")
+	install(t, nginx, copyBin)
+	bin := buildAgent(t)
+	cfgPath, _ := agentConfig(t, 2, "runtime_upgrade: manual\n")
+	raw, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, []byte(strings.Replace(string(raw), "binary: "+nginx, "binary: "+copyBin, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, st := startAgent(t, bin, cfgPath, cfg)
+	pids := readyPIDs(st)
+	if len(pids) != 2 {
+		t.Fatalf("ready cells %v, want two", pids)
+	}
+	var ports []int
+	for _, s := range st.Slots {
+		ports = append(ports, s.HTTPPort)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var s stream
+	var wg sync.WaitGroup
+	wg.Go(func() { s.run(ctx, ports) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	install(t, nginx, copyBin)
+	a.kill9(t)
+	// The new agent, with the policy automatic: it adopts, then rolls.
+	if err := os.WriteFile(cfgPath, []byte(strings.Replace(string(mustRead(t, cfgPath)), "runtime_upgrade: manual", "runtime_upgrade: auto", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, st = startAgent(t, bin, cfgPath, cfg)
+	for name, pid := range readyPIDs(st) {
+		if pid != pids[name] {
+			// Adopted first: the roll may have replaced it since, but
+			// never by a restart (counted below).
+			t.Logf("%s: pid %d at the first status, was %d", name, pid, pids[name])
+		}
+	}
+	testutil.Eventually(t, 60*time.Second, func() error {
+		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+		defer scancel()
+		st, err = supervisor.FetchStatus(sctx, agent.AdminSocket(cfg))
+		if err != nil {
+			return err
+		}
+		if r := st.Runtime; r == nil || r.Superseded != 0 || r.Upgrade != supervisor.UpgradeIdle {
+			return fmt.Errorf("runtime %+v, want every cell rolled", r)
+		}
+		for _, sl := range st.Slots {
+			if sl.State != supervisor.StateReady || sl.PID == pids[sl.Name] {
+				return fmt.Errorf("%s: %s pid %d, want a new master ready", sl.Name, sl.State, sl.PID)
+			}
+		}
+		return nil
+	})
+	// Twenty more requests to the new masters, then the count.
+	rolled := s.sent.Load()
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if n := s.sent.Load() - rolled; n < 20 {
+			return fmt.Errorf("%d requests since the roll", n)
+		}
+		return nil
+	})
+	cancel()
+	wg.Wait()
+	if s.failed.Load() != 0 || s.sent.Load() < 40 {
+		t.Errorf("%d of %d requests failed (first: %v)", s.failed.Load(), s.sent.Load(), s.firstErr)
+	}
+	t.Logf("%d requests across the agent kill and the roll, %d failed", s.sent.Load(), s.failed.Load())
+	for _, sl := range st.Slots {
+		exe, err := os.Readlink("/proc/" + strconv.Itoa(sl.PID) + "/exe")
+		if err != nil || exe != copyBin {
+			t.Errorf("%s: master %d runs %q (%v), want the new %s", sl.Name, sl.PID, exe, err, copyBin)
+		}
+		if sl.Restarts != 0 || sl.OperatorRestarts != 0 {
+			t.Errorf("%s: restarts %d+%d, want the roll to restart nothing", sl.Name, sl.Restarts, sl.OperatorRestarts)
+		}
+		old := pids[sl.Name]
+		testutil.Eventually(t, 30*time.Second, func() error {
+			if testutil.Alive(old) {
+				return fmt.Errorf("%s: the old master %d still runs", sl.Name, old)
+			}
+			return nil
+		})
+	}
+	log := string(mustRead(t, a.log))
+	if n := strings.Count(log, "cell runs the new binary (nginx binary upgrade)"); n != 2 || strings.Contains(log, "restarting the cell instead") {
+		t.Errorf("%d cells rolled by nginx's binary upgrade, want 2 and no restart", n)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A new binary that passes its checks (-v, -t) but whose master does not
+// come up: the agent, restarted after the package upgrade, tries nginx's
+// binary upgrade on the first adopted cell, the new master exits, and
+// every cell keeps its old master, serving; status says the roll failed
+// and why.
+func TestRuntimeUpgradeNotReadyKeepsTheOldMasters(t *testing.T) {
+	testutil.RequireCgroups(t)
+	nginx, _ := testutil.RequireOpenResty(t)
+	dir := t.TempDir()
+	testutil.Traversable(t, dir)
+	copyBin := filepath.Join(dir, "nginx")
+	install(t, nginx, copyBin)
+	bin := buildAgent(t)
+	cfgPath, _ := agentConfig(t, 2, "")
+	raw := mustRead(t, cfgPath)
+	if err := os.WriteFile(cfgPath, []byte(strings.Replace(string(raw), "binary: "+nginx, "binary: "+copyBin, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, st := startAgent(t, bin, cfgPath, cfg)
+	pids := readyPIDs(st)
+	a.kill9(t)
+	// Checks pass (the real binary answers them); a master exits at once.
+	broken := filepath.Join(dir, "broken")
+	script := fmt.Sprintf("#!/bin/sh\ncase \"$1\" in -v|-t) exec %s \"$@\";; esac\necho 'broken: cannot start' >&2\nexit 1\n", nginx)
+	if err := os.WriteFile(broken, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(broken, copyBin); err != nil {
+		t.Fatal(err)
+	}
+	_, st = startAgent(t, bin, cfgPath, cfg)
+	testutil.Eventually(t, 60*time.Second, func() error {
+		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+		defer scancel()
+		st, err = supervisor.FetchStatus(sctx, agent.AdminSocket(cfg))
+		if err != nil {
+			return err
+		}
+		if r := st.Runtime; r == nil || r.Upgrade != supervisor.UpgradeFailed {
+			return fmt.Errorf("runtime %+v, want the roll failed", r)
+		}
+		return nil
+	})
+	if r := st.Runtime; !strings.Contains(r.Reason, "cell-01") || r.Superseded != 2 {
+		t.Errorf("runtime %+v, want the failed cell named and both cells still on the old binary", *r)
+	}
+	for _, sl := range st.Slots {
+		if sl.PID != pids[sl.Name] || sl.State != supervisor.StateReady {
+			t.Errorf("%s: %s pid %d, want the old master %d ready", sl.Name, sl.State, sl.PID, pids[sl.Name])
+		}
+		resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(sl.HTTPPort) + "/.cellvisor/ready")
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: readiness %v %v", sl.Name, resp, err)
+		}
+		if resp != nil {
+			resp.Body.Close()
+		}
+	}
+}
