@@ -120,6 +120,9 @@ type Supervisor struct {
 
 	upMu sync.Mutex   // guards up
 	up   upgradeState // the last roll onto a new binary (upgrade.go)
+	// forceRoll has the runtime routine roll whatever the policy and a
+	// refusal of the same file before (UpgradeRuntime).
+	forceRoll atomic.Bool
 }
 
 // New validates options and prepares the slots; it starts nothing.

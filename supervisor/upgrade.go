@@ -392,9 +392,10 @@ func (s *Supervisor) runtimeLoop(ctx context.Context) {
 	}
 	for {
 		s.learnVersion(ctx)
-		if s.settings().RuntimeUpgrade == UpgradeManual {
+		force := s.forceRoll.Swap(false)
+		if s.settings().RuntimeUpgrade == UpgradeManual && !force {
 			s.awaitOperator()
-		} else if err := s.roll(ctx, false); err != nil && ctx.Err() == nil {
+		} else if err := s.roll(ctx, force); err != nil && ctx.Err() == nil {
 			s.log.Debug("runtime roll", zap.Error(err))
 		}
 		select {

@@ -263,3 +263,56 @@ func TestRollsAdoptedCellsThatIgnoreUSR2(t *testing.T) {
 		}
 	}
 }
+
+// Under runtime_upgrade: manual a replaced binary only makes the cells
+// superseded, waiting; a dry run says what a roll would do (each cell and
+// how) and changes nothing; the operator's roll then moves every cell. A
+// refused binary's dry run says why and would touch nothing.
+func TestManualPolicyWaitsForTheOperator(t *testing.T) {
+	bin := copyBinary(t)
+	h := newHarness(t, harnessOpts{slots: 2, assign: allAssigned(2), binary: bin, upgrade: supervisor.UpgradeManual})
+	one := h.waitReady("cell-01", 0)
+	two := h.waitReady("cell-02", 0)
+	original, _ := testutil.RequireOpenResty(t)
+	installBinary(t, original, bin)
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if r := h.sup.Status().Runtime; r.Upgrade != supervisor.UpgradeWaiting || r.Superseded != 2 {
+			return fmt.Errorf("runtime %+v, want 2 cells waiting for the operator", *r)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	plan, err := h.sup.UpgradeRuntime(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !plan.Verified || plan.Started || len(plan.Cells) != 2 || plan.Cells[0].Name != "cell-01" || plan.Cells[0].How != supervisor.HowRestart || plan.Cells[0].PID != one.PID {
+		t.Errorf("dry run %+v, want both cells verified, by restart, nothing started", plan)
+	}
+	for _, want := range []supervisor.SlotStatus{one, two} {
+		if got := h.slot(want.Name); got.PID != want.PID {
+			t.Errorf("%s: pid %d after the dry run, want %d", got.Name, got.PID, want.PID)
+		}
+	}
+	if plan, err = h.sup.UpgradeRuntime(ctx, false); err != nil || !plan.Started {
+		t.Fatalf("roll: %+v %v, want it started", plan, err)
+	}
+	h.waitReady("cell-01", one.PID)
+	h.waitReady("cell-02", two.PID)
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if r := h.sup.Status().Runtime; r.Upgrade != supervisor.UpgradeIdle || r.Superseded != 0 {
+			return fmt.Errorf("runtime %+v, want every cell rolled", *r)
+		}
+		return nil
+	})
+
+	fakeBinary(t, bin)
+	plan, err = h.sup.UpgradeRuntime(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.Verified || !strings.Contains(plan.Error, "not binary compatible") || len(plan.Cells) != 2 {
+		t.Errorf("dry run of a refused binary %+v, want it refused with the binary's message", plan)
+	}
+}

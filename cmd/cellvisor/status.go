@@ -154,6 +154,12 @@ func printRuntime(w io.Writer, r *supervisor.RuntimeStatus) {
 	if r.Superseded > 0 {
 		fmt.Fprintf(w, ", %d cell(s) run a superseded binary", r.Superseded)
 	}
+	if r.Upgrade != "" {
+		fmt.Fprintf(w, ", upgrade %s", r.Upgrade)
+	}
+	if r.Reason != "" {
+		fmt.Fprintf(w, ": %s", cli.Printable(r.Reason))
+	}
 	fmt.Fprintln(w)
 }
 

@@ -49,3 +49,31 @@ func TestStatusSaysWhichCellsRunASupersededRuntime(t *testing.T) {
 		}
 	}
 }
+
+// upgrade-runtime's answer: the cells and how each would be moved, and
+// whether anything changed.
+func TestPrintPlan(t *testing.T) {
+	cells := []supervisor.PlannedCell{{Name: "cell-01", Pool: "shared-default", PID: 10, Version: "nginx/1.22.1", How: supervisor.HowBinaryUpgrade}}
+	for _, tc := range []struct {
+		name string
+		plan supervisor.UpgradePlan
+		want []string
+	}{
+		{"dry run", supervisor.UpgradePlan{Binary: "/usr/sbin/nginx", Version: "nginx/1.22.2", Policy: supervisor.UpgradeManual, DryRun: true, Verified: true, Cells: cells},
+			[]string{"runtime: /usr/sbin/nginx nginx/1.22.2 (runtime_upgrade: manual)", "passes -t", "cell-01  shared-default  10   nginx/1.22.1  nginx binary upgrade (USR2)", "dry run: nothing changed"}},
+		{"refused", supervisor.UpgradePlan{Binary: "/usr/sbin/nginx", Policy: supervisor.UpgradeAuto, Error: "module is not binary compatible", Cells: cells},
+			[]string{"check: refused: module is not binary compatible", "no cell would be touched"}},
+		{"started", supervisor.UpgradePlan{Binary: "/usr/sbin/nginx", Policy: supervisor.UpgradeAuto, Verified: true, Started: true, Cells: cells},
+			[]string{"the roll has started"}},
+		{"nothing to do", supervisor.UpgradePlan{Binary: "/usr/sbin/nginx", Policy: supervisor.UpgradeAuto, Verified: true},
+			[]string{"nothing to roll"}},
+	} {
+		var b bytes.Buffer
+		printPlan(&b, tc.plan)
+		for _, w := range tc.want {
+			if !strings.Contains(b.String(), w) {
+				t.Errorf("%s: output\n%s\nwant %q", tc.name, b.String(), w)
+			}
+		}
+	}
+}

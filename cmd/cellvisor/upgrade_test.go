@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -46,11 +48,12 @@ func install(t *testing.T, src, dst string) {
 
 // The sequence: cells serving under the agent, the binary replaced
 // as a package upgrade replaces it, the agent killed (-9) and started again.
-// The new agent adopts every cell with the same master, then rolls each
-// onto the new binary with nginx's own binary upgrade (the masters' parent
-// is no longer the agent that started them): under a steady stream of
-// requests none fails, and each cell ends with a master executing the new
-// file.
+// The new agent adopts every cell with the same master; under
+// runtime_upgrade: manual, upgrade-runtime --dry-run says what would happen
+// and changes nothing, upgrade-runtime rolls each cell onto the new binary
+// with nginx's own binary upgrade (the masters' parent is no longer the
+// agent that started them): under a steady stream of requests none fails,
+// and each cell ends with a master executing the new file.
 func TestRuntimeUpgradeAfterAgentKill(t *testing.T) {
 	testutil.RequireCgroups(t)
 	nginx, _ := testutil.RequireOpenResty(t)
@@ -88,17 +91,22 @@ func TestRuntimeUpgradeAfterAgentKill(t *testing.T) {
 
 	install(t, nginx, copyBin)
 	a.kill9(t)
-	// The new agent, with the policy automatic: it adopts, then rolls.
-	if err := os.WriteFile(cfgPath, []byte(strings.Replace(string(mustRead(t, cfgPath)), "runtime_upgrade: manual", "runtime_upgrade: auto", 1)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	// The new agent adopts the same masters; the policy is manual: it
+	// waits for the operator.
 	a, st = startAgent(t, bin, cfgPath, cfg)
-	for name, pid := range readyPIDs(st) {
-		if pid != pids[name] {
-			// Adopted first: the roll may have replaced it since, but
-			// never by a restart (counted below).
-			t.Logf("%s: pid %d at the first status, was %d", name, pid, pids[name])
-		}
+	if got := readyPIDs(st); !maps.Equal(got, pids) {
+		t.Fatalf("ready masters %v, want the same %v adopted", got, pids)
+	}
+	dry := cliRun(t, bin, cfgPath, "upgrade-runtime", "--dry-run")
+	if strings.Count(dry, supervisor.HowBinaryUpgrade) != 2 || !strings.Contains(dry, "dry run: nothing changed") {
+		t.Errorf("upgrade-runtime --dry-run:\n%s\nwant both cells by nginx's binary upgrade, nothing changed", dry)
+	}
+	st = fetchStatus(t, cfg)
+	if got := readyPIDs(st); !maps.Equal(got, pids) || st.Runtime.Superseded != 2 {
+		t.Fatalf("after the dry run: masters %v, runtime %+v; want %v untouched, 2 superseded", got, *st.Runtime, pids)
+	}
+	if out := cliRun(t, bin, cfgPath, "upgrade-runtime"); !strings.Contains(out, "the roll has started") {
+		t.Errorf("upgrade-runtime:\n%s\nwant the roll started", out)
 	}
 	testutil.Eventually(t, 60*time.Second, func() error {
 		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
@@ -151,6 +159,31 @@ func TestRuntimeUpgradeAfterAgentKill(t *testing.T) {
 	if n := strings.Count(log, "cell runs the new binary (nginx binary upgrade)"); n != 2 || strings.Contains(log, "restarting the cell instead") {
 		t.Errorf("%d cells rolled by nginx's binary upgrade, want 2 and no restart", n)
 	}
+}
+
+// cliRun runs the agent binary's CLI with cfgPath and returns its output;
+// a failure fails the test.
+func cliRun(t *testing.T, bin, cfgPath string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, append([]string{"--config", cfgPath}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("cellvisor %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// fetchStatus asks the running agent for its status.
+func fetchStatus(t *testing.T, cfg config.Agent) supervisor.Status {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
 
 func mustRead(t *testing.T, path string) []byte {
