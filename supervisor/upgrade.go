@@ -382,9 +382,10 @@ func (c *slot) stopHeld(p *proc, grace time.Duration) {
 // second: a package unpacks several files), and when woken (CheckRuntime,
 // a status that saw the file change), until ctx ends.
 func (s *Supervisor) runtimeLoop(ctx context.Context) {
-	s.learnVersion(ctx)
 	changed, stop := s.watchRuntime(ctx)
 	defer stop()
+	// The version is learned (an exec of the binary) once the cells have
+	// started, not beside their starts; their records are completed then.
 	select {
 	case <-s.ready:
 	case <-ctx.Done():
@@ -418,10 +419,15 @@ func (s *Supervisor) awaitOperator() {
 		return
 	}
 	up := s.upgrade()
+	n := len(s.superseded(cur))
+	if up.state == UpgradeWaiting && n == 0 {
+		s.setUpgrade(upgradeState{target: cur.ID}) // restarted meanwhile: nothing waits
+		return
+	}
 	if up.state == UpgradeRolling || (up.target == cur.ID && up.state != UpgradeIdle) {
 		return
 	}
-	if n := len(s.superseded(cur)); n > 0 {
+	if n > 0 {
 		s.setUpgrade(upgradeState{state: UpgradeWaiting, target: cur.ID,
 			err: fmt.Sprintf("runtime_upgrade is manual: %d cell(s) run a superseded binary until cellvisor upgrade-runtime", n)})
 	}

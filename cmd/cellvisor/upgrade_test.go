@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"maps"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,6 +65,24 @@ func TestRuntimeUpgradeAfterAgentKill(t *testing.T) {
 	install(t, nginx, copyBin)
 	bin := buildAgent(t)
 	cfgPath, _ := agentConfig(t, 2, "runtime_upgrade: manual\n")
+	// A route that streams from a loopback origin until released.
+	release := make(chan struct{})
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Accel-Buffering", "no")
+		io.WriteString(w, "start\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "end\n")
+	}))
+	t.Cleanup(origin.Close)
+	doc := fmt.Sprintf(`{"domain":"app.test","pool":"shared-default","revision":1,"hostnames":["app.test"],"origins":[{"name":"o","url":%q}],"routes":[{"prefix":"/stream","origin":"o"},{"prefix":"/","respond":{"status":200,"body":"hi"}}]}`, origin.URL)
+	if err := os.WriteFile(filepath.Join(filepath.Dir(cfgPath), "domains", "app.json"), []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	raw, err := os.ReadFile(cfgPath)
 	if err != nil {
 		t.Fatal(err)
@@ -88,6 +108,28 @@ func TestRuntimeUpgradeAfterAgentKill(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { s.run(ctx, ports) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
+
+	// A response streaming from cell-01 across the whole upgrade.
+	var streamPort int
+	for _, sl := range st.Slots {
+		if sl.Name == "cell-01" {
+			streamPort = sl.HTTPPort
+		}
+	}
+	sreq, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(streamPort)+"/stream", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sreq.Host = "app.test"
+	sresp, err := http.DefaultClient.Do(sreq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sresp.Body.Close()
+	sbody := bufio.NewReader(sresp.Body)
+	if line, err := sbody.ReadString('\n'); err != nil || line != "start\n" {
+		t.Fatalf("stream: %q %v, want its first line", line, err)
+	}
 
 	install(t, nginx, copyBin)
 	a.kill9(t)
@@ -125,6 +167,15 @@ func TestRuntimeUpgradeAfterAgentKill(t *testing.T) {
 		}
 		return nil
 	})
+	// The stream is still served, by the old master's worker, which
+	// finishes it before the old master goes.
+	if !testutil.Alive(pids["cell-01"]) {
+		t.Errorf("cell-01's old master %d gone with a response still streaming", pids["cell-01"])
+	}
+	close(release)
+	if rest, err := io.ReadAll(sbody); err != nil || string(rest) != "end\n" {
+		t.Errorf("stream across the upgrade: %q %v, want its end", rest, err)
+	}
 	// Twenty more requests to the new masters, then the count.
 	rolled := s.sent.Load()
 	testutil.Eventually(t, 10*time.Second, func() error {
