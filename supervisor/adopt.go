@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -56,12 +57,11 @@ func (c *slot) recordPath() string {
 // a process of this boot only, so it is replaced without fsyncs: a crash of
 // the host ends the master too, and a record left empty or stale is
 // refused at adoption (readRecord; the start time in adopt).
-func (c *slot) writeRecord(pid int, g cgroup.Group) {
+func (c *slot) writeRecord(pid int, g cgroup.Group, exited <-chan struct{}) {
 	// Only the start time: the process may still be the join helper, its
 	// exec under way (reading its command line would wait on that), and
 	// the record names the binary it execs.
-	var ticks uint64
-	err := c.readAsCell(func() (err error) { ticks, err = startTicks(pid); return err })
+	ticks, err := c.childStartTicks(pid, exited)
 	if err == nil {
 		rec := masterRecord{PID: pid, StartTicks: ticks, Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: g.Path()}
 		var b []byte
@@ -74,6 +74,35 @@ func (c *slot) writeRecord(pid int, g cgroup.Group) {
 	}
 	if err != nil {
 		c.log.Warn("record cell master: it cannot be adopted after an agent restart", zap.Int("pid", pid), zap.Error(err))
+	}
+}
+
+// childHiddenFor bounds childStartTicks's wait for a child's /proc entry.
+const childHiddenFor = time.Second
+
+// childStartTicks reads the start time of pid, a child of ours (its pid
+// cannot be recycled before we reap it). While the join helper switches to
+// the cell's user, from its setuid until its exec, the process is not
+// dumpable: under ProtectProc=invisible neither the agent nor the cell's
+// user sees its /proc entry (a VM run lost cell-02's record so, and the next
+// agent did not adopt it). So a missing entry is read again, bounded, until
+// exited is closed.
+func (c *slot) childStartTicks(pid int, exited <-chan struct{}) (uint64, error) {
+	var ticks uint64
+	read := func() (err error) { ticks, err = startTicks(pid); return err }
+	deadline := c.s.clk.Now().Add(childHiddenFor)
+	for {
+		err := c.readAsCell(read)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || c.s.clk.Now().After(deadline) {
+			return ticks, err
+		}
+		t := c.s.clk.NewTimer(2 * time.Millisecond)
+		select {
+		case <-exited:
+			t.Stop()
+			return ticks, err
+		case <-t.C():
+		}
 	}
 }
 

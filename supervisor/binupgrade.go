@@ -76,7 +76,7 @@ func (c *slot) binaryUpgrade(ctx context.Context, old *proc) (*proc, error) {
 	c.mu.Unlock()
 	c.startedBin()
 	if g != nil {
-		c.writeRecord(npid, g)
+		c.writeRecord(npid, g, np.done)
 	}
 	c.log.Info("cell runs the new binary (nginx binary upgrade)", zap.Int("pid", npid), zap.Int("was", old.pid))
 	return np, nil

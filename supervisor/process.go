@@ -258,7 +258,7 @@ func closeOutput(cmd *exec.Cmd) {
 // first), so an agent that reports a cell ready has its record.
 func (c *slot) afterStart(p *proc) {
 	if !p.adopted {
-		c.writeRecord(p.pid, p.group)
+		c.writeRecord(p.pid, p.group, p.done)
 	}
 }
 
