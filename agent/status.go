@@ -63,5 +63,11 @@ func (a *Agent) Restart(ctx context.Context, cell string) (supervisor.SlotStatus
 	return a.sup.Restart(ctx, cell)
 }
 
+// UpgradeRuntime rolls the cells onto the binary now at the configured
+// path, or says what that would do (see supervisor).
+func (a *Agent) UpgradeRuntime(ctx context.Context, dryRun bool) (supervisor.UpgradePlan, error) {
+	return a.sup.UpgradeRuntime(ctx, dryRun)
+}
+
 // Ready is closed once every cell had its first outcome.
 func (a *Agent) Ready() <-chan struct{} { return a.sup.Ready() }

@@ -142,6 +142,9 @@ func (c *collector) collectAgent(emit func(sample), st supervisor.Status) {
 	for _, e := range enrollments {
 		gauge(emit, enrollmentState, b2f(e == enrollment), e)
 	}
+	if r := st.Runtime; r != nil {
+		gauge(emit, runtimeInfo, 1, r.Version)
+	}
 }
 
 func collectActivation(emit func(sample), s activation.Stats) {
@@ -215,6 +218,10 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	}
 	if s.PID == 0 {
 		return
+	}
+	if r := s.Runtime; r != nil {
+		gauge(emit, cellRuntimeInfo, 1, cell, pool, r.Version)
+		gauge(emit, cellSuperseded, b2f(r.Superseded), cell, pool)
 	}
 	gauge(emit, cellReportOK, b2f(s.Cell != nil), cell, pool)
 	r := s.Cell

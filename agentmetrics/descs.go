@@ -19,6 +19,7 @@ var (
 	certExpiry         = desc("cert_expiry_timestamp_seconds", "When the edge's client certificate expires, as a Unix timestamp.")
 	frontDoorRows      = desc("frontdoor_rows", "Front doors of the edge's org in the cells' runtime file (the last answer taken).")
 	frontDoorFetched   = desc("frontdoor_last_fetch_timestamp_seconds", "When the control API last confirmed or changed the front doors, as a Unix timestamp.")
+	runtimeInfo        = desc("runtime_info", "The version the cells' binary reports (-v; empty until known); always 1.", "version")
 	frontDoorFailing   = desc("frontdoor_fetch_failing", "1 when the last front-door fetch failed or its answer was refused (the previous rows stay).")
 
 	activationLastDuration = desc("activation_last_duration_seconds", "How long the last activation took, from the start of the poll that found it to its ack in the journal.")
@@ -59,6 +60,8 @@ var (
 	cellRequests         = desc("cell_requests_total", "Requests the cell served since its master started (resets when the cell restarts).", cellLabels...)
 	cellLimited          = desc("cell_limit_refused_total", "Requests the pool limits refused, by kind: connections (503) and rate (429).", "cell", "pool", "kind")
 	cellOriginFailures   = desc("cell_origin_failures_total", "Passive-origin failures the cell saw while proxying, over every origin (no per-domain series), by reason: connect_failed, connect_timeout, resolve, read_timeout, reset, bad_answer, http_5xx (unknown: counted by a cell that gave none).", "cell", "pool", "reason")
+	cellRuntimeInfo      = desc("cell_runtime_info", "The version of the binary the cell's master runs (empty: not known); always 1; running cells only.", "cell", "pool", "version")
+	cellSuperseded       = desc("cell_runtime_superseded", "1 when the cell's master runs a binary replaced at its path since it started (a package upgrade); running cells only.", cellLabels...)
 	cellSecurity         = desc("cell_security_events_total", "Refused (unauthenticated or wrongly signed) calls to the cell's private endpoint.", cellLabels...)
 	cellLoads            = desc("cell_loads_total", "Releases the cell loaded as data, without a reload, since its master started.", cellLabels...)
 	cellLoadFailures     = desc("cell_load_failures_total", "Releases the cell could not load (it kept serving what it had), since its master started.", cellLabels...)
@@ -74,6 +77,7 @@ var (
 		cellCPU, cellCPULimit, cellThrottled, cellThrottledPeriods, cellPIDs, cellPIDsLimit, cellPIDsRefused, cellOOM,
 		cellLogBytes, cellDisk, cellDiskUnlinked, cellDiskBudget, cellCacheWakes, cellBodiesHeld, cellBodiesRefused, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity, cellOverloaded, cellOverloads,
 		cellLoads, cellLoadFailures, cellReloads, cellCut, cellLuaHeap,
+		runtimeInfo, cellRuntimeInfo, cellSuperseded,
 	}
 )
 

@@ -75,6 +75,11 @@ type Agent struct {
 	// them, else the agent's, saying so; "slot" those or refuse to start;
 	// "agent" the agent's own.
 	CellUsers string `yaml:"cell_users"`
+	// RuntimeUpgrade says how cells reach a new openresty.binary (or
+	// module) a package installed: "auto" (the default) rolled one at a
+	// time once verified, "manual" when an operator runs
+	// cellvisor upgrade-runtime.
+	RuntimeUpgrade string `yaml:"runtime_upgrade"`
 }
 
 // CellUsersMode is cell_users with its default (auto) filled in.
@@ -542,6 +547,11 @@ func (c Agent) Validate() error {
 	case "", "auto", "slot", "agent":
 	default:
 		bad("cell_users", "must be auto, slot or agent, got %q", c.CellUsers)
+	}
+	switch c.RuntimeUpgrade {
+	case "", "auto", "manual":
+	default:
+		bad("runtime_upgrade", "must be auto or manual, got %q", c.RuntimeUpgrade)
 	}
 	switch c.Cgroup.Scope {
 	case "", ScopeAuto, ScopeOn, ScopeOff:

@@ -156,8 +156,15 @@ func (s *Server) view(e store.Edge, assign map[string]string) adminapi.EdgeView 
 	}
 	var sum edgeapi.Summary
 	if len(e.Status) > 0 && json.Unmarshal(e.Status, &sum) == nil {
+		if r := sum.Runtime; r != nil {
+			v.Runtime = &adminapi.RuntimeView{Version: r.Version, Superseded: r.Superseded, Upgrade: r.Upgrade, Reason: r.Reason}
+		}
 		for _, c := range sum.Slots {
-			v.Cells = append(v.Cells, adminapi.CellView{Name: c.Name, Pool: c.Pool, State: c.State, Reason: c.Reason, Drained: c.Drained, Sequence: c.Sequence})
+			cv := adminapi.CellView{Name: c.Name, Pool: c.Pool, State: c.State, Reason: c.Reason, Drained: c.Drained, Sequence: c.Sequence}
+			if r := c.Runtime; r != nil {
+				cv.RuntimeVersion, cv.RuntimeSuperseded = r.Version, r.Superseded
+			}
+			v.Cells = append(v.Cells, cv)
 			if c.Cell != nil && c.Cell.Security.AuthFailures > 0 {
 				sec := adminapi.SecurityEvent{Cell: c.Name, AuthFailures: c.Cell.Security.AuthFailures, LastReason: c.Cell.Security.LastReason}
 				if c.Cell.Security.LastAt > 0 {

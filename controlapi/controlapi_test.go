@@ -450,7 +450,9 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 			t.Fatalf("a refused publish advanced the sequence to %d", v.Sequence)
 		}
 		// A status report shows up in the admin view, cells and security events.
-		status := `{"version":"t","slots":[{"name":"cell-01","pool":"shared-default","state":"ready","sequence":1,
+		status := `{"version":"t","runtime":{"binary":"/usr/sbin/nginx","version":"nginx/1.22.2","superseded":1,"upgrade":"waiting","reason":"manual"},
+			"slots":[{"name":"cell-01","pool":"shared-default","state":"ready","sequence":1,
+			"runtime":{"version":"nginx/1.22.1","superseded":true,"current":"nginx/1.22.2"},
 			"cell":{"security":{"auth_failures":2,"last_at":1800000000.5,"last_reason":"bad signature"}}}]}`
 		if err := ca.Report(ctx(t), edgeapi.StatusReport{At: time.Now(), Status: json.RawMessage(status)}); err != nil {
 			t.Fatal(err)
@@ -458,6 +460,13 @@ func TestManifestPollingArtifactsSnapshotAndAcks(t *testing.T) {
 		v, _ = e.admin.Edge(ctx(t), a.Edge.ID)
 		if len(v.Cells) != 1 || v.Cells[0].State != "ready" || len(v.SecurityEvents) != 1 || v.SecurityEvents[0].AuthFailures != 2 {
 			t.Fatalf("edge after a status report: cells %+v security %+v", v.Cells, v.SecurityEvents)
+		}
+		// Which cells still run a replaced binary, and what the edge runs.
+		if c := v.Cells[0]; c.RuntimeVersion != "nginx/1.22.1" || !c.RuntimeSuperseded {
+			t.Errorf("cell view %+v, want its runtime nginx/1.22.1, superseded", c)
+		}
+		if r := v.Runtime; r == nil || r.Version != "nginx/1.22.2" || r.Superseded != 1 || r.Upgrade != "waiting" {
+			t.Errorf("edge runtime %+v, want nginx/1.22.2 with one superseded cell, waiting", r)
 		}
 	})
 }

@@ -245,7 +245,15 @@ type Summary struct {
 	} `json:"control"`
 	// Egress is the agent's intake address and destination probes.
 	Egress *EgressReport `json:"egress,omitempty"`
-	Slots  []struct {
+	// Runtime is the cells' binary: its version, the cells still running
+	// a replaced one, and the roll onto it.
+	Runtime *struct {
+		Version    string `json:"version"`
+		Superseded int    `json:"superseded"`
+		Upgrade    string `json:"upgrade"`
+		Reason     string `json:"reason"`
+	} `json:"runtime"`
+	Slots []struct {
 		Name     string `json:"name"`
 		Pool     string `json:"pool"`
 		State    string `json:"state"`
@@ -254,7 +262,12 @@ type Summary struct {
 		Sequence int64  `json:"sequence"`
 		// HTTPPort is the cell's HTTP listener (the routing view's port).
 		HTTPPort int `json:"http_port"`
-		Cell     *struct {
+		// Runtime is the binary the cell's master runs.
+		Runtime *struct {
+			Version    string `json:"version"`
+			Superseded bool   `json:"superseded"`
+		} `json:"runtime"`
+		Cell *struct {
 			Security struct {
 				AuthFailures int64   `json:"auth_failures"`
 				LastAt       float64 `json:"last_at"`

@@ -29,6 +29,13 @@ type Shutdowner interface {
 	Shutdown(ctx context.Context) error
 }
 
+// RuntimeUpgrader is what the admin socket's POST /v1/runtime/upgrade
+// calls, when the Controller implements it (cellvisor upgrade-runtime;
+// ?dry_run=1 changes nothing).
+type RuntimeUpgrader interface {
+	UpgradeRuntime(ctx context.Context, dryRun bool) (UpgradePlan, error)
+}
+
 // ShutdownAnswer is the answer to POST /v1/shutdown.
 type ShutdownAnswer struct {
 	PID int `json:"pid"`
@@ -116,6 +123,16 @@ func ListenAdmin(path string, ctl Controller, log *zap.Logger) (*AdminServer, er
 				return err
 			}
 			writeJSON(w, http.StatusOK, st)
+			return nil
+		}))
+	}
+	if up, ok := ctl.(RuntimeUpgrader); ok {
+		mux.HandleFunc("POST /v1/runtime/upgrade", serve(log, func(w http.ResponseWriter, r *http.Request) error {
+			plan, err := up.UpgradeRuntime(r.Context(), r.URL.Query().Get("dry_run") == "1")
+			if err != nil {
+				return err
+			}
+			writeJSON(w, http.StatusOK, plan)
 			return nil
 		}))
 	}
@@ -231,6 +248,18 @@ func (c *AdminClient) Shutdown(ctx context.Context) (int, error) {
 	var a ShutdownAnswer
 	err := c.do(ctx, http.MethodPost, "/v1/shutdown", &a)
 	return a.PID, err
+}
+
+// UpgradeRuntime asks the agent to roll its cells onto the binary now at
+// its configured path, or with dryRun what it would do.
+func (c *AdminClient) UpgradeRuntime(ctx context.Context, dryRun bool) (UpgradePlan, error) {
+	var plan UpgradePlan
+	path := "/v1/runtime/upgrade"
+	if dryRun {
+		path += "?dry_run=1"
+	}
+	err := c.do(ctx, http.MethodPost, path, &plan)
+	return plan, err
 }
 
 // FetchStatus asks a running agent for its status over its admin socket.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -56,12 +57,11 @@ func (c *slot) recordPath() string {
 // a process of this boot only, so it is replaced without fsyncs: a crash of
 // the host ends the master too, and a record left empty or stale is
 // refused at adoption (readRecord; the start time in adopt).
-func (c *slot) writeRecord(pid int, g cgroup.Group) {
+func (c *slot) writeRecord(pid int, g cgroup.Group, exited <-chan struct{}) {
 	// Only the start time: the process may still be the join helper, its
 	// exec under way (reading its command line would wait on that), and
 	// the record names the binary it execs.
-	var ticks uint64
-	err := c.readAsCell(func() (err error) { ticks, err = startTicks(pid); return err })
+	ticks, err := c.childStartTicks(pid, exited)
 	if err == nil {
 		rec := masterRecord{PID: pid, StartTicks: ticks, Binary: c.s.binary, Conf: c.spec.ConfPath(), Cgroup: g.Path()}
 		var b []byte
@@ -69,8 +69,40 @@ func (c *slot) writeRecord(pid int, g cgroup.Group) {
 			err = atomicfile.Replace(c.recordPath(), append(b, '\n'), 0o600)
 		}
 	}
+	if err == nil {
+		c.writeRuntimeRecord(pid, ticks)
+	}
 	if err != nil {
 		c.log.Warn("record cell master: it cannot be adopted after an agent restart", zap.Int("pid", pid), zap.Error(err))
+	}
+}
+
+// childHiddenFor bounds childStartTicks's wait for a child's /proc entry.
+const childHiddenFor = time.Second
+
+// childStartTicks reads the start time of pid, a child of ours (its pid
+// cannot be recycled before we reap it). While the join helper switches to
+// the cell's user, from its setuid until its exec, the process is not
+// dumpable: under ProtectProc=invisible neither the agent nor the cell's
+// user sees its /proc entry (a VM run lost cell-02's record so, and the next
+// agent did not adopt it). So a missing entry is read again, bounded, until
+// exited is closed.
+func (c *slot) childStartTicks(pid int, exited <-chan struct{}) (uint64, error) {
+	var ticks uint64
+	read := func() (err error) { ticks, err = startTicks(pid); return err }
+	deadline := c.s.clk.Now().Add(childHiddenFor)
+	for {
+		err := c.readAsCell(read)
+		if err == nil || !errors.Is(err, fs.ErrNotExist) || c.s.clk.Now().After(deadline) {
+			return ticks, err
+		}
+		t := c.s.clk.NewTimer(2 * time.Millisecond)
+		select {
+		case <-exited:
+			t.Stop()
+			return ticks, err
+		case <-t.C():
+		}
 	}
 }
 
@@ -81,6 +113,7 @@ func (c *slot) removeRecord() {
 	if err := unix.Unlink(c.recordPath()); err != nil && err != unix.ENOENT {
 		c.log.Warn("remove cell master record", zap.String("path", c.recordPath()), zap.Error(err))
 	}
+	c.removeRuntimeRecord()
 }
 
 // wantUID is the uid this slot's cells run as.
@@ -90,6 +123,13 @@ func (c *slot) wantUID() int {
 	}
 	return os.Geteuid()
 }
+
+// deletedSuffix is what /proc/PID/exe adds to the path of a file that was
+// removed or replaced since the process exec'd it: a package upgrade renames
+// a new binary over the old one, and the master keeps running the old file.
+// Such a master is still the recorded one (its start time, command line and
+// cgroup say so) and is adopted; status says it runs a superseded runtime.
+const deletedSuffix = " (deleted)"
 
 // mismatch says why a process named by a slot's pid file is not the master
 // recorded for it ("" when it is). It is pure: want is what this agent
@@ -106,7 +146,7 @@ func mismatch(want, rec masterRecord, pidFile int, members []int, id procIdentit
 			rec.Binary, rec.Conf, rec.Cgroup, want.Binary, want.Conf, want.Cgroup)
 	case id.startTicks != rec.StartTicks:
 		return fmt.Sprintf("pid %d started at tick %d, the recorded master at %d: the pid was recycled", pidFile, id.startTicks, rec.StartTicks)
-	case id.exe != want.Binary:
+	case id.exe != want.Binary && id.exe != want.Binary+deletedSuffix:
 		return fmt.Sprintf("pid %d runs %s, not %s", pidFile, id.exe, want.Binary)
 	case !namesConf(id.args, want.Conf):
 		return fmt.Sprintf("pid %d's command line does not name %s", pidFile, want.Conf)
@@ -220,7 +260,7 @@ func (c *slot) recover(ctx context.Context, g cgroup.Group) {
 			c.mu.Lock()
 			c.adopted, c.group, c.pid, c.answered = p, g, p.pid, true
 			c.mu.Unlock()
-			c.log.Info("adopted running cell", zap.Int("pid", p.pid))
+			c.adoptRuntime(ctx, p.pid)
 			return
 		}
 		why = reason

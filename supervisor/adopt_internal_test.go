@@ -28,6 +28,10 @@ func TestMismatch(t *testing.T) {
 	recycled := good
 	recycled.startTicks = 778
 	sleep := procIdentity{exe: "/usr/bin/sleep", startTicks: 777, args: []string{"sleep", "1000"}}
+	upgraded := good // its binary was replaced at the same path (a package upgrade)
+	upgraded.exe = "/usr/sbin/nginx (deleted)"
+	otherDeleted := good
+	otherDeleted.exe = "/usr/sbin/nginx.old (deleted)"
 	prefix := good
 	prefix.args = strings.Fields("nginx -c /s/cell-01/runtime/current/nginx.conf.old")
 	otherRec := rec
@@ -45,6 +49,8 @@ func TestMismatch(t *testing.T) {
 		{"not in the slot's cgroup", rec, 4242, []int{4243}, good, "not in the cell's cgroup"},
 		{"a recycled pid", rec, 4242, []int{4242}, recycled, "recycled"},
 		{"an unrelated process", rec, 4242, []int{4242}, sleep, "runs /usr/bin/sleep"},
+		{"its binary replaced at the same path", rec, 4242, []int{4242}, upgraded, ""},
+		{"another binary, deleted", rec, 4242, []int{4242}, otherDeleted, "runs /usr/sbin/nginx.old (deleted)"},
 		{"another slot's master", rec, 4242, []int{4242}, other, "does not name"},
 		{"another slot's record", otherRec, 4242, []int{4242}, good, "not this slot's"},
 		{"a conf path that only starts alike", rec, 4242, []int{4242}, prefix, "does not name"},

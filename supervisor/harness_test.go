@@ -53,6 +53,11 @@ type harnessOpts struct {
 	limit    int             // operator restarts per window; 0 means 3
 	// liveness is the liveness policy; zero values take the defaults.
 	liveness supervisor.LivenessPolicy
+	// upgrade is the runtime upgrade policy; "" means auto.
+	upgrade supervisor.UpgradePolicy
+	// modules are the dynamic modules the cells load (and the supervisor
+	// watches); nil: the host's.
+	modules []string
 	// authWindow is the private endpoint's timestamp window in seconds;
 	// 0 means the shipped one.
 	authWindow int
@@ -114,6 +119,9 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 	bin, mods := testutil.RequireOpenResty(t)
 	if o.binary != "" {
 		bin = o.binary
+	}
+	if o.modules != nil {
+		mods = o.modules
 	}
 	if o.cg == nil {
 		o.cg = testutil.RequireCgroups(t)
@@ -194,7 +202,8 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		ReadyTimeout: o.ready, StopTimeout: 5 * time.Second,
 		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
 		CacheBudget: int64(cfg.Limits.Cache), RequestBudget: int64(cfg.Limits.RequestTmp),
-		RestartLimit: o.limit, Liveness: o.liveness, Users: o.users,
+		RestartLimit: o.limit, Liveness: o.liveness, Users: o.users, RuntimeUpgrade: o.upgrade,
+		Watch: o.modules,
 	}
 	sup, err := supervisor.New(opts)
 	if err != nil {

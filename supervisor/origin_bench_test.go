@@ -64,11 +64,11 @@ func BenchmarkServeVsNginx(b *testing.B) {
 			worker int
 		}{{"cell", cellPort, cellWorker}, {"nginx", ngxPort, ngxWorker}} {
 			b.Run(r.name+"/"+side.name, func(b *testing.B) {
-				load(b, side.port, r.host, r.path, 16) // warm: the pool, the cache
+				loadRoute(b, side.port, r.host, r.path, 16) // warm: the pool, the cache
 				cpu0 := workerCPU(b, side.worker)
 				t0 := time.Now()
 				b.ResetTimer()
-				load(b, side.port, r.host, r.path, b.N)
+				loadRoute(b, side.port, r.host, r.path, b.N)
 				b.StopTimer()
 				took := time.Since(t0)
 				cpu := workerCPU(b, side.worker) - cpu0
@@ -79,9 +79,9 @@ func BenchmarkServeVsNginx(b *testing.B) {
 	}
 }
 
-// load sends n requests over 8 kept-alive connections and fails on any
+// loadRoute sends n requests over 8 kept-alive connections and fails on any
 // answer but 200.
-func load(b *testing.B, port int, host, path string, n int) {
+func loadRoute(b *testing.B, port int, host, path string, n int) {
 	tr := &http.Transport{MaxIdleConnsPerHost: 8, MaxConnsPerHost: 8}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}

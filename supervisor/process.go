@@ -108,6 +108,7 @@ func (c *slot) start() (*proc, error) {
 	c.mu.Lock()
 	c.pid, c.answered = p.pid, false
 	c.mu.Unlock()
+	c.startedBin()
 	c.log.Debug("cell started", zap.Int("pid", p.pid), zap.Bool("standby", spared), zap.Duration("took", time.Since(t0)))
 	return p, nil
 }
@@ -257,7 +258,7 @@ func closeOutput(cmd *exec.Cmd) {
 // first), so an agent that reports a cell ready has its record.
 func (c *slot) afterStart(p *proc) {
 	if !p.adopted {
-		c.writeRecord(p.pid, p.group)
+		c.writeRecord(p.pid, p.group, p.done)
 	}
 }
 

@@ -195,6 +195,9 @@ func (c *slot) runOnce(ctx context.Context, tr *tracker, pending **restartReq) a
 		return act
 	}
 	out := c.supervise(ctx, p, pending)
+	if out.proc != nil {
+		p = out.proc
+	}
 	switch {
 	case out.stopped:
 		c.set(StateStopped, "agent stopping")
@@ -235,6 +238,7 @@ type outcome struct {
 	why      string        // why the agent stopped it itself, if it did
 	restart  *restartReq   // stopped for an operator restart
 	retired  bool          // stopped because the slot was unassigned
+	proc     *proc         // the master at the end, when not the one started (upgradeInPlace)
 }
 
 // supervise waits for readiness, exit, an operator restart or cancellation,
@@ -289,8 +293,18 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 				out.why = why
 			}
 		case req := <-c.restartCh:
+			if np, done := c.upgradeInPlace(ctx, p, req); done {
+				if np != nil {
+					p, out.proc = np, np
+				}
+				continue
+			}
 			if _, act := c.decide(evRestart); act == actGracefulStop {
-				c.gracefulStop(ctx, p, "restarting")
+				if req.kind == restartUpgrade {
+					c.upgradeStop(ctx, p)
+				} else {
+					c.gracefulStop(ctx, p, "restarting")
+				}
 			}
 			out.restart = req
 			return finish()

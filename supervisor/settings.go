@@ -23,6 +23,10 @@ type Settings struct {
 	RestartLimit  int
 	RestartWindow time.Duration
 	DrainTimeout  time.Duration
+	// RuntimeUpgrade says whether cells are rolled onto a new binary by
+	// themselves (UpgradeAuto, the default for "") or by an operator
+	// (UpgradeManual: UpgradeRuntime).
+	RuntimeUpgrade UpgradePolicy
 }
 
 // settings are the current settings.
@@ -47,6 +51,9 @@ func (st Settings) withDefaults() Settings {
 		st.DrainTimeout = 30 * time.Second
 	}
 	st.Liveness = st.Liveness.withDefaults()
+	if st.RuntimeUpgrade == "" {
+		st.RuntimeUpgrade = UpgradeAuto
+	}
 	return st
 }
 
@@ -55,6 +62,9 @@ func (st Settings) withDefaults() Settings {
 func (s *Supervisor) Update(ctx context.Context, st Settings) error {
 	st = st.withDefaults()
 	prev := s.live.Swap(&st)
+	if prev.RuntimeUpgrade != st.RuntimeUpgrade {
+		s.kickRuntime() // a roll waiting for the operator may start now
+	}
 	if prev.Limits == st.Limits {
 		s.log.Info("settings updated; cell limits unchanged")
 		return nil

@@ -50,6 +50,7 @@ type slot struct {
 	secSeen         int64 // refused private calls already reported
 	// disk is the disk watch's latest measure (diskwatch.go).
 	disk diskState
+	bin  cellBin // what the running master executes (superseded.go)
 	live LivenessStatus
 	// preReload are the master's children before its last reload: the
 	// cell has loaded the new release once none of them listens (settle.go).
@@ -117,6 +118,7 @@ type slot struct {
 // ready, or why the restart failed.
 type restartReq struct {
 	done chan error
+	kind restartKind
 }
 
 func newSlot(s *Supervisor, spec runtime.Slot, pool string) *slot {

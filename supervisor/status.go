@@ -72,6 +72,37 @@ type SlotStatus struct {
 	// the agent last measured it (at most a couple of seconds old).
 	Disk      *DiskUse `json:"disk,omitempty"`
 	CellError string   `json:"cell_error,omitempty"`
+	// Runtime is the binary the running master executes; nil when none
+	// runs or its file cannot be told.
+	Runtime *CellRuntime `json:"runtime,omitempty"`
+}
+
+// CellRuntime is the OpenResty binary a running cell's master executes.
+type CellRuntime struct {
+	// Version is what the binary said (-v) when the master started; ""
+	// when not known (started by an agent that did not record it).
+	Version string `json:"version,omitempty"`
+	// Superseded says the file the master runs was replaced at its path
+	// (a package upgrade): it runs the old binary until it is rolled onto
+	// the new one. Current is the version the path holds now.
+	Superseded bool   `json:"superseded"`
+	Current    string `json:"current,omitempty"`
+}
+
+// RuntimeStatus is the binary the agent starts cells from.
+type RuntimeStatus struct {
+	Binary string `json:"binary"`
+	// Version is what the binary says (-v); "" until known.
+	Version string `json:"version,omitempty"`
+	// Superseded counts the running cells whose master runs a replaced
+	// binary.
+	Superseded int `json:"superseded"`
+	// Upgrade is the roll onto a new binary: "" (nothing to do, or done),
+	// "rolling", "refused" (it failed verification: no cell was touched),
+	// "failed" (a rolled cell did not come back ready: the roll stopped),
+	// "waiting" (runtime_upgrade: manual); Reason says why.
+	Upgrade string `json:"upgrade,omitempty"`
+	Reason  string `json:"reason,omitempty"`
 }
 
 // Status is the whole agent as the admin endpoint reports it.
@@ -91,7 +122,9 @@ type Status struct {
 	AgentLimits string         `json:"agent_limits,omitempty"`
 	// Egress is the agent's send path, when it runs one.
 	Egress *edgeapi.EgressStatus `json:"egress,omitempty"`
-	Slots  []SlotStatus          `json:"slots"`
+	// Runtime is the cells' OpenResty binary.
+	Runtime *RuntimeStatus `json:"runtime,omitempty"`
+	Slots   []SlotStatus   `json:"slots"`
 }
 
 // ControlStatus is the agent's configuration delivery.

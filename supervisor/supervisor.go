@@ -32,6 +32,10 @@ import (
 type Options struct {
 	// Binary is the OpenResty executable. Required; it must exist.
 	Binary string
+	// Watch are more files the cells' runtime loads (dynamic modules): a
+	// change of one has the binary verified again (upgrade.go); nil for
+	// none.
+	Watch []string
 	// Topology and Assignments describe the slots. Required.
 	Topology    runtime.Topology
 	Assignments runtime.Assignments
@@ -84,6 +88,9 @@ type Options struct {
 	// Liveness is how ready cells are checked for hanging; zero values
 	// take its defaults.
 	Liveness LivenessPolicy
+	// RuntimeUpgrade is how cells reach a new binary; "" means
+	// UpgradeAuto.
+	RuntimeUpgrade UpgradePolicy
 	// Users are the slots' own users by slot name (celluser), or nil:
 	// the cells run as the agent's user, and UsersNote says why.
 	Users     map[string]*celluser.User
@@ -113,6 +120,16 @@ type Supervisor struct {
 	live atomic.Pointer[Settings]
 	// expect says a manifest source delivers the releases (ExpectReleases).
 	expect atomic.Bool
+	// bin is the file at binary as last observed (superseded.go); kick
+	// wakes the runtime routine that looks at it.
+	bin  atomic.Pointer[binInfo]
+	kick chan struct{}
+
+	upMu sync.Mutex   // guards up
+	up   upgradeState // the last roll onto a new binary (upgrade.go)
+	// forceRoll has the runtime routine roll whatever the policy and a
+	// refusal of the same file before (UpgradeRuntime).
+	forceRoll atomic.Bool
 }
 
 // New validates options and prepares the slots; it starts nothing.
@@ -150,13 +167,15 @@ func New(o Options) (*Supervisor, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
-	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), clk: clock.Or(o.Clock), ready: make(chan struct{}), binary: o.Binary}
+	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), clk: clock.Or(o.Clock), ready: make(chan struct{}), binary: o.Binary,
+		kick: make(chan struct{}, 1)}
 	live := Settings{Limits: o.Limits, Policy: o.Policy, Liveness: o.Liveness, RestartLimit: o.RestartLimit,
-		RestartWindow: o.RestartWindow, DrainTimeout: o.DrainTimeout}.withDefaults()
+		RestartWindow: o.RestartWindow, DrainTimeout: o.DrainTimeout, RuntimeUpgrade: o.RuntimeUpgrade}.withDefaults()
 	s.live.Store(&live)
 	if resolved, err := filepath.EvalSymlinks(o.Binary); err == nil {
 		s.binary = resolved
 	}
+	s.observeBinary()
 	for _, spec := range o.Topology.Slots {
 		s.slots = append(s.slots, newSlot(s, spec, o.Assignments[spec.Name]))
 	}
@@ -234,6 +253,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	var sideWG sync.WaitGroup
 	sideWG.Add(1)
 	go func() { defer sideWG.Done(); s.monitor(side) }()
+	sideWG.Go(func() { s.runtimeLoop(ctx) })
 	for i, c := range s.slots {
 		b := budgets[i]
 		if b == nil {
@@ -499,8 +519,18 @@ func (s *Supervisor) Status() Status {
 	} else if r := s.o.Cgroups.Reason(); r != nil {
 		st.Refusal = "limits not enforced (limits.enforce is false): " + r.Error()
 	}
+	cur := s.observeBinary()
+	up := s.upgrade()
+	st.Runtime = &RuntimeStatus{Binary: s.o.Binary, Upgrade: up.state, Reason: up.err}
+	if cur != nil {
+		st.Runtime.Version = cur.Version
+	}
 	for _, c := range s.slots {
-		st.Slots = append(st.Slots, c.status())
+		ss := c.status()
+		if ss.Runtime = c.runtimeStatus(cur); ss.Runtime != nil && ss.Runtime.Superseded {
+			st.Runtime.Superseded++
+		}
+		st.Slots = append(st.Slots, ss)
 	}
 	return st
 }

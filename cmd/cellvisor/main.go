@@ -62,6 +62,7 @@ The flag --config may stand before or after the command.`,
 		controlCmd("drain", "stop advertising readiness; requests in flight complete",
 			"The cell's readiness check (/.cellvisor/ready) answers 503 until undrain; the cell keeps serving requests.", load, stdout),
 		controlCmd("undrain", "advertise readiness again", "", load, stdout),
+		upgradeRuntimeCmd(load, stdout),
 		controlCmd("restart", "restart the cell gracefully: drain, wait for requests in flight, stop, start",
 			"Operator restarts are rate-limited per cell (restart.rate_limit in restart.rate_window, 3 in 10 minutes by default);\na refused restart says when the next is allowed.", load, stdout),
 		&cobra.Command{

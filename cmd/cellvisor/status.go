@@ -111,6 +111,7 @@ func printStatus(w io.Writer, st supervisor.Status) {
 		}
 	}
 	printEgress(w, st.Egress)
+	printRuntime(w, st.Runtime)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tPID\tHTTP\tHTTPS\tMEMORY\tPIDS\tTHROTTLED\tCONNS\tDISK\tRESTARTS\tREASON")
 	for _, s := range st.Slots {
@@ -135,12 +136,47 @@ func printStatus(w io.Writer, st supervisor.Status) {
 		if d := s.Disk; d != nil {
 			disk = fmt.Sprintf("c%s r%s l%s", share(d.Cache), share(d.RequestTmp), share(d.Logs))
 		}
+		if r := s.Runtime; r != nil && r.Superseded {
+			s.Reason = strings.TrimSpace(s.Reason + " " + supersededNote(r))
+		}
 		// Crash restarts, then operator restarts: "2+1".
 		restarts := fmt.Sprintf("%d+%d", s.Restarts, s.OperatorRestarts)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, pool, s.State, pid,
 			s.HTTPPort, s.HTTPSPort, mem, pids, thr, conns, disk, restarts, s.Reason)
 	}
 	tw.Flush()
+}
+
+// printRuntime shows the cells' binary and how many cells run a replaced
+// one.
+func printRuntime(w io.Writer, r *supervisor.RuntimeStatus) {
+	if r == nil {
+		return
+	}
+	fmt.Fprintf(w, "runtime: %s %s", cli.Printable(r.Binary), cli.Printable(orUnknown(r.Version)))
+	if r.Superseded > 0 {
+		fmt.Fprintf(w, ", %d cell(s) run a superseded binary", r.Superseded)
+	}
+	if r.Upgrade != "" {
+		fmt.Fprintf(w, ", upgrade %s", r.Upgrade)
+	}
+	if r.Reason != "" {
+		fmt.Fprintf(w, ": %s", cli.Printable(r.Reason))
+	}
+	fmt.Fprintln(w)
+}
+
+// supersededNote is a cell's REASON note: the version it runs, the one the
+// binary's path holds now.
+func supersededNote(r *supervisor.CellRuntime) string {
+	return fmt.Sprintf("runs superseded %s (binary now %s)", cli.Printable(orUnknown(r.Version)), cli.Printable(orUnknown(r.Current)))
+}
+
+func orUnknown(v string) string {
+	if v == "" {
+		return "unknown version"
+	}
+	return v
 }
 
 // printEgress shows the send path: the route per class (direct, proxy,

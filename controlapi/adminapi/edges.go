@@ -36,7 +36,9 @@ type EdgeView struct {
 	// Pools are the edge's pools and their ready cells (one edge only).
 	Pools          []PoolHealth    `json:"pools,omitempty"`
 	SecurityEvents []SecurityEvent `json:"security_events,omitempty"`
-	StatusAt       *time.Time      `json:"status_at,omitempty"`
+	// Runtime is the cells' binary, from the last status.
+	Runtime  *RuntimeView `json:"runtime,omitempty"`
+	StatusAt *time.Time   `json:"status_at,omitempty"`
 	// Status, Acks and Tasks are shown for one edge only.
 	Status json.RawMessage `json:"status,omitempty"`
 	Acks   []manifest.Ack  `json:"acks,omitempty"`
@@ -62,6 +64,22 @@ type CellView struct {
 	Reason   string `json:"reason,omitempty"`
 	Drained  bool   `json:"drained"`
 	Sequence int64  `json:"sequence"`
+	// RuntimeVersion is the binary the cell's master runs, as its agent
+	// reported it; RuntimeSuperseded says its file was replaced since (a
+	// package upgrade the cell is not rolled onto yet).
+	RuntimeVersion    string `json:"runtime_version,omitempty"`
+	RuntimeSuperseded bool   `json:"runtime_superseded,omitempty"`
+}
+
+// RuntimeView is an edge's cell binary as its agent reported it.
+type RuntimeView struct {
+	Version string `json:"version,omitempty"`
+	// Superseded counts the cells still running a replaced binary; Upgrade
+	// is the roll onto the new one ("", rolling, refused, failed, waiting)
+	// and Reason why.
+	Superseded int    `json:"superseded"`
+	Upgrade    string `json:"upgrade,omitempty"`
+	Reason     string `json:"reason,omitempty"`
 }
 
 // SecurityEvent summarizes a cell's refused private calls.

@@ -83,6 +83,7 @@ var table = map[string]row{
 	"config":        {tier: host, only: []string{"agent", "cmd/cellvisor", "cmd/cellvisor-demo"}},
 	"controlclient": {tier: host, only: []string{"activation", "outbound", "agent", "cmd/cellvisor"}},
 	"logbound":      {tier: host, only: []string{"supervisor", "agent"}},
+	"runtimebin":    {tier: host, only: []string{"supervisor"}},
 	"sdscope":       {tier: host, only: []string{"agent", "cmd/cellvisor"}},
 	"systemd":       {tier: host, only: []string{"agent", "cmd/cellvisor-control"}},
 
