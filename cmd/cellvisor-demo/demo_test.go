@@ -71,7 +71,9 @@ func TestDemoCheck(t *testing.T) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, append(demoArgs(t, dir), "--check")...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("demo --check: %v\n%s", err, out)
+		// The story says what failed; the first agent's log says why.
+		agentLog, _ := os.ReadFile(filepath.Join(dir, "logs", agentLog))
+		t.Fatalf("demo --check: %v\n%s\nthe first agent's log:\n%s", err, out, agentLog)
 	}
 	for _, want := range []string{
 		"hello from cellvisor", "status -o json", "enrolled as edge",
