@@ -224,21 +224,8 @@ func TestCacheKeepsOutPrivateAnswersAndCookies(t *testing.T) {
 	port := h.waitReady("cell-01", 0).HTTPPort
 	fetch := func(path, cookie string) string {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Host = testHost
-		if cookie != "" {
-			req.Header.Set("Cookie", cookie)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
+		_, body := getCookie(t, port, path, cookie)
+		return body
 	}
 	// The control: a plain answer is cached.
 	if a, b := fetch("/public", ""), fetch("/public", ""); a != b {
@@ -382,21 +369,7 @@ func TestDomainPathAndCookieChoices(t *testing.T) {
 	port := h.waitReady("cell-01", 0).HTTPPort
 	fetch := func(path, cookie string) (int, string) {
 		t.Helper()
-		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Host = testHost
-		if cookie != "" {
-			req.Header.Set("Cookie", cookie)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return getCookie(t, port, path, cookie)
 	}
 	if code, _ := fetch("/ADMIN/x", ""); code != 403 {
 		t.Errorf("/ADMIN/x on a case-insensitive domain: %d, want the /admin rule's 403", code)
@@ -411,4 +384,25 @@ func TestDomainPathAndCookieChoices(t *testing.T) {
 	if _, c := fetch("/page", "consent=yes; session=alice"); c == a {
 		t.Errorf("a request with a session cookie was answered from the cache: %q", c)
 	}
+}
+
+// getCookie fetches path from a cell's port with the test domain's Host
+// and, unless "", cookie.
+func getCookie(t *testing.T, port int, path, cookie string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = testHost
+	if cookie != "" {
+		req.Header.Set("Cookie", cookie)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
