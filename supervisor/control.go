@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -305,20 +306,18 @@ func (c *slot) reloadRoom(pid int) (n int, ok bool) {
 	recent := c.s.clk.Since(c.lastHup) < time.Second
 	c.mu.Unlock()
 	fresh := false
-	_ = c.readAsCell(func() error {
-		kids, err := children(pid)
-		n, fresh = 0, false
-		for _, k := range kids {
-			switch {
-			case cacheProcess(k.pid):
-			case retiring[k] && (recent || shuttingDown(k.pid)):
-				n++
-			default:
-				fresh = true
-			}
+	kids, _ := childrenAsCell(c, pid)
+	for _, k := range kids {
+		// nginx's titles: "nginx: cache manager process", "nginx:
+		// worker process is shutting down".
+		switch t := c.title(k.pid); {
+		case strings.Contains(t, "cache "):
+		case retiring[k] && (recent || strings.Contains(t, "is shutting down")):
+			n++
+		default:
+			fresh = true
 		}
-		return err
-	})
+	}
 	return n, fresh && n < maxOldGenerations
 }
 

@@ -477,40 +477,16 @@ func TestShapeChangeReloadsGracefully(t *testing.T) {
 	port := h.waitReady("cell-01", 0).HTTPPort
 	api := privateClient(t, h, "cell-01", nil)
 	before := cellStatus(t, api)
-	ctx, cancel := context.WithCancel(context.Background())
-	var failed, served atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				if code, _, err := get(port, "/static"); err != nil || code != 200 {
-					failed.Add(1)
-				} else {
-					served.Add(1)
-				}
-			}
-		}()
-	}
+	stop := loadOn(t, "/static", "", port, port, port, port)
 	how := h.publish(2, dataDomains(origin.URL, 2), func(p *runtime.RenderParams) {
 		p.Limits = runtime.PoolLimits{MaxConns: 500}
 	})
 	if how != "reloaded: configuration changed" {
 		t.Errorf("apply: %q, want a reload for the changed configuration", how)
 	}
-	testutil.Eventually(t, 30*time.Second, func() error {
-		lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer lcancel()
-		if seq, _, err := h.sup.Loaded(lctx, "cell-01"); err != nil || seq != 2 {
-			return fmt.Errorf("loaded %d, %v", seq, err)
-		}
-		return nil
-	})
-	cancel()
-	wg.Wait()
-	if failed.Load() != 0 || served.Load() == 0 {
-		t.Errorf("%d of %d requests failed across the reload", failed.Load(), failed.Load()+served.Load())
+	h.awaitLoaded(2, 30*time.Second)
+	if sent, failed, first := stop(); failed != 0 || sent == 0 {
+		t.Errorf("%d of %d requests failed across the reload (first: %s)", failed, sent, first)
 	}
 	if after := cellStatus(t, api); after.WorkerPID == before.WorkerPID || after.Limits.MaxConns != 500 {
 		t.Errorf("worker %d → %d, limits %+v: want a new worker with the new limits", before.WorkerPID, after.WorkerPID, after.Limits)
@@ -539,21 +515,11 @@ func TestReloadBurstDoesNotPileUpWorkers(t *testing.T) {
 		liveness: supervisor.LivenessPolicy{Interval: 200 * time.Millisecond}})
 	port := h.waitReady("cell-01", 0).HTTPPort
 	h.cfg.OpenResty.WorkerShutdownTimeout = config.Duration(3 * time.Second) // each generation lingers for it
+	stop := loadOn(t, "/static", "", port)
 	ctx, cancel := context.WithCancel(context.Background())
-	var failed, served atomic.Int64
 	var most atomic.Int64
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		for ctx.Err() == nil {
-			if code, _, err := get(port, "/static"); err != nil || code != 200 {
-				failed.Add(1)
-			} else {
-				served.Add(1)
-			}
-		}
-	}()
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for ctx.Err() == nil {
@@ -570,21 +536,14 @@ func TestReloadBurstDoesNotPileUpWorkers(t *testing.T) {
 			p.Limits = runtime.PoolLimits{MaxConns: 1000 + n}
 		})
 	}
-	testutil.Eventually(t, 60*time.Second, func() error {
-		lctx, lcancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer lcancel()
-		if seq, _, err := h.sup.Loaded(lctx, "cell-01"); err != nil || seq != last {
-			return fmt.Errorf("loaded %d, %v", seq, err)
-		}
-		return nil
-	})
+	h.awaitLoaded(last, 60*time.Second)
 	cancel()
 	wg.Wait()
 	if most.Load() > 2 {
 		t.Errorf("%d old worker generations at once, want at most 2", most.Load())
 	}
-	if failed.Load() != 0 || served.Load() == 0 {
-		t.Errorf("%d of %d requests failed", failed.Load(), failed.Load()+served.Load())
+	if sent, failed, first := stop(); failed != 0 || sent == 0 {
+		t.Errorf("%d of %d requests failed (first: %s)", failed, sent, first)
 	}
 	if code, body, err := get(port, "/static"); err != nil || code != 200 || body != "v"+strconv.Itoa(last) {
 		t.Errorf("after the burst: %d %q %v", code, body, err)
@@ -668,4 +627,18 @@ func TestAdoptedCellLoadsTheSwitchedRelease(t *testing.T) {
 	if code, body, err := get(after.HTTPPort, "/static"); err != nil || code != 200 || body != "v2" {
 		t.Errorf("after the restart: %d %q %v, want v2", code, body, err)
 	}
+}
+
+// awaitLoaded waits until cell-01 has loaded sequence seq (Loaded, as the
+// activation asks), within timeout.
+func (h *harness) awaitLoaded(seq int64, timeout time.Duration) {
+	h.t.Helper()
+	testutil.Eventually(h.t, timeout, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if got, _, err := h.sup.Loaded(ctx, "cell-01"); err != nil || got != seq {
+			return fmt.Errorf("loaded %d, %v", got, err)
+		}
+		return nil
+	})
 }

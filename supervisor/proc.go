@@ -210,18 +210,3 @@ func identify(pid int) (procIdentity, error) {
 	id.args = strings.FieldsFunc(string(cmdline), func(r rune) bool { return r == 0 || r == ' ' })
 	return id, nil
 }
-
-// shuttingDown reports a process whose title says it is an nginx worker of
-// an earlier generation, finishing its requests after a reload or a stop
-// ("nginx: worker process is shutting down").
-func shuttingDown(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("%s/%d/cmdline", procRoot, pid))
-	return err == nil && strings.Contains(string(b), "is shutting down")
-}
-
-// cacheProcess reports an nginx cache manager or cache loader process
-// (by its title): not a worker of any generation.
-func cacheProcess(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("%s/%d/cmdline", procRoot, pid))
-	return err == nil && strings.Contains(string(b), "cache ")
-}

@@ -21,6 +21,13 @@ import (
 // error, or not 200 "hello").
 func load(t *testing.T, ports ...int) (stop func() (sent, failed int64, first string)) {
 	t.Helper()
+	return loadOn(t, "/", "hello", ports...)
+}
+
+// loadOn is load of path, where an answer fails unless 200 with body
+// (any body where body is "").
+func loadOn(t *testing.T, path, body string, ports ...int) (stop func() (sent, failed int64, first string)) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var sent, failed atomic.Int64
 	var mu sync.Mutex
@@ -29,13 +36,13 @@ func load(t *testing.T, ports ...int) (stop func() (sent, failed int64, first st
 	for _, port := range ports {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				code, body, err := get(port, "/")
+				code, got, err := get(port, path)
 				sent.Add(1)
-				if err != nil || code != 200 || body != "hello" {
+				if err != nil || code != 200 || (body != "" && got != body) {
 					failed.Add(1)
 					mu.Lock()
 					if firstErr == "" {
-						firstErr = fmt.Sprintf("port %d: %d %q %v", port, code, body, err)
+						firstErr = fmt.Sprintf("port %d: %d %q %v", port, code, got, err)
 					}
 					mu.Unlock()
 				}

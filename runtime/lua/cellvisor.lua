@@ -59,14 +59,6 @@ local function seqstr(seq)
     return string.format("%.0f", seq or state.sequence)
 end
 
-local function read_file(path)
-    local f, err = io.open(path, "rb")
-    if not f then return nil, err end
-    local data = f:read("*a")
-    f:close()
-    return data
-end
-
 -- valid_sequence: sequences are 1 … 2^53-1, exact in a double.
 local function valid_sequence(s)
     return type(s) == "number" and s >= 0 and s <= 9007199254740991 and s == math.floor(s)
@@ -152,7 +144,7 @@ function _M.init(opts)
     _M.expose_cell = opts.expose_cell == true
     _M.limits = opts.limits or _M.limits
     max_data = tonumber(opts.max_data) or max_data
-    local secret, err = read_file(opts.secret_file)
+    local secret, err = cvfile.read(opts.secret_file, 4096, "the cell secret")
     if not secret or #secret < 32 then
         error("cellvisor: read cell secret " .. tostring(opts.secret_file) .. ": " .. tostring(err or "too short"))
     end
@@ -160,7 +152,7 @@ function _M.init(opts)
     -- The agent's persisted drained state seeds the flag on a fresh start; a
     -- reload keeps the flag the private endpoint last set (add() does not
     -- overwrite).
-    dict:add("drained", read_file(opts.drained_file) ~= nil)
+    dict:add("drained", cvfile.read(opts.drained_file, 4096, "the drained marker") ~= nil)
     releases_dir, conf_id = string.match(opts.release_dir or "", "^(.*)/([^/]+)$")
     local st, rerr = read_release(conf_id)
     if not st then
