@@ -55,6 +55,10 @@ func TestRefusals(t *testing.T) {
 		{"subtree with slash", "cgroup:\n  subtree: a/b", "cgroup.subtree"},
 		{"unknown scope mode", "cgroup:\n  scope: maybe", "cgroup.scope"},
 		{"relative module", "openresty:\n  modules: [lua.so]", "openresty.modules[0]"},
+		{"resolver a name", "openresty:\n  resolvers: [dns.example]", "openresty.resolvers[0]"},
+		{"resolver port 0", "openresty:\n  resolvers: [\"127.0.0.1:0\"]", "openresty.resolvers[0]"},
+		{"nine resolvers", "openresty:\n  resolvers: [1.1.1.1, 1.1.1.2, 1.1.1.3, 1.1.1.4, 1.1.1.5, 1.1.1.6, 1.1.1.7, 1.1.1.8, 1.1.1.9]", "openresty.resolvers"},
+		{"relative origin CA file", "openresty:\n  origin_ca_file: ca.pem", "openresty.origin_ca_file"},
 		{"liveness interval too short", "liveness:\n  interval: 10ms", "liveness.interval"},
 		{"liveness timeout zero", "liveness:\n  timeout: 0s", "liveness.timeout"},
 		{"intake without a port", "egress:\n  intake_listen: 127.0.0.1", "egress.intake_listen"},
@@ -217,5 +221,16 @@ func TestValidateNamesBadFieldsInOrder(t *testing.T) {
 		if err := c.Validate(); err.Error() != first.Error() {
 			t.Fatalf("the same configuration, another error:\n%v\nthen\n%v", first, err)
 		}
+	}
+}
+
+// Resolvers are addresses, with or without a port, v4 and v6.
+func TestResolversAccepted(t *testing.T) {
+	c, err := Parse([]byte("openresty:\n  resolvers: [127.0.0.53, \"127.0.0.1:5353\", \"::1\", \"[::1]:53\"]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.OpenResty.Resolvers) != 4 {
+		t.Errorf("resolvers %v", c.OpenResty.Resolvers)
 	}
 }

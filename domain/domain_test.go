@@ -137,3 +137,63 @@ func TestPoolClassHoldsTheControlPlanesRule(t *testing.T) {
 		}
 	}
 }
+
+// The origin settings, per-domain options and cache cookies each refuse
+// what the cells could not serve as asked, naming the rule; at their
+// bounds they are accepted.
+func TestOriginAndOptionRefusals(t *testing.T) {
+	origin := func(o string) string {
+		return strings.Replace(goodDomain, `{"name":"app","url":"http://127.0.0.1:9000"}`, o, 1)
+	}
+	for name, c := range map[string]struct{ doc, rule string }{
+		"url and servers":       {origin(`{"name":"app","url":"http://127.0.0.1:9000","servers":[{"url":"http://127.0.0.1:9001"}]}`), "exactly one of url and servers"},
+		"neither":               {origin(`{"name":"app"}`), "exactly one of url and servers"},
+		"17 servers":            {origin(`{"name":"app","servers":[` + manyServers(17) + `]}`), "at most 16"},
+		"two schemes":           {origin(`{"name":"app","servers":[{"url":"http://127.0.0.1:9000"},{"url":"https://127.0.0.1:9001"}]}`), "one scheme for all"},
+		"server twice":          {origin(`{"name":"app","servers":[{"url":"http://127.0.0.1:9000"},{"url":"http://127.0.0.1:9000"}]}`), "twice"},
+		"weight 101":            {origin(`{"name":"app","servers":[{"url":"http://127.0.0.1:9000","weight":101}]}`), "weight"},
+		"host not a name":       {origin(`{"name":"app","url":"http://app_server:9000"}`), "neither an IP address nor a DNS name"},
+		"upper-case host":       {origin(`{"name":"app","url":"http://App.example.com"}`), "neither an IP address nor a DNS name"},
+		"port 0":                {origin(`{"name":"app","url":"http://127.0.0.1:0"}`), "port must be 1–65535"},
+		"sni on http":           {origin(`{"name":"app","url":"http://127.0.0.1:9000","sni":"a.example"}`), "for https origins"},
+		"tls_verify on http":    {origin(`{"name":"app","url":"http://127.0.0.1:9000","tls_verify":false}`), "for https origins"},
+		"sni not a name":        {origin(`{"name":"app","url":"https://127.0.0.1:9000","sni":"a b"}`), "must be a DNS name"},
+		"connect 50 ms":         {origin(`{"name":"app","url":"http://127.0.0.1:9000","timeouts":{"connect_ms":50}}`), "timeouts.connect_ms must be 100–60000"},
+		"read 601 s":            {origin(`{"name":"app","url":"http://127.0.0.1:9000","timeouts":{"read_ms":601000}}`), "timeouts.read_ms must be 100–600000"},
+		"cookie name with =":    {strings.Replace(goodDomain, `"revision":3`, `"revision":3,"cache":{"ttl_seconds":60,"ignore_cookies":["a=b"]}`, 1), "is not a cookie name"},
+		"33 cookies to ignore":  {strings.Replace(goodDomain, `"revision":3`, `"revision":3,"cache":{"ttl_seconds":60,"ignore_cookies":[`+manyCookies(33)+`]}`, 1), "at most 32"},
+		"an unknown option key": {strings.Replace(goodDomain, `"revision":3`, `"revision":3,"trust_proxies":true`, 1), "unknown field"},
+	} {
+		_, err := Decode([]byte(c.doc))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.rule) {
+			t.Errorf("%s: %v, want ErrInvalid saying %q", name, err, c.rule)
+		}
+	}
+	for name, doc := range map[string]string{
+		"16 servers, weights":   origin(`{"name":"app","servers":[` + manyServers(16) + `]}`),
+		"https, sni, no verify": origin(`{"name":"app","url":"https://[::1]:8443","sni":"origin.example.com","tls_verify":false,"timeouts":{"connect_ms":100,"send_ms":600000,"read_ms":600000}}`),
+		"options":               strings.Replace(goodDomain, `"revision":3`, `"revision":3,"trust_forwarded":true,"case_insensitive":true,"raw_path":true,"cache":{"ttl_seconds":60,"ignore_cookies":["consent","_ga"]}`, 1),
+	} {
+		if _, err := Decode([]byte(doc)); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// manyServers is n servers of one origin, on ports 9000 on, weights 1–100.
+func manyServers(n int) string {
+	ss := make([]string, n)
+	for i := range ss {
+		ss[i] = fmt.Sprintf(`{"url":"http://127.0.0.1:%d","weight":%d}`, 9000+i, 1+i*99/max(n-1, 1))
+	}
+	return strings.Join(ss, ",")
+}
+
+// manyCookies is n cookie names as JSON strings, comma-separated.
+func manyCookies(n int) string {
+	cs := make([]string, n)
+	for i := range cs {
+		cs[i] = fmt.Sprintf(`"c%d"`, i)
+	}
+	return strings.Join(cs, ",")
+}

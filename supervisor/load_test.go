@@ -3,6 +3,7 @@ package supervisor_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -641,4 +642,32 @@ func (h *harness) awaitLoaded(seq int64, timeout time.Duration) {
 		}
 		return nil
 	})
+}
+
+// A cell refuses to load a release older than the one it serves, or a
+// name that is no release of its own, and keeps serving what it had.
+func TestLoadRefusesOlderAndForeignReleases(t *testing.T) {
+	origin := streamOrigin(t)
+	h := newHarness(t, harnessOpts{slots: 1, domains: dataDomains(origin.URL, 1)})
+	h.waitReady("cell-01", 0)
+	api := privateClient(t, h, "cell-01", nil)
+	first := cellStatus(t, api).Release
+	if how := h.publish(2, dataDomains(origin.URL, 2), nil); how != "loaded" {
+		t.Fatalf("publish 2: %s", how)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var r *cellapi.Refusal
+	if _, err := api.Load(ctx, first); !errors.As(err, &r) || r.Kind != cellapi.RefusedOlder {
+		t.Errorf("load of the older release %s: %v, want refused as older", first, err)
+	}
+	if _, err := api.Load(ctx, "999999999999-00000000000000"); !errors.As(err, &r) || r.Kind != cellapi.RefusedFailed {
+		t.Errorf("load of a release the cell does not have: %v, want refused as failed", err)
+	}
+	if _, err := api.Load(ctx, "../../etc"); err == nil {
+		t.Error("a name that is no release's was sent")
+	}
+	if st := cellStatus(t, api); st.Sequence != 2 {
+		t.Errorf("after the refusals the cell serves %d, want 2", st.Sequence)
+	}
 }
