@@ -246,3 +246,39 @@ func TestOriginServerDownIsSkipped(t *testing.T) {
 		return nil
 	})
 }
+
+// A resolver that never answers holds a request for its timeout (a
+// second), not longer: the request is answered 502, counted with the
+// reason, and the cell keeps serving its other routes meanwhile.
+func TestOriginResolverThatHangs(t *testing.T) {
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0") // reads nothing, answers nothing
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	h := newHarness(t, harnessOpts{slots: 1, domains: originDomain("http://app.origin.test:9"), resolvers: []string{silent.LocalAddr().String()}})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	done := make(chan error, 1)
+	go func() {
+		code, _, err := get(port, "/")
+		if err == nil && code != 502 {
+			err = fmt.Errorf("answered %d, want 502", code)
+		}
+		done <- err
+	}()
+	if code, body, err := get(port, "/static"); err != nil || code != 200 || body != "static" {
+		t.Errorf("while a lookup hangs, a respond route: %d %q %v", code, body, err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("a request to an origin whose resolver hangs was not answered in 20s")
+	}
+	api := privateClient(t, h, "cell-01", nil)
+	if o := cellStatus(t, api).Origins[testHost+"/app"]; o.Failures != 1 || !strings.Contains(o.LastReason, "resolve: ") || !strings.Contains(o.LastReason, "timeout") {
+		t.Errorf("the failure recorded %+v, want one, resolve with the timeout", o)
+	}
+}

@@ -215,6 +215,7 @@ end
 -- worker finds the release the old one had loaded since the configuration
 -- was read (the shared dict keeps its name), and serves it too.
 function _M.init_worker()
+    cvdns.init_worker()
     local id = dict:get("loaded")
     local seq = release_sequence(id)
     if not seq or seq <= state.sequence then

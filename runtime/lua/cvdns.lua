@@ -15,7 +15,23 @@ local cache = {}        -- name -> { addrs = {...}, next = i, expires = t } or {
 local cached = 0
 local MAX_CACHED = 10000
 local MIN_TTL, MAX_TTL, NEGATIVE_TTL = 5, 300, 5
-local TIMEOUT_MS = 2000
+-- Each server gets a second, and a name's lookup at most MAX_ASKED of
+-- them: a resolver that hangs holds a request a few seconds, not minutes.
+local TIMEOUT_MS, MAX_ASKED = 1000, 3
+
+-- The query ids come from math.random: seeded per worker from the
+-- kernel (LuaJIT's is the same in every process unless seeded), so an
+-- answer cannot be forged by guessing the next id.
+function _M.init_worker()
+    local f = io.open("/dev/urandom", "rb")
+    local b = f and f:read(4)
+    if f then f:close() end
+    local seed = ngx.now() * 1000 + ngx.worker.pid()
+    if b and #b == 4 then
+        seed = ((string.byte(b, 1) * 256 + string.byte(b, 2)) * 256 + string.byte(b, 3)) * 256 + string.byte(b, 4)
+    end
+    math.randomseed(seed)
+end
 
 -- init takes the servers, each "address" or "address:port" ("[v6]:port").
 function _M.init(list)
@@ -95,7 +111,8 @@ end
 
 local function ask(name, qtype)
     local last = "no resolver configured"
-    for _, srv in ipairs(servers) do
+    for n, srv in ipairs(servers) do
+        if n > MAX_ASKED then break end
         local sock = ngx.socket.udp()
         sock:settimeout(TIMEOUT_MS)
         local ok, err = sock:setpeername(srv[1], srv[2])
@@ -133,7 +150,8 @@ function _M.resolve(name)
     local e = cache[name]
     if not e or e.expires <= now then
         local addrs, ttl_or_err = ask(name, 1)
-        if not addrs then
+        -- AAAA only where A has none (not where the servers failed).
+        if not addrs and ttl_or_err == "no address" then
             local v6, ttl6 = ask(name, 28)
             if v6 then addrs, ttl_or_err = v6, ttl6 end
         end
