@@ -33,6 +33,12 @@ func (s *Server) listDomains(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
+	// The move before the domain: a move's end and the revision it
+	// publishes commit together, so a view that says the move is done
+	// shows that revision (read the other way round, the move could end
+	// between the two reads and the view pair "done" with the revision
+	// before).
+	m, merr := s.st.Move(r.Context(), r.PathValue("name"))
 	d, err := s.st.Domain(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return err
@@ -48,14 +54,13 @@ func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
 	for _, p := range ps {
 		v.Placements = append(v.Placements, adminapi.PlacementView{EdgeID: p.EdgeID, Cell: p.Cell, Pool: p.Pool, Role: p.Role})
 	}
-	m, err := s.st.Move(r.Context(), d.Name)
-	if err == nil {
+	if merr == nil {
 		v.Move = moveView(m)
 		if v.Move.WaitingFor, err = s.st.WaitingFor(r.Context(), m); err != nil {
 			return err
 		}
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return err
+	} else if !errors.Is(merr, store.ErrNotFound) {
+		return merr
 	}
 	writeJSON(w, http.StatusOK, v)
 	return nil
