@@ -61,6 +61,8 @@ type Domain struct {
 	// to the first and keeps the second. False (the default): both are
 	// replaced by what the edge saw, whatever the client sent.
 	TrustForwarded bool `json:"trust_forwarded,omitempty"`
+	// TLS, when set, serves the domain over HTTPS too (see TLS).
+	TLS *TLS `json:"tls,omitempty"`
 
 	// raw is the canonical encoding of this domain, made once when it was
 	// decoded and validated: the edge's pool runtime JSON splices it in.
@@ -256,6 +258,11 @@ func (d Domain) Validate() error {
 			if !validCookieName(c) {
 				return bad("cache ignore_cookies: %q is not a cookie name (1–64 of letters, digits and !#$%%&'*+-.^_`|~)", c)
 			}
+		}
+	}
+	if d.TLS != nil {
+		if err := d.TLS.validate(); err != nil {
+			return bad("%v", err)
 		}
 	}
 	if d.Cache != nil && (d.Cache.TTLSeconds < 0 || d.Cache.TTLSeconds > 86400*365) {

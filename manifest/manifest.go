@@ -82,9 +82,27 @@ type Entry struct {
 	// and target cells), sorted; empty means every cell of its pool (a
 	// control plane that does not place). Signed with the entry.
 	Cells []string `json:"cells,omitempty"`
+	// Key is the private key of the domain's certificate (its TLS chain),
+	// sealed to this edge's encryption key; nil for a domain without one.
+	// Signed with the entry.
+	Key *SealedKey `json:"key,omitempty"`
 	// Signature is the standard base64 Ed25519 signature over
 	// SigningMessage(edge id, entry).
 	Signature string `json:"signature"`
+}
+
+// SealedKey is a certificate's private key sealed with HPKE (RFC 9180:
+// DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-256-GCM) to one edge's
+// encryption key, the HPKE info binding the edge id, the domain and the
+// certificate's fingerprint (package tlsseal).
+type SealedKey struct {
+	// KeyID is the hex SHA-256 of the edge encryption public key it is
+	// sealed to.
+	KeyID string `json:"key_id"`
+	// Enc is the HPKE encapsulated key, standard base64.
+	Enc string `json:"enc"`
+	// Sealed is the ciphertext of the PEM private key, standard base64.
+	Sealed string `json:"sealed"`
 }
 
 // Manifest is a whole manifest: every page's entries, for one sequence.
@@ -131,6 +149,9 @@ func SigningMessage(edgeID string, e Entry) []byte {
 		// Only with cells, so that the signatures of entries without
 		// them stay what they were.
 		fields = append(fields, "cells", strings.Join(e.Cells, ","))
+	}
+	if e.Key != nil {
+		fields = append(fields, "key", e.Key.KeyID, e.Key.Enc, e.Key.Sealed)
 	}
 	for _, f := range fields {
 		putField(&b, f)

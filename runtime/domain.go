@@ -56,6 +56,11 @@ type PoolRuntime struct {
 	// (the activation keeps them on disk rather than in memory); nil uses
 	// the domain's own Canonical encoding.
 	Docs func(*domain.Domain) ([]byte, error) `json:"-"`
+	// Keys are the opened private keys (PEM) of the pool's domains that
+	// carry a certificate chain, by domain: the activation opens each
+	// entry's sealed key. A domain with a chain and no key here is served
+	// on the HTTP port only.
+	Keys map[string][]byte `json:"-"`
 
 	hashOnce sync.Once // the JSON's SHA-256 and size, computed once for every slot of the pool
 	hash     string
