@@ -259,6 +259,18 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	gauge(emit, cellLuaHeap, float64(r.LuaKB)*1024, cell, pool)
 	gauge(emit, cellBodiesHeld, float64(r.Bodies.Held), cell, pool)
 	counter(emit, cellBodiesRefused, float64(r.Bodies.Refused), cell, pool)
+	gauge(emit, cellCerts, float64(len(r.TLS.Certificates)), cell, pool)
+	soonest := int64(0)
+	for _, c := range r.TLS.Certificates {
+		if soonest == 0 || c.NotAfter < soonest {
+			soonest = c.NotAfter
+		}
+	}
+	if soonest > 0 {
+		gauge(emit, cellCertExpiry, float64(soonest), cell, pool)
+	}
+	counter(emit, cellTLSRefused, float64(r.TLS.UnknownName), cell, pool, "unknown_name")
+	counter(emit, cellTLSRefused, float64(r.TLS.NoName), cell, pool, "no_name")
 }
 
 func gauge(emit func(sample), d *Desc, v float64, labels ...string) {

@@ -102,6 +102,26 @@ type Status struct {
 	// Bodies is the cell's request-body budget (limits.request_tmp): what
 	// the requests in progress hold, and the bodies refused past it.
 	Bodies Bodies `json:"bodies"`
+	// TLS is what the cell's HTTPS port presents and refuses.
+	TLS TLS `json:"tls"`
+}
+
+// TLS is a cell's account of its HTTPS port.
+type TLS struct {
+	// Certificates are the certificates the cell presents, by domain.
+	Certificates map[string]Certificate `json:"certificates"`
+	// UnknownName and NoName count handshakes refused because the client
+	// named a host the cell has no certificate for, or none.
+	UnknownName int64 `json:"unknown_name"`
+	NoName      int64 `json:"no_name"`
+}
+
+// Certificate is one certificate a cell presents.
+type Certificate struct {
+	// Fingerprint is the hex SHA-256 of the leaf certificate.
+	Fingerprint string `json:"fingerprint"`
+	// NotAfter is the leaf's expiry, in Unix seconds.
+	NotAfter int64 `json:"not_after"`
 }
 
 // Bodies is the cell's account of request bodies against its budget.

@@ -92,6 +92,7 @@ var luaHashes = sync.OnceValue(func() map[string]string {
 		"lua/frontdoor.lua": hashOf(frontDoorLua),
 		"lua/cvfile.lua":    hashOf(fileLua),
 		"lua/cvdns.lua":     hashOf(dnsLua),
+		placeholderFile:     hashOf(placeholderPEM),
 	}
 })
 
@@ -181,6 +182,7 @@ func identify(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Re
 	ident["nginx.conf"] = hashOf(nconf)
 	sum := digest(ident)
 	delete(ident, r.poolFile)
+	delete(ident, keysFile)
 	return r, hashes, p, sum, digest(ident), nil
 }
 
@@ -199,8 +201,11 @@ func prepare(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Ren
 	if p.Sequence < 0 || p.Sequence > MaxSequence {
 		return Release{}, nil, p, fmt.Errorf("build release: sequence %d is not 0–%d: the cells' Lua holds sequences as doubles", p.Sequence, int64(MaxSequence))
 	}
-	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua, "lua/cvfile.lua": fileLua, "lua/cvdns.lua": dnsLua}}
+	keys := pool.keysJSON()
+	r := Release{Files: map[string][]byte{"lua/cellvisor.lua": cellLua, "lua/frontdoor.lua": frontDoorLua, "lua/cvfile.lua": fileLua, "lua/cvdns.lua": dnsLua,
+		placeholderFile: placeholderPEM, keysFile: keys}}
 	hashes := maps.Clone(luaHashes())
+	hashes[keysFile] = hashOf(keys)
 	if p.Pool != "" {
 		if !domain.ValidPoolName(p.Pool) {
 			// Joined into pools/<pool>.json and rendered into the cell's

@@ -501,6 +501,24 @@ func TestShapeSeparatesDataFromConfiguration(t *testing.T) {
 	if m := build(testParams(s, 2), pool("one", 0)); m.Shape == base.Shape {
 		t.Error("the cache zone gone: the same shape")
 	}
+	// A certificate's key is data too: a key the activation opened (the
+	// same documents) is another release of the same shape, and the key
+	// is in the keys file, nowhere else.
+	keyed := pool("one", 60)
+	keyed.Hosts["a.test"].TLS = &domain.TLS{Certificate: "a", Chain: "c", Fingerprint: "f"}
+	keyed.Keys = map[string][]byte{"a.test": []byte("-----BEGIN PRIVATE KEY-----\nk3y-material\n")}
+	r, err := BuildRelease(testParams(s, 2), keyed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Meta.Shape != base.Shape || r.Meta.Digest == base.Digest {
+		t.Errorf("a key opened: shape %v, digest %v; want the same shape, another digest", r.Meta.Shape == base.Shape, r.Meta.Digest == base.Digest)
+	}
+	for name, data := range r.Files {
+		if strings.Contains(string(data), "k3y-material") != (name == keysFile) {
+			t.Errorf("%s: holds the key %v", name, strings.Contains(string(data), "k3y-material"))
+		}
+	}
 	small := testParams(s, 2)
 	small.MaxDataBytes = 100
 	if _, err := BuildRelease(small, pool("one", 60)); !errors.Is(err, ErrTooBig) || !strings.Contains(err.Error(), "more than a cell reads (100)") {

@@ -35,6 +35,8 @@ type harness struct {
 	done   chan error
 	opts   supervisor.Options
 	cfg    config.Agent // what the releases were rendered from
+	// keys are the domains' opened certificate keys every release carries.
+	keys map[string][]byte
 }
 
 type harnessOpts struct {
@@ -77,6 +79,9 @@ type harnessOpts struct {
 	// cacheBudget and bodyBudget are the cells' limits.cache and
 	// limits.request_tmp; 0 means the shipped ones.
 	cacheBudget, bodyBudget int64
+	// keys are the certificate keys of the domains that carry a chain
+	// (what the activation opens), by domain.
+	keys map[string][]byte
 }
 
 // newHarness lays out slots, activates a release for every assigned slot
@@ -174,6 +179,9 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 			p := agent.RenderParams(cfg, s, pool, seq)
 			p.AuthWindow = o.authWindow
 			p.Limits = o.limits
+			if pools[pool] != nil {
+				pools[pool].Keys = o.keys
+			}
 			r, err := runtime.BuildRelease(p, pools[pool])
 			if err != nil {
 				t.Fatal(err)
@@ -210,7 +218,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &harness{t: t, bin: bin, ctx: ctx, sup: sup, cg: o.cg, topo: topo, cancel: cancel, opts: opts, cfg: cfg}
+	return &harness{t: t, bin: bin, ctx: ctx, sup: sup, cg: o.cg, topo: topo, cancel: cancel, opts: opts, cfg: cfg, keys: o.keys}
 }
 
 // restart stops the supervisor and starts a new one on the same state, as

@@ -166,6 +166,9 @@ func (h *harness) activateWith(seq int64, ds []domain.Domain, edit func(*runtime
 	if edit != nil {
 		edit(&p)
 	}
+	if pools[domain.PoolSharedDefault] != nil {
+		pools[domain.PoolSharedDefault].Keys = h.keys
+	}
 	r, err := runtime.BuildRelease(p, pools[domain.PoolSharedDefault])
 	if err != nil {
 		h.t.Fatal(err)

@@ -21,6 +21,7 @@ local bit = require "bit"
 local cvfile = require "cvfile"
 local cvdns = require "cvdns"
 local balancer = require "ngx.balancer"
+local ssl = require "ngx.ssl"
 require "frontdoor" -- loaded now: a later require would read a release directory that may be gone
 
 local dict = ngx.shared.cellvisor
@@ -36,7 +37,7 @@ local _M = { cell = "?", pool = "", secret = nil,
 -- in place, so a request that took it once sees one release throughout.
 -- id names the release directory, shape is the digest of everything in it
 -- but the data (a load needs the running configuration's shape).
-local state = { id = "", sequence = 0, shape = "", hosts = {} }
+local state = { id = "", sequence = 0, shape = "", hosts = {}, certs = {} }
 
 -- The configuration's own release and shape (fixed for a generation of
 -- workers), the directory of every release, and the bound of a release's
@@ -99,6 +100,49 @@ local function decode_lines(data)
     return hosts, digests
 end
 
+-- read_certs pairs the keys of release dir (tls/keys.json: "domain":
+-- ["fingerprint","PEM key"]) with the chains of its domains' documents:
+-- host → { chain = cdata, key = cdata, fp = fingerprint, domain = d }.
+-- A certificate the served state parsed (the same fingerprint) is kept,
+-- not parsed again. A domain whose chain or key does not parse is left out
+-- (its handshakes refused) and named in bad; the rest are served. nil and
+-- why where the keys file cannot be read or decoded.
+local function read_certs(dir, id, hosts)
+    local data, err = cvfile.read(dir .. "/tls/keys.json", max_data, "keys of release " .. id)
+    if not data then
+        -- A release an older agent wrote has no keys file: no certificate.
+        if string.find(err, "errno 2)", 1, true) then return {}, {}, {} end
+        return nil, err
+    end
+    local doc = cjson.decode(data)
+    if type(doc) ~= "table" or type(doc.keys) ~= "table" then
+        return nil, "keys of release " .. id .. " do not decode"
+    end
+    local prev = state.parsed or {}
+    local certs, parsed, bad = {}, {}, {}
+    for host, d in pairs(hosts) do
+        local t = type(d) == "table" and d.tls
+        local k = t and t.chain and doc.keys[d.domain]
+        if type(k) == "table" and k[1] == t.fingerprint and type(k[2]) == "string" then
+            local p = parsed[k[1]] or prev[k[1]]
+            if not p then
+                local chain, cerr = ssl.parse_pem_cert(t.chain)
+                local key, kerr = ssl.parse_pem_priv_key(k[2])
+                if chain and key then
+                    p = { chain = chain, key = key }
+                else
+                    bad[d.domain] = tostring(cerr or kerr)
+                end
+            end
+            if p then
+                parsed[k[1]] = p
+                certs[host] = { chain = p.chain, key = p.key, fp = k[1], domain = d, not_after = tonumber(k[3]) or 0 }
+            end
+        end
+    end
+    return certs, parsed, bad
+end
+
 -- read_release reads release id (its release.json and its pool's data)
 -- and builds the state it would serve, or answers nil and why. Nothing is
 -- changed.
@@ -134,8 +178,17 @@ local function read_release(id)
             end
         end
     end
+    local certs, parsed, bad = read_certs(dir, id, hosts)
+    if not certs then return nil, parsed end
+    for dom, why in pairs(bad) do
+        ngx.log(ngx.ERR, "cellvisor: release ", id, ": the certificate of ", dom, " does not parse (", why, "): its handshakes are refused")
+    end
+    local hsts = false
+    for _, d in pairs(hosts) do
+        if type(d) == "table" and d.tls and d.tls.hsts then hsts = true; break end
+    end
     return { id = id, sequence = meta.sequence, shape = type(meta.shape) == "string" and meta.shape or "",
-        hosts = hosts, digests = digests }
+        hosts = hosts, digests = digests, certs = certs, parsed = parsed, hsts = hsts }
 end
 
 function _M.init(opts)
@@ -325,6 +378,10 @@ local cache_check
 -- (nginx's own check reads only the first line).
 function _M.headers()
     ngx.header["Server"] = nil
+    local hsts = state.hsts and ngx.ctx.cv_hsts -- ngx.ctx costs a table: only where a domain has HSTS
+    if hsts then
+        ngx.header["Strict-Transport-Security"] = hsts
+    end
     if fills and ngx.var.cv_ttl ~= "" then
         cache_check()
     end
@@ -623,10 +680,68 @@ local function to_origin(d, o, uri)
     end
 end
 
+-- certificate runs in the TLS handshake (ssl_certificate_by_lua): it
+-- presents the certificate of the domain the client's SNI names, and
+-- refuses the handshake for a name the cell has no certificate for, or
+-- none. A resumed session does not come here.
+function _M.certificate()
+    local name = ssl.server_name()
+    local c = name and lookup(state.certs, name)
+    if not c then
+        dict:incr(name and "tls:unknown_name" or "tls:no_name", 1, 0)
+        return ngx.exit(ngx.ERROR)
+    end
+    local ok, err = ssl.clear_certs()
+    if ok then ok, err = ssl.set_cert(c.chain) end
+    if ok then ok, err = ssl.set_priv_key(c.key) end
+    if not ok then
+        ngx.log(ngx.ERR, "cellvisor: certificate of ", c.domain.domain, ": ", err)
+        return ngx.exit(ngx.ERROR)
+    end
+end
+
+-- tls_first answers what a domain with tls does before its routes: an ACME
+-- HTTP-01 challenge it has pending (on either port), and, on the HTTP
+-- port, the redirect to https once the cell holds its certificate.
+local acme_prefix = "/.well-known/acme-challenge/"
+
+local function tls_first(t, host)
+    local uri = ngx.var.uri
+    if t.acme_challenges and string.sub(uri, 1, #acme_prefix) == acme_prefix then
+        local token = string.sub(uri, #acme_prefix + 1)
+        for _, c in ipairs(t.acme_challenges) do
+            if c.token == token then
+                ngx.header["Content-Type"] = "text/plain"
+                ngx.print(c.key_authorization)
+                return ngx.exit(ngx.HTTP_OK)
+            end
+        end
+    end
+    if t.redirect_http and ngx.var.https ~= "on" and lookup(state.certs, host) then
+        -- The public face of the cell's ports is 80 and 443: no port.
+        return ngx.redirect("https://" .. string.lower(host) .. ngx.var.request_uri, 301)
+    end
+    local h = t.hsts
+    if h and ngx.var.https == "on" then
+        -- Added by the header filter, to the origin's answers too.
+        local v = h._value
+        if not v then
+            v = "max-age=" .. string.format("%d", h.max_age_seconds)
+                .. (h.include_subdomains and "; includeSubDomains" or "") .. (h.preload and "; preload" or "")
+            h._value = v
+        end
+        ngx.ctx.cv_hsts = v
+    end
+end
+
 function _M.serve()
-    local d = lookup(state.hosts, ngx.var.host)
+    local host = ngx.var.host
+    local d = lookup(state.hosts, host)
     if not d then
         return answer(404, "no such domain")
+    end
+    if d.tls then
+        tls_first(d.tls, host)
     end
     local uri = normalize(ngx.var.uri)
     if not uri then
@@ -829,6 +944,16 @@ local function origin_servers()
     return out
 end
 
+-- tls_certificates are the certificates the cell presents, by domain:
+-- fingerprint and expiry (Unix seconds).
+local function tls_certificates()
+    local out = {}
+    for _, c in pairs(state.certs or {}) do
+        out[c.domain.domain] = { fingerprint = c.fp, not_after = c.not_after }
+    end
+    return out
+end
+
 local function status_doc()
     return {
         cell = _M.cell,
@@ -873,6 +998,11 @@ local function status_doc()
         },
         origins = origins(),
         origin_servers = origin_servers(),
+        tls = {
+            certificates = tls_certificates(),
+            unknown_name = dict:get("tls:unknown_name") or 0,
+            no_name = dict:get("tls:no_name") or 0,
+        },
         security = {
             auth_failures = dict:get("sec:auth_failures") or 0,
             last_at = dict:get("sec:last_at") or 0,
