@@ -271,6 +271,7 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	}
 	counter(emit, cellTLSRefused, float64(r.TLS.UnknownName), cell, pool, "unknown_name")
 	counter(emit, cellTLSRefused, float64(r.TLS.NoName), cell, pool, "no_name")
+	counter(emit, cellTLSRefused, float64(r.TLS.BadCertificate), cell, pool, "bad_certificate")
 }
 
 func gauge(emit func(sample), d *Desc, v float64, labels ...string) {

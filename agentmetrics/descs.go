@@ -70,7 +70,7 @@ var (
 	cellLuaHeap          = desc("cell_lua_heap_bytes", "The answering worker's Lua heap: mostly the data it serves.", cellLabels...)
 	cellCerts            = desc("cell_tls_certificates", "Certificates the cell presents on its HTTPS port (one a domain; `cellvisor status` lists them with their expiry).", cellLabels...)
 	cellCertExpiry       = desc("cell_tls_certificate_expiry_min_timestamp_seconds", "The soonest expiry (Unix seconds) among the certificates the cell presents; absent where it presents none.", cellLabels...)
-	cellTLSRefused       = desc("cell_tls_handshakes_refused_total", "TLS handshakes the cell refused, by reason: unknown_name (SNI of a host it has no certificate for), no_name (no SNI).", "cell", "pool", "reason")
+	cellTLSRefused       = desc("cell_tls_handshakes_refused_total", "TLS handshakes the cell refused, by reason: unknown_name (SNI of a host it has no certificate for), no_name (no SNI), bad_certificate (the domain's certificate or key did not parse).", "cell", "pool", "reason")
 
 	allDescs = []*Desc{
 		agentInfo, limitsEnforced, startTime, enrollmentState, activeSequence, ackPending, ackDropped,

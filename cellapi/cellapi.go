@@ -114,6 +114,9 @@ type TLS struct {
 	// named a host the cell has no certificate for, or none.
 	UnknownName int64 `json:"unknown_name"`
 	NoName      int64 `json:"no_name"`
+	// BadCertificate counts handshakes refused because the domain's
+	// certificate or key did not parse (the cell's error log says which).
+	BadCertificate int64 `json:"bad_certificate"`
 }
 
 // Certificate is one certificate a cell presents.

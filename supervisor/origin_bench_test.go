@@ -132,27 +132,8 @@ func workerCPU(b *testing.B, pid int) time.Duration {
 // way an operator would write it by hand, and returns its port and its
 // worker's pid.
 func handWritten(b *testing.B, bin, origin string) (int, int) {
-	root := b.TempDir()
-	testutil.Traversable(b, root) // its workers may run as another user (nobody, under root)
-	for _, d := range []string{"cache", "tmp"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o777); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.Chmod(filepath.Join(root, d), 0o777); err != nil {
-			b.Fatal(err)
-		}
-	}
-	port := testutil.PortBase(b, 1)
-	_, mods := testutil.RequireOpenResty(b)
-	var conf strings.Builder
-	for _, m := range mods {
-		fmt.Fprintf(&conf, "load_module %s;\n", m)
-	}
-	fmt.Fprintf(&conf, `daemon off;
-worker_processes 1;
-pid %[1]s/nginx.pid;
-error_log %[1]s/error.log warn;
-events { worker_connections 1024; }
+	return startNginx(b, bin, func(root string, port int) string {
+		return fmt.Sprintf(`events { worker_connections 1024; }
 http {
     access_log %[1]s/access.log;
     proxy_temp_path %[1]s/tmp;
@@ -185,8 +166,33 @@ http {
     }
 }
 `, root, origin, port, testHost)
+	})
+}
+
+// startNginx starts one bare nginx worker (the host's binary and modules)
+// with the configuration conf writes for its root directory and port (the
+// events and http blocks), and returns its port and its worker's pid.
+func startNginx(b *testing.B, bin string, conf func(root string, port int) string) (int, int) {
+	root := b.TempDir()
+	testutil.Traversable(b, root) // its workers may run as another user (nobody, under root)
+	for _, d := range []string{"cache", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o777); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.Chmod(filepath.Join(root, d), 0o777); err != nil {
+			b.Fatal(err)
+		}
+	}
+	port := testutil.PortBase(b, 1)
+	_, mods := testutil.RequireOpenResty(b)
+	var text strings.Builder
+	for _, m := range mods {
+		fmt.Fprintf(&text, "load_module %s;\n", m)
+	}
+	fmt.Fprintf(&text, "daemon off;\nworker_processes 1;\npid %[1]s/nginx.pid;\nerror_log %[1]s/error.log warn;\n", root)
+	text.WriteString(conf(root, port))
 	confPath := filepath.Join(root, "nginx.conf")
-	if err := os.WriteFile(confPath, []byte(conf.String()), 0o644); err != nil {
+	if err := os.WriteFile(confPath, []byte(text.String()), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-p", root+"/", "-c", confPath, "-e", root+"/error.log")

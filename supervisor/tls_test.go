@@ -297,4 +297,9 @@ func TestBadKeyRefusesOnlyItsDomain(t *testing.T) {
 	if _, err := handshake(st.HTTPSPort, "a.wild.test", &tls.Config{RootCAs: ca.Pool()}); err != nil {
 		t.Errorf("another domain's handshake: %v", err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if live := h.sup.LiveStatus(ctx).Slots[0].Cell; live == nil || live.TLS.BadCertificate != 1 {
+		t.Errorf("status: %+v, want one handshake refused for a bad certificate", live)
+	}
 }

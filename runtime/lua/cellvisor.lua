@@ -101,17 +101,18 @@ local function decode_lines(data)
 end
 
 -- read_certs pairs the keys of release dir (tls/keys.json: "domain":
--- ["fingerprint","PEM key"]) with the chains of its domains' documents:
--- host → { chain = cdata, key = cdata, fp = fingerprint, domain = d }.
--- A certificate the served state parsed (the same fingerprint) is kept,
--- not parsed again. A domain whose chain or key does not parse is left out
--- (its handshakes refused) and named in bad; the rest are served. nil and
--- why where the keys file cannot be read or decoded.
+-- ["fingerprint","PEM key",not_after]) with the chains of its domains'
+-- documents: host → { fp, domain, not_after, pem = { chain, key } }. The
+-- PEM is parsed at the domain's first handshake (certificate below), not
+-- here: OpenSSL 3 takes about 0.6 ms to parse a certificate and its key,
+-- 0.6 s for a thousand at every start and load. What the served state
+-- parsed (by fingerprint) is kept. nil and why where the keys file cannot
+-- be read or decoded.
 local function read_certs(dir, id, hosts)
     local data, err = cvfile.read(dir .. "/tls/keys.json", max_data, "keys of release " .. id)
     if not data then
         -- A release an older agent wrote has no keys file: no certificate.
-        if string.find(err, "errno 2)", 1, true) then return {}, {}, {} end
+        if string.find(err, "errno 2)", 1, true) then return {}, {} end
         return nil, err
     end
     local doc = cjson.decode(data)
@@ -119,28 +120,18 @@ local function read_certs(dir, id, hosts)
         return nil, "keys of release " .. id .. " do not decode"
     end
     local prev = state.parsed or {}
-    local certs, parsed, bad = {}, {}, {}
+    local certs, parsed = {}, {}
     for host, d in pairs(hosts) do
         local t = type(d) == "table" and d.tls
         local k = t and t.chain and doc.keys[d.domain]
         if type(k) == "table" and k[1] == t.fingerprint and type(k[2]) == "string" then
-            local p = parsed[k[1]] or prev[k[1]]
-            if not p then
-                local chain, cerr = ssl.parse_pem_cert(t.chain)
-                local key, kerr = ssl.parse_pem_priv_key(k[2])
-                if chain and key then
-                    p = { chain = chain, key = key }
-                else
-                    bad[d.domain] = tostring(cerr or kerr)
-                end
-            end
-            if p then
-                parsed[k[1]] = p
-                certs[host] = { chain = p.chain, key = p.key, fp = k[1], domain = d, not_after = tonumber(k[3]) or 0 }
-            end
+            local fp = k[1]
+            local p = parsed[fp] or prev[fp] or { chain_pem = t.chain, key_pem = k[2] }
+            parsed[fp] = p
+            certs[host] = { fp = fp, domain = d, not_after = tonumber(k[3]) or 0, parsed = p }
         end
     end
-    return certs, parsed, bad
+    return certs, parsed
 end
 
 -- read_release reads release id (its release.json and its pool's data)
@@ -178,11 +169,8 @@ local function read_release(id)
             end
         end
     end
-    local certs, parsed, bad = read_certs(dir, id, hosts)
+    local certs, parsed = read_certs(dir, id, hosts)
     if not certs then return nil, parsed end
-    for dom, why in pairs(bad) do
-        ngx.log(ngx.ERR, "cellvisor: release ", id, ": the certificate of ", dom, " does not parse (", why, "): its handshakes are refused")
-    end
     local hsts = false
     for _, d in pairs(hosts) do
         if type(d) == "table" and d.tls and d.tls.hsts then hsts = true; break end
@@ -691,9 +679,25 @@ function _M.certificate()
         dict:incr(name and "tls:unknown_name" or "tls:no_name", 1, 0)
         return ngx.exit(ngx.ERROR)
     end
+    local p = c.parsed
+    if not p.chain then
+        if p.bad then return ngx.exit(ngx.ERROR) end
+        -- The domain's first handshake: parsed once, for every later one
+        -- (and every later release with this certificate).
+        local chain, cerr = ssl.parse_pem_cert(p.chain_pem)
+        local key, kerr = ssl.parse_pem_priv_key(p.key_pem)
+        if not chain or not key then
+            p.bad = true
+            dict:incr("tls:bad_certificate", 1, 0)
+            ngx.log(ngx.ERR, "cellvisor: the certificate of ", c.domain.domain, " (", c.fp, ") does not parse: ",
+                tostring(cerr or kerr), ": its handshakes are refused")
+            return ngx.exit(ngx.ERROR)
+        end
+        p.chain, p.key = chain, key
+    end
     local ok, err = ssl.clear_certs()
-    if ok then ok, err = ssl.set_cert(c.chain) end
-    if ok then ok, err = ssl.set_priv_key(c.key) end
+    if ok then ok, err = ssl.set_cert(p.chain) end
+    if ok then ok, err = ssl.set_priv_key(p.key) end
     if not ok then
         ngx.log(ngx.ERR, "cellvisor: certificate of ", c.domain.domain, ": ", err)
         return ngx.exit(ngx.ERROR)
@@ -1001,6 +1005,7 @@ local function status_doc()
         tls = {
             certificates = tls_certificates(),
             unknown_name = dict:get("tls:unknown_name") or 0,
+            bad_certificate = dict:get("tls:bad_certificate") or 0,
             no_name = dict:get("tls:no_name") or 0,
         },
         security = {
