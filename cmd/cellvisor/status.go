@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"cellvisor/agent"
+	"cellvisor/cellapi"
 	"cellvisor/config"
 	"cellvisor/edgeapi"
 	"cellvisor/internal/cli"
@@ -131,6 +134,9 @@ func printStatus(w io.Writer, st supervisor.Status) {
 			conns = fmt.Sprintf("%d", c.Connections.Active)
 			if c.Security.AuthFailures > 0 {
 				s.Reason = strings.TrimSpace(fmt.Sprintf("%s %d refused private calls", s.Reason, c.Security.AuthFailures))
+			}
+			if note := expiringNote(c.TLS.Certificates, time.Now()); note != "" {
+				s.Reason = strings.TrimSpace(s.Reason + " " + note)
 			}
 		}
 		if d := s.Disk; d != nil {
@@ -280,4 +286,35 @@ func share(b supervisor.DiskBudget) string {
 		return "-"
 	}
 	return fmt.Sprintf("%d%%", b.Bytes*100/b.Budget)
+}
+
+// expiringNote names the certificates a cell presents that expire within
+// 14 days (the sample alert's threshold), soonest first; "" when none.
+func expiringNote(certs map[string]cellapi.Certificate, now time.Time) string {
+	type soon struct {
+		domain string
+		left   time.Duration
+	}
+	var list []soon
+	for d, c := range certs {
+		if left := time.Unix(c.NotAfter, 0).Sub(now); left < 14*24*time.Hour {
+			list = append(list, soon{d, left})
+		}
+	}
+	if len(list) == 0 {
+		return ""
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].left < list[j].left })
+	parts := make([]string, 0, 3)
+	for _, c := range list[:min(3, len(list))] {
+		if c.left <= 0 {
+			parts = append(parts, c.domain+" expired")
+		} else {
+			parts = append(parts, fmt.Sprintf("%s in %.0fd", c.domain, math.Ceil(c.left.Hours()/24)))
+		}
+	}
+	if len(list) > 3 {
+		parts = append(parts, fmt.Sprintf("and %d more", len(list)-3))
+	}
+	return "certificate expiring: " + strings.Join(parts, ", ")
 }
