@@ -233,6 +233,12 @@ type OriginServer struct {
 	Up       bool  `json:"up"`
 	Failures int64 `json:"failures"`
 	Retries  int64 `json:"retries"`
+	// Checks and CheckFailures count the origin's active health checks
+	// of the server (health_check), LastCheckError says why the last one
+	// failed ("" once one passes).
+	Checks         int64  `json:"checks"`
+	CheckFailures  int64  `json:"check_failures"`
+	LastCheckError string `json:"last_check_error"`
 }
 
 // OriginReasons are the reasons a cell gives an origin's failure:

@@ -91,6 +91,19 @@ type Origin struct {
 	// Timeouts bound the exchange with the origin; zero fields take the
 	// defaults (connect 5 s, send and read 60 s).
 	Timeouts *OriginTimeouts `json:"timeouts,omitempty"`
+	// HealthCheck, when set, has the cells ask each server of the origin
+	// for a path on an interval: a server that fails it is skipped until
+	// it passes again.
+	HealthCheck *HealthCheck `json:"health_check,omitempty"`
+}
+
+// HealthCheck is an origin's active health check: GET Path on every
+// server each IntervalSeconds (2–300; 0 means 10), a pass being an answer
+// of 200–399 within TimeoutMs (100–10000; 0 means 1000).
+type HealthCheck struct {
+	Path            string `json:"path"`
+	IntervalSeconds int    `json:"interval_seconds,omitempty"`
+	TimeoutMs       int    `json:"timeout_ms,omitempty"`
 }
 
 // OriginServer is one server of an origin.
@@ -316,6 +329,16 @@ func (d Domain) validateOrigins() (map[string]bool, error) {
 				if f.ms != 0 && (f.ms < MinOriginTimeoutMs || f.ms > f.mx) {
 					return nil, fmt.Errorf("origin %s: timeouts.%s must be %d–%d (or 0 for the default), got %d", o.Name, f.name, MinOriginTimeoutMs, f.mx, f.ms)
 				}
+			}
+		}
+		if hc := o.HealthCheck; hc != nil {
+			switch {
+			case !strings.HasPrefix(hc.Path, "/") || len(hc.Path) > MaxPrefix || !printable(hc.Path) || strings.ContainsAny(hc.Path, " #"):
+				return nil, fmt.Errorf("origin %s: health_check.path must start with / and be at most %d printable bytes without spaces or #, got %q", o.Name, MaxPrefix, hc.Path)
+			case hc.IntervalSeconds != 0 && (hc.IntervalSeconds < 2 || hc.IntervalSeconds > 300):
+				return nil, fmt.Errorf("origin %s: health_check.interval_seconds must be 2–300 (or 0 for 10), got %d", o.Name, hc.IntervalSeconds)
+			case hc.TimeoutMs != 0 && (hc.TimeoutMs < MinOriginTimeoutMs || hc.TimeoutMs > 10_000):
+				return nil, fmt.Errorf("origin %s: health_check.timeout_ms must be %d–10000 (or 0 for 1000), got %d", o.Name, MinOriginTimeoutMs, hc.TimeoutMs)
 			}
 		}
 		origins[o.Name] = true

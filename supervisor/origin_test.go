@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -281,4 +282,59 @@ func TestOriginResolverThatHangs(t *testing.T) {
 	if o := cellStatus(t, api).Origins[testHost+"/app"]; o.Failures != 1 || !strings.Contains(o.LastReason, "resolve: ") || !strings.Contains(o.LastReason, "timeout") {
 		t.Errorf("the failure recorded %+v, want one, resolve with the timeout", o)
 	}
+}
+
+// An origin's active health check takes a server out before any request
+// fails on it (its /healthz answers 503 while it serves everything else),
+// and back once the check passes; status counts the checks.
+func TestOriginActiveHealthCheck(t *testing.T) {
+	a, _ := countingOrigin(t)
+	var sick atomic.Bool
+	sick.Store(true)
+	var bHits atomic.Int64
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			if r.Header.Get("User-Agent") != "cellvisor-health-check" || r.Host != testHost {
+				t.Errorf("check: Host %q, User-Agent %q", r.Host, r.Header.Get("User-Agent"))
+			}
+			if sick.Load() {
+				w.WriteHeader(503)
+			}
+			return
+		}
+		bHits.Add(1)
+		io.WriteString(w, "b")
+	}))
+	t.Cleanup(b.Close)
+	doms := originDomain("")
+	doms[0].Origins[0] = domain.Origin{Name: "app", Servers: []domain.OriginServer{{URL: a.URL}, {URL: b.URL, Weight: 3}},
+		HealthCheck: &domain.HealthCheck{Path: "/healthz", IntervalSeconds: 2}}
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	api := privateClient(t, h, "cell-01", nil)
+	key := testHost + "/app " + b.URL
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if s := cellStatus(t, api).OriginServers[key]; s.Up || s.CheckFailures == 0 || !strings.Contains(s.LastCheckError, "503") {
+			return fmt.Errorf("the sick server: %+v", s)
+		}
+		return nil
+	})
+	for i := 0; i < 20; i++ {
+		if code, body, err := get(port, "/x"); err != nil || code != 200 || !strings.HasPrefix(body, "origin ") {
+			t.Fatalf("request %d: %d %q %v", i, code, body, err)
+		}
+	}
+	if n := bHits.Load(); n != 0 {
+		t.Errorf("the server whose check fails got %d requests", n)
+	}
+	sick.Store(false)
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if s := cellStatus(t, api).OriginServers[key]; !s.Up || s.LastCheckError != "" {
+			return fmt.Errorf("the recovered server: %+v", s)
+		}
+		if _, body, err := get(port, "/x"); err != nil || body != "b" {
+			return fmt.Errorf("%q %v", body, err)
+		}
+		return nil
+	})
 }

@@ -171,12 +171,22 @@ local function read_release(id)
     end
     local certs, parsed = read_certs(dir, id, hosts)
     if not certs then return nil, parsed end
-    local hsts = false
+    -- Whether any domain has HSTS, and the origins with an active health
+    -- check (once each, not once a hostname).
+    local hsts, checks, seen = false, {}, {}
     for _, d in pairs(hosts) do
-        if type(d) == "table" and d.tls and d.tls.hsts then hsts = true; break end
+        if type(d) == "table" then
+            if d.tls and d.tls.hsts then hsts = true end
+            if not seen[d.domain] then
+                seen[d.domain] = true
+                for _, o in ipairs(d.origins or {}) do
+                    if type(o.health_check) == "table" then checks[#checks + 1] = { d = d, o = o } end
+                end
+            end
+        end
     end
     return { id = id, sequence = meta.sequence, shape = type(meta.shape) == "string" and meta.shape or "",
-        hosts = hosts, digests = digests, certs = certs, parsed = parsed, hsts = hsts }
+        hosts = hosts, digests = digests, certs = certs, parsed = parsed, hsts = hsts, checks = checks }
 end
 
 function _M.init(opts)
@@ -252,11 +262,16 @@ local function load(id)
     return true
 end
 
+local active_checks -- below, with the origins' health
+
 -- init_worker runs in every new worker: one that replaces a crashed
 -- worker finds the release the old one had loaded since the configuration
 -- was read (the shared dict keeps its name), and serves it too.
 function _M.init_worker()
     cvdns.init_worker()
+    if ngx.worker.id() == 0 then
+        ngx.timer.every(1, active_checks)
+    end
     local id = dict:get("loaded")
     local seq = release_sequence(id)
     if not seq or seq <= state.sequence then
@@ -456,7 +471,8 @@ local function health_of(key)
     local h = health[key]
     if not h then
         if health_count >= 10000 then health, health_count = {}, 0 end
-        h = { fails = 0, down_until = 0, failures = 0, retries = 0 }
+        h = { fails = 0, down_until = 0, failures = 0, retries = 0,
+            checks = 0, check_failures = 0, checked_at = 0, check_interval = 10 }
         health[key], health_count = h, health_count + 1
     end
     return h
@@ -526,6 +542,83 @@ local function note_failure(origin, status, reason)
     if type(rec.reasons) ~= "table" then rec.reasons = {} end
     rec.reasons[kind] = (rec.reasons[kind] or 0) + 1
     dict:set(key, cjson.encode(rec))
+end
+
+-- Active health checks (an origin's health_check): every second the
+-- worker starts the checks that are due, at most MAX_CHECKS at once. A
+-- check asks the server for the path on a new connection (TLS as the
+-- origin's requests, verified the same way) with the domain's first
+-- hostname as Host; an answer of 200-399 in time passes. A server that
+-- fails is skipped until a check passes (or two intervals go by without
+-- one); one that passes is taken back at once.
+local MAX_CHECKS = 32
+local checking, running_checks = {}, 0
+
+local function check_server(premature, key, sv, path, timeout, host, sni, verify)
+    local ok, err = false, nil
+    if not premature then
+        local addr = sv.ip
+        if not addr then addr, err = cvdns.resolve(sv.host) end
+        if addr then
+            local sock = ngx.socket.tcp()
+            sock:settimeouts(timeout, timeout, timeout)
+            ok, err = sock:connect(addr, sv.port)
+            if ok and sv.tls then
+                ok, err = sock:sslhandshake(nil, sni ~= "" and sni or nil, verify)
+            end
+            if ok then
+                ok, err = sock:send("GET " .. path .. " HTTP/1.1\r\nHost: " .. host ..
+                    "\r\nUser-Agent: cellvisor-health-check\r\nConnection: close\r\n\r\n")
+            end
+            local line
+            if ok then line, err = sock:receive("*l") end
+            sock:close()
+            ok = false
+            if line then
+                local code = tonumber(string.match(line, "^HTTP/%d%.%d (%d%d%d)"))
+                ok = code ~= nil and code >= 200 and code < 400
+                if not ok then err = "answered " .. string.sub(line, 1, 64) end
+            end
+        end
+        local h = health_of(key)
+        ngx.update_time()
+        h.checks, h.checked_at = h.checks + 1, ngx.now()
+        if ok then
+            h.fails, h.down_until, h.check_error = 0, 0, nil
+        else
+            h.check_failures, h.check_error = h.check_failures + 1, tostring(err)
+            h.down_until = ngx.now() + 2 * h.check_interval
+        end
+    end
+    checking[key], running_checks = nil, running_checks - 1
+end
+
+function active_checks(premature)
+    if premature then return end
+    local now = ngx.now()
+    for _, c in ipairs(state.checks or {}) do
+        local d, o = c.d, c.o
+        local hc, t = o.health_check, target(o)
+        local interval = tonumber(hc.interval_seconds) or 0
+        if interval <= 0 then interval = 10 end
+        local timeout = tonumber(hc.timeout_ms) or 0
+        if timeout <= 0 then timeout = 1000 end
+        local host = d.domain
+        for _, hn in ipairs(d.hostnames or {}) do
+            if string.sub(hn, 1, 2) ~= "*." then host = hn; break end
+        end
+        for _, sv in ipairs(t.servers) do
+            local key = d.domain .. "/" .. o.name .. " " .. sv.url
+            local h = health_of(key)
+            if not checking[key] and now - h.checked_at >= interval then
+                if running_checks >= MAX_CHECKS then return end
+                h.check_interval = interval
+                if ngx.timer.at(0, check_server, key, sv, hc.path, timeout, host, t.sni, t.verify) then
+                    checking[key], running_checks = true, running_checks + 1
+                end
+            end
+        end
+    end
 end
 
 -- balance runs in the balancer phase of the origin upstreams: the server
@@ -943,7 +1036,8 @@ end
 local function origin_servers()
     local out, now = {}, ngx.now()
     for key, h in pairs(health) do
-        out[key] = { up = h.down_until <= now, failures = h.failures, retries = h.retries }
+        out[key] = { up = h.down_until <= now, failures = h.failures, retries = h.retries,
+            checks = h.checks, check_failures = h.check_failures, last_check_error = h.check_error or "" }
     end
     return out
 end
