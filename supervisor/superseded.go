@@ -304,3 +304,30 @@ func (s *Supervisor) kickRuntime() {
 	default:
 	}
 }
+
+// runtimeTarget is what a roll moves the cells onto: the configured
+// binary's file and the identities of the watched module files. A refused
+// or failed roll is not tried again until it changes, so a module
+// replaced again (a fixed package) is tried even though the binary is the
+// same file.
+type runtimeTarget struct {
+	Bin     runtimebin.ID
+	Modules string // the module files' identities, in Options.Watch order
+}
+
+// targetOf is the runtime now at the configured paths, cur being the
+// binary's.
+func (s *Supervisor) targetOf(cur *binInfo) runtimeTarget {
+	t := runtimeTarget{Bin: cur.ID}
+	var b strings.Builder
+	for _, m := range s.o.Watch {
+		id, err := runtimebin.Stat(m)
+		if err != nil {
+			fmt.Fprintf(&b, "%s:missing;", m)
+			continue
+		}
+		fmt.Fprintf(&b, "%s:%d:%d:%d:%d;", m, id.Dev, id.Ino, id.Size, id.MTime)
+	}
+	t.Modules = b.String()
+	return t
+}
