@@ -42,6 +42,7 @@ type UpgradePolicy string
 // Upgrade policies (agent.yaml runtime_upgrade).
 const (
 	UpgradeAuto   UpgradePolicy = "auto"   // rolled as soon as the new binary is verified
+	UpgradePaced  UpgradePolicy = "paced"  // rolled as auto, a cell every runtime_upgrade_pace (pace.go)
 	UpgradeManual UpgradePolicy = "manual" // rolled when an operator says so (UpgradeRuntime)
 )
 
@@ -188,7 +189,24 @@ func (s *Supervisor) roll(ctx context.Context, force bool) error {
 	}
 	st := upgradeState{state: UpgradeRolling, target: target}
 	s.setUpgrade(st)
-	for _, c := range todo {
+	for i, c := range todo {
+		if i > 0 && !force && s.settings().RuntimeUpgrade == UpgradePaced {
+			switch err := s.pace(ctx, todo[i-1], c, &st); {
+			case errors.Is(err, errPaceForced):
+				force = true // the operator's roll: the rest without the pace
+			case errors.Is(err, errPaceManual):
+				s.setUpgrade(upgradeState{target: target, rolled: st.rolled})
+				return err
+			case err != nil:
+				if ctx.Err() != nil {
+					return err
+				}
+				st.state, st.err = UpgradeFailed, err.Error()
+				s.setUpgrade(st)
+				s.log.Error("runtime upgrade stopped: the remaining cells keep the old binary", zap.String("cell", todo[i-1].spec.Name), zap.Error(err))
+				return err
+			}
+		}
 		if err := s.rollCell(ctx, c, cur); err != nil {
 			if errors.Is(err, errNotSuperseded) {
 				continue
