@@ -81,8 +81,10 @@ func (a *Agent) Reload(ctx context.Context, next config.Agent) error {
 	if err != nil {
 		return fmt.Errorf("reload: %w", err)
 	}
-	// A SIGHUP also has the cells' binary looked at again (a package
-	// installed without the watch seeing it).
-	a.sup.CheckRuntime()
 	return nil
 }
+
+// CheckRuntime has the cells' binary and modules looked at again (a
+// package installed without the watch seeing it): every SIGHUP does it,
+// whether or not the configuration it re-reads is taken.
+func (a *Agent) CheckRuntime() { a.sup.CheckRuntime() }
