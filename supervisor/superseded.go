@@ -331,3 +331,21 @@ func (s *Supervisor) targetOf(cur *binInfo) runtimeTarget {
 	t.Modules = b.String()
 	return t
 }
+
+// RuntimeOf is the runtime the cell name's master runs: the version it
+// started with ("" unknown) and whether its binary or a module was
+// replaced since; ok is false when no master runs or its file cannot be
+// told. The acks carry it (activation).
+func (s *Supervisor) RuntimeOf(name string) (version string, superseded, ok bool) {
+	for _, c := range s.slots {
+		if c.spec.Name != name {
+			continue
+		}
+		r := c.runtimeStatus(s.bin.Load())
+		if r == nil {
+			return "", false, false
+		}
+		return r.Version, r.Superseded, true
+	}
+	return "", false, false
+}
