@@ -62,15 +62,31 @@ func (c *slot) staleModules(pid int, modules []string) string {
 	if err != nil {
 		return ""
 	}
+	real := make([]string, len(modules))
+	for i, m := range modules {
+		real[i] = inRealDir(m)
+	}
 	for line := range strings.Lines(string(maps)) {
 		line = strings.TrimRight(line, "\n")
-		for _, m := range modules {
-			if strings.HasSuffix(line, " "+m+deletedSuffix) {
+		for i, m := range modules {
+			if strings.HasSuffix(line, " "+m+deletedSuffix) || strings.HasSuffix(line, " "+real[i]+deletedSuffix) {
 				return m
 			}
 		}
 	}
 	return ""
+}
+
+// inRealDir is path with its directory's links resolved, as the kernel
+// names a mapped file: Debian's /usr/share/nginx/modules is a link to
+// /usr/lib/nginx/modules. The file itself is not resolved (it is the
+// one replaced); path as it is when the directory cannot be resolved.
+func inRealDir(path string) string {
+	dir, err := filepath.EvalSymlinks(filepath.Dir(path))
+	if err != nil {
+		return path
+	}
+	return filepath.Join(dir, filepath.Base(path))
 }
 
 // runtimeRecord is written beside the master record when a master starts:

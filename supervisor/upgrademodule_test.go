@@ -103,3 +103,38 @@ func TestIncompatibleModuleTouchesNoCell(t *testing.T) {
 		return nil
 	})
 }
+
+// Modules configured through a linked directory (Debian's
+// /usr/share/nginx/modules links to /usr/lib/nginx/modules, where the
+// package installs them, and where /proc/PID/maps names them): a module
+// replaced there still makes the masters superseded, and they are rolled.
+func TestRollsCellsOntoAModuleInALinkedDirectory(t *testing.T) {
+	_, mods := testutil.RequireOpenResty(t)
+	if len(mods) == 0 {
+		t.Skip("the host's OpenResty has its Lua built in: no module file to replace")
+	}
+	dir := t.TempDir()
+	testutil.Traversable(t, dir)
+	real := filepath.Join(dir, "lib")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "share")
+	if err := os.Symlink("lib", link); err != nil {
+		t.Fatal(err)
+	}
+	var configured []string
+	for _, m := range mods {
+		installBinary(t, m, filepath.Join(real, filepath.Base(m)))
+		configured = append(configured, filepath.Join(link, filepath.Base(m)))
+	}
+	h := newHarness(t, harnessOpts{slots: 1, assign: allAssigned(1), modules: configured})
+	before := h.waitReady("cell-01", 0)
+	installBinary(t, mods[len(mods)-1], filepath.Join(real, filepath.Base(mods[len(mods)-1])))
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if s := h.slot("cell-01"); s.State != supervisor.StateReady || s.PID == before.PID || s.Runtime == nil || s.Runtime.Superseded {
+			return fmt.Errorf("cell-01: %s pid %d (was %d) runtime %+v, want a new master on the new module", s.State, s.PID, before.PID, s.Runtime)
+		}
+		return nil
+	})
+}
