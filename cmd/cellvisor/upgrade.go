@@ -83,8 +83,17 @@ func printPlan(w io.Writer, p supervisor.UpgradePlan) {
 	case !p.Verified:
 		fmt.Fprintln(w, "no cell would be touched: every cell keeps the binary it runs")
 	case p.DryRun:
-		fmt.Fprintf(w, "dry run: nothing changed; the roll would take these %d cell(s) one at a time, each once the others of its pool are ready\n", len(p.Cells))
+		fmt.Fprintf(w, "dry run: nothing changed; the roll would take these %d cell(s) one at a time, each once the others of its pool are ready%s\n", len(p.Cells), notPaced(p.Policy))
 	case p.Started:
 		fmt.Fprintln(w, "the roll has started: cellvisor status follows it")
 	}
+}
+
+// notPaced notes, under the paced policy, that the operator's roll does not
+// wait the pace.
+func notPaced(p supervisor.UpgradePolicy) string {
+	if p == supervisor.UpgradePaced {
+		return " (without runtime_upgrade_pace: the operator's roll)"
+	}
+	return ""
 }
