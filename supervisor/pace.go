@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // The paced policy (runtime_upgrade: paced) rolls the cells as auto does,
@@ -34,12 +36,15 @@ var (
 // stayed ready for the pace, before the roll takes next; st is the roll's
 // state, whose reason says what it waits for meanwhile. Its error says why
 // the roll must not go on.
-func (s *Supervisor) pace(ctx context.Context, rolled, next *slot, st *upgradeState) error {
+func (s *Supervisor) pace(ctx context.Context, rolled, next *slot, st *upgradeState) (err error) {
 	pid, _ := rolled.running()
 	since := s.clk.Now()
 	defer func() {
-		st.err = ""
-		s.setUpgrade(*st)
+		// The roll goes on: its state no longer says it waits.
+		if st.err != "" && (err == nil || errors.Is(err, errPaceForced)) {
+			st.err = ""
+			s.setUpgrade(*st)
+		}
 	}()
 	for {
 		set := s.settings()
@@ -74,4 +79,21 @@ func (s *Supervisor) pace(ctx context.Context, rolled, next *slot, st *upgradeSt
 		case <-t.C():
 		}
 	}
+}
+
+// paceStopped records a roll that a pace ended (err, not errPaceForced)
+// after the cell rolled, and returns err: under manual now, nothing is
+// rolling (the routine then says the cells wait for the operator);
+// otherwise the roll failed, the remaining cells keeping the old binary.
+func (s *Supervisor) paceStopped(ctx context.Context, rolled *slot, st *upgradeState, err error) error {
+	switch {
+	case ctx.Err() != nil:
+	case errors.Is(err, errPaceManual):
+		s.setUpgrade(upgradeState{target: st.target, rolled: st.rolled})
+	default:
+		st.state, st.err = UpgradeFailed, err.Error()
+		s.setUpgrade(*st)
+		s.log.Error("runtime upgrade stopped: the remaining cells keep the old binary", zap.String("cell", rolled.spec.Name), zap.Error(err))
+	}
+	return err
 }

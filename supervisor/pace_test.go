@@ -92,3 +92,39 @@ func TestPacedRollStopsWhenTheRolledCellFails(t *testing.T) {
 		t.Errorf("cell-02: %d %q %v, want it serving", code, body, err)
 	}
 }
+
+// The operator's roll (cellvisor upgrade-runtime) during a pace takes the
+// remaining cells at once; a reload to manual during a pace stops the roll
+// where it is, the remaining cells waiting for the operator.
+func TestPaceEndsForTheOperatorOrManual(t *testing.T) {
+	t.Run("operator", func(t *testing.T) {
+		h, before, _ := pacedAfterFirst(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if plan, err := h.sup.UpgradeRuntime(ctx, false); err != nil || !plan.Started || len(plan.Cells) != 1 || plan.Cells[0].Name != "cell-02" {
+			t.Fatalf("operator's roll: %+v %v, want cell-02's started", plan, err)
+		}
+		h.waitReady("cell-02", before[1].PID)
+		testutil.Eventually(t, 30*time.Second, func() error {
+			if r := h.sup.Status().Runtime; r.Superseded != 0 || r.Upgrade != supervisor.UpgradeIdle {
+				return fmt.Errorf("runtime %+v, want every cell rolled", *r)
+			}
+			return nil
+		})
+	})
+	t.Run("manual", func(t *testing.T) {
+		h, before, _ := pacedAfterFirst(t)
+		if err := h.sup.Update(context.Background(), supervisor.Settings{Limits: h.opts.Limits, RuntimeUpgrade: supervisor.UpgradeManual}); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 30*time.Second, func() error {
+			if r := h.sup.Status().Runtime; r.Upgrade != supervisor.UpgradeWaiting || r.Superseded != 1 {
+				return fmt.Errorf("runtime %+v, want cell-02 waiting for the operator", *r)
+			}
+			return nil
+		})
+		if s := h.slot("cell-02"); s.PID != before[1].PID {
+			t.Errorf("cell-02: pid %d, want the old master %d", s.PID, before[1].PID)
+		}
+	})
+}

@@ -189,22 +189,14 @@ func (s *Supervisor) roll(ctx context.Context, force bool) error {
 	}
 	st := upgradeState{state: UpgradeRolling, target: target}
 	s.setUpgrade(st)
-	for i, c := range todo {
-		if i > 0 && !force && s.settings().RuntimeUpgrade == UpgradePaced {
-			switch err := s.pace(ctx, todo[i-1], c, &st); {
-			case errors.Is(err, errPaceForced):
+	var last *slot // the cell rolled last, which a pace watches
+	for _, c := range todo {
+		if last != nil && !force && s.settings().RuntimeUpgrade == UpgradePaced {
+			err := s.pace(ctx, last, c, &st)
+			if errors.Is(err, errPaceForced) {
 				force = true // the operator's roll: the rest without the pace
-			case errors.Is(err, errPaceManual):
-				s.setUpgrade(upgradeState{target: target, rolled: st.rolled})
-				return err
-			case err != nil:
-				if ctx.Err() != nil {
-					return err
-				}
-				st.state, st.err = UpgradeFailed, err.Error()
-				s.setUpgrade(st)
-				s.log.Error("runtime upgrade stopped: the remaining cells keep the old binary", zap.String("cell", todo[i-1].spec.Name), zap.Error(err))
-				return err
+			} else if err != nil {
+				return s.paceStopped(ctx, last, &st, err)
 			}
 		}
 		if err := s.rollCell(ctx, c, cur); err != nil {
@@ -221,6 +213,7 @@ func (s *Supervisor) roll(ctx context.Context, force bool) error {
 		}
 		st.rolled++
 		s.setUpgrade(st)
+		last = c
 	}
 	st.state = UpgradeIdle
 	s.setUpgrade(st)
