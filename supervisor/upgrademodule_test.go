@@ -44,23 +44,30 @@ func installIncompatible(t *testing.T, src, dst string) {
 	}
 }
 
-// An incompatible module file (built for another nginx) installed while the
-// cells serve is refused before any cell is touched: every cell keeps its
-// master, serves, and status says why. The fixed module, installed next,
-// is tried though the binary is the same file, and the cells are rolled.
-func TestIncompatibleModuleTouchesNoCell(t *testing.T) {
-	_, mods := testutil.RequireOpenResty(t)
+// hostModules installs copies of the host's module files into dir, as a
+// package would, and returns the host's and the copies' paths; it skips
+// where the host's OpenResty has its Lua built in.
+func hostModules(t *testing.T, dir string) (mods, copies []string) {
+	t.Helper()
+	_, mods = testutil.RequireOpenResty(t)
 	if len(mods) == 0 {
 		t.Skip("the host's OpenResty has its Lua built in: no module file to replace")
 	}
-	dir := t.TempDir()
 	testutil.Traversable(t, dir)
-	var copies []string
 	for _, m := range mods {
 		dst := filepath.Join(dir, filepath.Base(m))
 		installBinary(t, m, dst)
 		copies = append(copies, dst)
 	}
+	return mods, copies
+}
+
+// An incompatible module file (built for another nginx) installed while the
+// cells serve is refused before any cell is touched: every cell keeps its
+// master, serves, and status says why. The fixed module, installed next,
+// is tried though the binary is the same file, and the cells are rolled.
+func TestIncompatibleModuleTouchesNoCell(t *testing.T) {
+	mods, copies := hostModules(t, t.TempDir())
 	h := newHarness(t, harnessOpts{slots: 2, assign: allAssigned(2), modules: copies})
 	before := []supervisor.SlotStatus{h.waitReady("cell-01", 0), h.waitReady("cell-02", 0)}
 	lua := copies[len(copies)-1]
@@ -109,10 +116,6 @@ func TestIncompatibleModuleTouchesNoCell(t *testing.T) {
 // package installs them, and where /proc/PID/maps names them): a module
 // replaced there still makes the masters superseded, and they are rolled.
 func TestRollsCellsOntoAModuleInALinkedDirectory(t *testing.T) {
-	_, mods := testutil.RequireOpenResty(t)
-	if len(mods) == 0 {
-		t.Skip("the host's OpenResty has its Lua built in: no module file to replace")
-	}
 	dir := t.TempDir()
 	testutil.Traversable(t, dir)
 	real := filepath.Join(dir, "lib")
@@ -123,10 +126,10 @@ func TestRollsCellsOntoAModuleInALinkedDirectory(t *testing.T) {
 	if err := os.Symlink("lib", link); err != nil {
 		t.Fatal(err)
 	}
+	mods, copies := hostModules(t, real)
 	var configured []string
-	for _, m := range mods {
-		installBinary(t, m, filepath.Join(real, filepath.Base(m)))
-		configured = append(configured, filepath.Join(link, filepath.Base(m)))
+	for _, c := range copies {
+		configured = append(configured, filepath.Join(link, filepath.Base(c)))
 	}
 	h := newHarness(t, harnessOpts{slots: 1, assign: allAssigned(1), modules: configured})
 	before := h.waitReady("cell-01", 0)
