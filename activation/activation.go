@@ -49,6 +49,14 @@ type Cells interface {
 	Loaded(ctx context.Context, cell string) (seq int64, running bool, err error)
 }
 
+// RuntimeTeller is what Cells may also do: tell the runtime a cell's
+// master runs (its version, and whether its binary or a module was
+// replaced since), ok false when none runs. Applied and partial acks then
+// carry each running cell's (manifest.Ack.Runtimes).
+type RuntimeTeller interface {
+	RuntimeOf(cell string) (version string, superseded, ok bool)
+}
+
 // Options configures an Activator.
 type Options struct {
 	// EdgeID and PublicKey come from the agent's identity: entries must be

@@ -116,6 +116,16 @@ type fakeCells struct {
 	// hung is a cell whose status calls get no answer: Loaded returns only
 	// when its context ends.
 	hung string
+	// runtimes are the cells' runtimes RuntimeOf tells; a cell not in it
+	// runs none.
+	runtimes map[string]manifest.CellRuntime
+}
+
+func (f *fakeCells) RuntimeOf(cell string) (string, bool, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.runtimes[cell]
+	return r.Version, r.Superseded, ok
 }
 
 func (f *fakeCells) Assign(ctx context.Context, cell, pool string) error {
@@ -634,4 +644,29 @@ func TestEmptyManifestIsActivated(t *testing.T) {
 		r.poll()
 		check(t, r)
 	})
+}
+
+// An applied manifest's ack carries the runtime each running cell runs,
+// superseded or not, in slot order; a version that is not one (what a
+// binary printed) goes as unknown, so that the control API takes the ack.
+func TestAckCarriesTheCellsRuntimes(t *testing.T) {
+	r := newRig(t)
+	r.cells.mu.Lock()
+	r.cells.runtimes = map[string]manifest.CellRuntime{
+		"cell-02": {Version: "nginx/1.22.2\x1b[31m"},
+		"cell-01": {Version: "nginx/1.22.1", Superseded: true},
+	}
+	r.cells.mu.Unlock()
+	r.publish(1, map[string]string{"a.example.com": "one"})
+	if err := r.a.Poll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a := r.lastAck()
+	want := []manifest.CellRuntime{{Cell: "cell-01", Version: "nginx/1.22.1", Superseded: true}, {Cell: "cell-02"}}
+	if a.Status != manifest.AckApplied || !slices.Equal(a.Runtimes, want) {
+		t.Fatalf("ack %+v, want it applied with runtimes %+v", a, want)
+	}
+	if err := manifest.CheckRuntimes(a.Runtimes); err != nil {
+		t.Errorf("the ack's runtimes would be refused: %v", err)
+	}
 }

@@ -153,10 +153,33 @@ func (a *Activator) installAndSwitch(seq int64, changes []change) error {
 	return nil
 }
 
+// runtimes are the runtimes of the running cells of the plan, in slot
+// order, for an ack; nil when Cells cannot tell.
+func (a *Activator) runtimes(changes []change) []manifest.CellRuntime {
+	rt, ok := a.o.Cells.(RuntimeTeller)
+	if !ok {
+		return nil
+	}
+	var out []manifest.CellRuntime
+	for _, c := range changes {
+		if c.kind == retire {
+			continue
+		}
+		if v, superseded, ok := rt.RuntimeOf(c.slot.Name); ok {
+			r := manifest.CellRuntime{Cell: c.slot.Name, Version: v, Superseded: superseded}
+			if manifest.CheckRuntimes([]manifest.CellRuntime{r}) != nil {
+				r.Version = "" // what a binary printed, not a version: unknown
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // commit journals the ack of seq (partial when cells did not report it)
 // and then records seq as the active sequence.
 func (a *Activator) commit(seq int64, changes []change, how map[string]string, missing, notRetired []string) error {
-	ack := manifest.Ack{Sequence: seq, Status: manifest.AckApplied, At: a.clock.Now().UTC()}
+	ack := manifest.Ack{Sequence: seq, Status: manifest.AckApplied, At: a.clock.Now().UTC(), Runtimes: a.runtimes(changes)}
 	var why []string
 	if len(missing) > 0 {
 		why = append(why, fmt.Sprintf("release %d is active but %d cell(s) have not reported loading it (%s)", seq, len(missing), strings.Join(missing, ", ")))

@@ -421,6 +421,8 @@ func supervisorOptions(cfg config.Agent, topo runtime.Topology, assign runtime.A
 		RequestBudget:  int64(cfg.Limits.RequestTmp),
 		Logger:         log,
 		Version:        Version,
+
+		RuntimeUpgradePace: cfg.RuntimeUpgradePace.D(),
 	}
 }
 

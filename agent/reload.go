@@ -16,13 +16,14 @@ var ErrReloadRefused = fmt.Errorf("configuration reload refused")
 
 // liveFields clears what a reload may change while cells run: the log
 // level, liveness checks, crash and operator restart settings, the
-// cells' memory, CPU and PID limits, and the runtime upgrade policy.
+// cells' memory, CPU and PID limits, and the runtime upgrade policy and
+// pace.
 func liveFields(c config.Agent) config.Agent {
 	c.Log.Level = ""
 	c.Liveness = config.Liveness{}
 	c.Restart = config.Restart{}
 	c.Limits.Memory, c.Limits.CPU, c.Limits.PIDs = 0, 0, 0
-	c.RuntimeUpgrade = ""
+	c.RuntimeUpgrade, c.RuntimeUpgradePace = "", 0
 	return c
 }
 
@@ -68,19 +69,22 @@ func (a *Agent) Reload(ctx context.Context, next config.Agent) error {
 		return fmt.Errorf("%w: %s cannot change while the agent runs (restart the agent to change it)", ErrReloadRefused, strings.Join(fixed, ", "))
 	}
 	err := a.sup.Update(ctx, supervisor.Settings{
-		Limits:         CellLimits(next),
-		Policy:         supervisor.Policy{Initial: next.Restart.InitialDelay.D(), Max: next.Restart.MaxDelay.D(), HealthyAfter: next.Restart.HealthyAfter.D()},
-		Liveness:       livenessPolicy(next.Liveness),
-		RestartLimit:   next.Restart.RateLimit,
-		RestartWindow:  next.Restart.RateWindow.D(),
-		DrainTimeout:   next.Restart.DrainTimeout.D(),
-		RuntimeUpgrade: supervisor.UpgradePolicy(next.RuntimeUpgrade),
+		Limits:             CellLimits(next),
+		Policy:             supervisor.Policy{Initial: next.Restart.InitialDelay.D(), Max: next.Restart.MaxDelay.D(), HealthyAfter: next.Restart.HealthyAfter.D()},
+		Liveness:           livenessPolicy(next.Liveness),
+		RestartLimit:       next.Restart.RateLimit,
+		RestartWindow:      next.Restart.RateWindow.D(),
+		DrainTimeout:       next.Restart.DrainTimeout.D(),
+		RuntimeUpgrade:     supervisor.UpgradePolicy(next.RuntimeUpgrade),
+		RuntimeUpgradePace: next.RuntimeUpgradePace.D(),
 	})
 	if err != nil {
 		return fmt.Errorf("reload: %w", err)
 	}
-	// A SIGHUP also has the cells' binary looked at again (a package
-	// installed without the watch seeing it).
-	a.sup.CheckRuntime()
 	return nil
 }
+
+// CheckRuntime has the cells' binary and modules looked at again (a
+// package installed without the watch seeing it): every SIGHUP does it,
+// whether or not the configuration it re-reads is taken.
+func (a *Agent) CheckRuntime() { a.sup.CheckRuntime() }

@@ -29,6 +29,9 @@ func TestFixedChanges(t *testing.T) {
 			c.Limits.CPU, c.Limits.PIDs = 2, 7
 			c.Restart.RateLimit, c.Liveness.FailureThreshold = 9, 9
 		}, nil},
+		{"runtime upgrade policy and pace", func(c *config.Agent) {
+			c.RuntimeUpgrade, c.RuntimeUpgradePace = "paced", config.Duration(time.Hour)
+		}, nil},
 		{"slot count", func(c *config.Agent) { c.Slots = 3 }, []string{"slots"}},
 		{"a port and a path", func(c *config.Agent) { c.Ports.HTTPBase++; c.RunDir = "/elsewhere" },
 			[]string{"run_dir", "ports.http_base"}},

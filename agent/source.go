@@ -11,7 +11,11 @@ import (
 	"cellvisor/activation"
 	"cellvisor/controlclient"
 	"cellvisor/runtime"
+	"cellvisor/supervisor"
 )
+
+// The supervisor tells the acks each cell's runtime (issue 41).
+var _ activation.RuntimeTeller = (*supervisor.Supervisor)(nil)
 
 // chooseSource picks where signed manifests come from: a spool directory
 // when one is configured, else the control API the edge enrolled with, else

@@ -77,9 +77,13 @@ type Agent struct {
 	CellUsers string `yaml:"cell_users"`
 	// RuntimeUpgrade says how cells reach a new openresty.binary (or
 	// module) a package installed: "auto" (the default) rolled one at a
-	// time once verified, "manual" when an operator runs
+	// time once verified, "paced" the same with RuntimeUpgradePace
+	// between two cells, "manual" when an operator runs
 	// cellvisor upgrade-runtime.
 	RuntimeUpgrade string `yaml:"runtime_upgrade"`
+	// RuntimeUpgradePace is, under "paced", how long a rolled cell must
+	// stay ready on the new runtime before the next is rolled.
+	RuntimeUpgradePace Duration `yaml:"runtime_upgrade_pace"`
 }
 
 // CellUsersMode is cell_users with its default (auto) filled in.
@@ -342,7 +346,9 @@ func Default() Agent {
 			FailureThreshold: 3,
 			RestartThreshold: 6,
 		},
-		Log: Log{Format: "json", Level: "info"},
+		Log:                Log{Format: "json", Level: "info"},
+		RuntimeUpgrade:     "auto",
+		RuntimeUpgradePace: Duration(5 * time.Minute),
 		// The connection caps are sized from the agent's 128 MiB: see
 		// outbound.IntakeLimits and agentmetrics.DefaultMaxConns for the
 		// arithmetic (config imports neither, so the numbers are repeated).
@@ -549,9 +555,12 @@ func (c Agent) Validate() error {
 		bad("cell_users", "must be auto, slot or agent, got %q", c.CellUsers)
 	}
 	switch c.RuntimeUpgrade {
-	case "", "auto", "manual":
+	case "", "auto", "paced", "manual":
 	default:
-		bad("runtime_upgrade", "must be auto or manual, got %q", c.RuntimeUpgrade)
+		bad("runtime_upgrade", "must be auto, paced or manual, got %q", c.RuntimeUpgrade)
+	}
+	if d := c.RuntimeUpgradePace.D(); d < 10*time.Second || d > 24*time.Hour {
+		bad("runtime_upgrade_pace", "must be 10s–24h, got %s", d)
 	}
 	switch c.Cgroup.Scope {
 	case "", ScopeAuto, ScopeOn, ScopeOff:

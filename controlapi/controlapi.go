@@ -218,7 +218,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 		PerOrg: o.SnapshotPerOrg, MinRate: o.SnapshotMinRate, Logger: s.log}); err != nil {
 		return nil, err
 	}
-	if s.fleet, err = fleet.New(fleet.Options{Reader: fleetReader{s}, AdminToken: o.AdminToken, Logger: s.log, Now: o.Now}); err != nil {
+	if s.fleet, err = fleet.New(fleet.Options{Reader: newFleetReader(s), AdminToken: o.AdminToken, Logger: s.log, Now: o.Now}); err != nil {
 		return nil, err
 	}
 	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})

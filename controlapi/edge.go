@@ -373,6 +373,10 @@ func (s *Server) ack(w http.ResponseWriter, r *http.Request, st store.EdgeState)
 		s.metrics.Ack("invalid")
 		return errorf(http.StatusBadRequest, "status %q: want applied, refused or partial", a.Status)
 	}
+	if err := validRuntimes(a.Runtimes); err != nil {
+		s.metrics.Ack("invalid")
+		return errorf(http.StatusBadRequest, "%v", err)
+	}
 	if err := s.writer.Ack(r.Context(), st.ID, a); err != nil { // answered once committed
 		return err
 	}

@@ -14,7 +14,16 @@ import (
 
 // fleetReader is the fleet page's view of the store, with this replica's
 // sightings of the edges (not yet written) laid over it.
-type fleetReader struct{ s *Server }
+type fleetReader struct {
+	s  *Server
+	rt *runtimeSummary
+}
+
+func newFleetReader(s *Server) fleetReader { return fleetReader{s: s, rt: &runtimeSummary{}} }
+
+func (f fleetReader) Runtimes(ctx context.Context, limit int) (fleet.Runtimes, error) {
+	return f.rt.read(ctx, f.s.st, limit)
+}
 
 var _ fleet.Reader = fleetReader{}
 

@@ -369,9 +369,17 @@ func (c *Client) Artifact(ctx context.Context, sha256 string) ([]byte, error) {
 	return data, nil
 }
 
-// Ack delivers an acknowledgement.
+// Ack delivers an acknowledgement. One with runtimes that the control
+// API refuses (400: a control API older than them decodes acks strictly)
+// is sent again without them: what was applied is what matters.
 func (c *Client) Ack(ctx context.Context, a manifest.Ack) error {
 	resp, err := c.do(ctx, c.o.Timeout, http.MethodPost, edgeapi.PathAcks, nil, nil, a)
+	var he *HTTPError
+	if len(a.Runtimes) > 0 && errors.As(err, &he) && he.Status == http.StatusBadRequest {
+		c.log.Warn("ack refused with the cells' runtimes; sending it without them", zap.Int64("sequence", a.Sequence), zap.Error(err))
+		a.Runtimes = nil
+		resp, err = c.do(ctx, c.o.Timeout, http.MethodPost, edgeapi.PathAcks, nil, nil, a)
+	}
 	if err != nil {
 		return err
 	}

@@ -77,6 +77,13 @@ func TestDebContents(t *testing.T) {
 			if strings.TrimSpace(conffiles) != wantConfig[name] {
 				t.Errorf("conffiles %q, want %q", conffiles, wantConfig[name])
 			}
+			if name == "cellvisor" {
+				// dpkg file triggers on the cells' runtime (deb-triggers(5)).
+				want := "interest-noawait /usr/sbin/nginx\ninterest-noawait /usr/lib/nginx/modules\ninterest-noawait /usr/local/openresty/nginx/sbin/nginx\n"
+				if got := command(t, "cat", dir+"/triggers"); got != want {
+					t.Errorf("triggers %q, want %q", got, want)
+				}
+			}
 			for _, s := range []string{"postinst", "prerm", "postrm"} {
 				body := command(t, "cat", dir+"/"+s)
 				if !strings.HasPrefix(body, "#!/bin/sh\n") || !strings.Contains(body, "name="+name+"\n") {

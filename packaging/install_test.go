@@ -83,7 +83,10 @@ func TestDebInstallUpgradePurge(t *testing.T) {
 func debLifecycle(t *testing.T, older, newer map[string]string, systemdUp bool) {
 	fake := t.TempDir()
 	calls := filepath.Join(fake, "calls")
-	script := "#!/bin/sh\necho \"$*\" >> " + calls + "\nexit 1\n"
+	// It answers that the agent runs while the file active exists.
+	active := filepath.Join(fake, "active")
+	script := "#!/bin/sh\necho \"$*\" >> " + calls + "\n" +
+		"[ \"$*\" = \"is-active --quiet cellvisor.service\" ] && [ -e " + active + " ] && exit 0\nexit 1\n"
 	if err := os.WriteFile(filepath.Join(fake, "systemctl"), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +151,27 @@ func debLifecycle(t *testing.T, older, newer map[string]string, systemdUp bool) 
 			"daemon-reload", "try-restart cellvisor.service", "daemon-reload", "try-restart cellvisor-control.service")
 	}
 
+	// The dpkg trigger: a package that installs the cells' runtime (here
+	// activated by hand, as dpkg does when it unpacks a file there) has a
+	// running agent told at once, and a stopped one left alone.
+	runTrigger(t, dpkg, "/usr/sbin/nginx")
+	if err := os.WriteFile(active, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out = runTrigger(t, dpkg, "/usr/lib/nginx/modules/ngx_http_lua_module.so")
+	if err := os.Remove(active); err != nil {
+		t.Fatal(err)
+	}
+	if systemdUp && !strings.Contains(out, "cellvisor: the cells' runtime changed (/usr/lib/nginx/modules): telling the agent") {
+		t.Errorf("the trigger does not say it tells the running agent:\n%s", out)
+	}
+	checkNothingEnabled(t, calls)
+	if systemdUp {
+		wantCalls(t, calls, "daemon-reload", "daemon-reload",
+			"daemon-reload", "try-restart cellvisor.service", "daemon-reload", "try-restart cellvisor-control.service",
+			"is-active --quiet cellvisor.service", "is-active --quiet cellvisor.service", "reload --no-block cellvisor.service")
+	}
+
 	// Purge: files, configuration, the agent's state and run directories go;
 	// the users and the control API's data (its CA and keys) stay.
 	out, err = dpkg("--purge", "cellvisor", "cellvisor-control")
@@ -184,10 +208,32 @@ func debLifecycle(t *testing.T, older, newer map[string]string, systemdUp bool) 
 	if systemdUp {
 		wantCalls(t, calls, "daemon-reload", "daemon-reload",
 			"daemon-reload", "try-restart cellvisor.service", "daemon-reload", "try-restart cellvisor-control.service",
+			"is-active --quiet cellvisor.service", "is-active --quiet cellvisor.service", "reload --no-block cellvisor.service",
 			"stop cellvisor.service", "is-active --quiet cellvisor-cells.scope", "is-active --quiet cellvisor.slice", "--no-reload disable cellvisor.service",
 			"is-active --quiet cellvisor.service", "is-active --quiet cellvisor-cells.scope", "is-active --quiet cellvisor.slice", "daemon-reload",
 			"stop cellvisor-control.service", "--no-reload disable cellvisor-control.service", "daemon-reload")
 	}
+}
+
+// runTrigger activates the dpkg file trigger of path, as dpkg does when a
+// package unpacks a file there, and has dpkg run the interested packages'
+// postinst ("triggered"); it returns dpkg's output.
+func runTrigger(t *testing.T, dpkg func(...string) (string, error), path string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "dpkg-trigger", "--no-await", path).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-trigger %s: %v\n%s", path, err, out)
+	}
+	out, err := dpkg("--triggers-only", "--pending")
+	if err != nil {
+		t.Fatalf("dpkg --triggers-only (%s): %v\n%s", path, err, out)
+	}
+	if !strings.Contains(out, "Processing triggers for cellvisor ") {
+		t.Errorf("dpkg ran no trigger of cellvisor for %s:\n%s", path, out)
+	}
+	t.Logf("trigger %s:\n%s", path, out)
+	return out
 }
 
 // wantCalls checks the systemctl calls recorded so far, in order.

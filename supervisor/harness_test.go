@@ -57,6 +57,8 @@ type harnessOpts struct {
 	liveness supervisor.LivenessPolicy
 	// upgrade is the runtime upgrade policy; "" means auto.
 	upgrade supervisor.UpgradePolicy
+	// pace is the paced policy's pace; zero means its default.
+	pace time.Duration
 	// modules are the dynamic modules the cells load (and the supervisor
 	// watches); nil: the host's.
 	modules []string
@@ -211,7 +213,7 @@ func layoutHarness(t testing.TB, o harnessOpts) *harness {
 		DrainTimeout: o.drain, MonitorInterval: o.monitor, LogBudget: int64(cfg.Limits.Logs),
 		CacheBudget: int64(cfg.Limits.Cache), RequestBudget: int64(cfg.Limits.RequestTmp),
 		RestartLimit: o.limit, Liveness: o.liveness, Users: o.users, RuntimeUpgrade: o.upgrade,
-		Watch: o.modules,
+		RuntimeUpgradePace: o.pace, Watch: o.modules,
 	}
 	sup, err := supervisor.New(opts)
 	if err != nil {

@@ -27,6 +27,10 @@ type Settings struct {
 	// themselves (UpgradeAuto, the default for "") or by an operator
 	// (UpgradeManual: UpgradeRuntime).
 	RuntimeUpgrade UpgradePolicy
+	// RuntimeUpgradePace is, under UpgradePaced, how long a rolled cell
+	// must stay ready on the new binary before the next is rolled; zero
+	// means DefaultUpgradePace.
+	RuntimeUpgradePace time.Duration
 }
 
 // settings are the current settings.
@@ -53,6 +57,9 @@ func (st Settings) withDefaults() Settings {
 	st.Liveness = st.Liveness.withDefaults()
 	if st.RuntimeUpgrade == "" {
 		st.RuntimeUpgrade = UpgradeAuto
+	}
+	if st.RuntimeUpgradePace == 0 {
+		st.RuntimeUpgradePace = DefaultUpgradePace
 	}
 	return st
 }

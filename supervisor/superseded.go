@@ -62,15 +62,31 @@ func (c *slot) staleModules(pid int, modules []string) string {
 	if err != nil {
 		return ""
 	}
+	real := make([]string, len(modules))
+	for i, m := range modules {
+		real[i] = inRealDir(m)
+	}
 	for line := range strings.Lines(string(maps)) {
 		line = strings.TrimRight(line, "\n")
-		for _, m := range modules {
-			if strings.HasSuffix(line, " "+m+deletedSuffix) {
+		for i, m := range modules {
+			if strings.HasSuffix(line, " "+m+deletedSuffix) || strings.HasSuffix(line, " "+real[i]+deletedSuffix) {
 				return m
 			}
 		}
 	}
 	return ""
+}
+
+// inRealDir is path with its directory's links resolved, as the kernel
+// names a mapped file: Debian's /usr/share/nginx/modules is a link to
+// /usr/lib/nginx/modules. The file itself is not resolved (it is the
+// one replaced); path as it is when the directory cannot be resolved.
+func inRealDir(path string) string {
+	dir, err := filepath.EvalSymlinks(filepath.Dir(path))
+	if err != nil {
+		return path
+	}
+	return filepath.Join(dir, filepath.Base(path))
 }
 
 // runtimeRecord is written beside the master record when a master starts:
@@ -303,4 +319,49 @@ func (s *Supervisor) kickRuntime() {
 	case s.kick <- struct{}{}:
 	default:
 	}
+}
+
+// runtimeTarget is what a roll moves the cells onto: the configured
+// binary's file and the identities of the watched module files. A refused
+// or failed roll is not tried again until it changes, so a module
+// replaced again (a fixed package) is tried even though the binary is the
+// same file.
+type runtimeTarget struct {
+	Bin     runtimebin.ID
+	Modules string // the module files' identities, in Options.Watch order
+}
+
+// targetOf is the runtime now at the configured paths, cur being the
+// binary's.
+func (s *Supervisor) targetOf(cur *binInfo) runtimeTarget {
+	t := runtimeTarget{Bin: cur.ID}
+	var b strings.Builder
+	for _, m := range s.o.Watch {
+		id, err := runtimebin.Stat(m)
+		if err != nil {
+			fmt.Fprintf(&b, "%s:missing;", m)
+			continue
+		}
+		fmt.Fprintf(&b, "%s:%d:%d:%d:%d;", m, id.Dev, id.Ino, id.Size, id.MTime)
+	}
+	t.Modules = b.String()
+	return t
+}
+
+// RuntimeOf is the runtime the cell name's master runs: the version it
+// started with ("" unknown) and whether its binary or a module was
+// replaced since; ok is false when no master runs or its file cannot be
+// told. The acks carry it (activation).
+func (s *Supervisor) RuntimeOf(name string) (version string, superseded, ok bool) {
+	for _, c := range s.slots {
+		if c.spec.Name != name {
+			continue
+		}
+		r := c.runtimeStatus(s.bin.Load())
+		if r == nil {
+			return "", false, false
+		}
+		return r.Version, r.Superseded, true
+	}
+	return "", false, false
 }

@@ -91,6 +91,9 @@ type Options struct {
 	// RuntimeUpgrade is how cells reach a new binary; "" means
 	// UpgradeAuto.
 	RuntimeUpgrade UpgradePolicy
+	// RuntimeUpgradePace is the pace of UpgradePaced; zero means
+	// DefaultUpgradePace.
+	RuntimeUpgradePace time.Duration
 	// Users are the slots' own users by slot name (celluser), or nil:
 	// the cells run as the agent's user, and UsersNote says why.
 	Users     map[string]*celluser.User
@@ -170,7 +173,8 @@ func New(o Options) (*Supervisor, error) {
 	s := &Supervisor{o: o, log: o.Logger.Named("supervisor"), clk: clock.Or(o.Clock), ready: make(chan struct{}), binary: o.Binary,
 		kick: make(chan struct{}, 1)}
 	live := Settings{Limits: o.Limits, Policy: o.Policy, Liveness: o.Liveness, RestartLimit: o.RestartLimit,
-		RestartWindow: o.RestartWindow, DrainTimeout: o.DrainTimeout, RuntimeUpgrade: o.RuntimeUpgrade}.withDefaults()
+		RestartWindow: o.RestartWindow, DrainTimeout: o.DrainTimeout, RuntimeUpgrade: o.RuntimeUpgrade,
+		RuntimeUpgradePace: o.RuntimeUpgradePace}.withDefaults()
 	s.live.Store(&live)
 	if resolved, err := filepath.EvalSymlinks(o.Binary); err == nil {
 		s.binary = resolved

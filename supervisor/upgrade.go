@@ -42,6 +42,7 @@ type UpgradePolicy string
 // Upgrade policies (agent.yaml runtime_upgrade).
 const (
 	UpgradeAuto   UpgradePolicy = "auto"   // rolled as soon as the new binary is verified
+	UpgradePaced  UpgradePolicy = "paced"  // rolled as auto, a cell every runtime_upgrade_pace (pace.go)
 	UpgradeManual UpgradePolicy = "manual" // rolled when an operator says so (UpgradeRuntime)
 )
 
@@ -58,7 +59,7 @@ const (
 type upgradeState struct {
 	state  string
 	err    string
-	target runtimebin.ID // the binary the state is about
+	target runtimeTarget // the binary and modules the state is about
 	rolled int           // cells rolled onto it so far
 }
 
@@ -164,30 +165,40 @@ func (s *Supervisor) roll(ctx context.Context, force bool) error {
 	if cur == nil {
 		return fmt.Errorf("%w: %s cannot be read", ErrBinary, s.o.Binary)
 	}
+	target := s.targetOf(cur)
 	todo := s.superseded(cur)
 	if len(todo) == 0 {
-		if up := s.upgrade(); up.target != cur.ID || up.state == UpgradeRolling {
-			s.setUpgrade(upgradeState{target: cur.ID, rolled: up.rolled})
+		if up := s.upgrade(); up.target != target || up.state == UpgradeRolling {
+			s.setUpgrade(upgradeState{target: target, rolled: up.rolled})
 		}
 		return nil
 	}
-	if up := s.upgrade(); !force && up.target == cur.ID && (up.state == UpgradeRefused || up.state == UpgradeFailed) {
+	if up := s.upgrade(); !force && up.target == target && (up.state == UpgradeRefused || up.state == UpgradeFailed) {
 		return errors.New(up.err) // told already; a new file or an operator tries again
 	}
 	if cur.Version == "" {
 		err := fmt.Errorf("%w: %s does not say its version (-v)", ErrBinary, s.o.Binary)
-		s.refuse(cur, err)
+		s.refuse(target, err)
 		return err
 	}
 	if err := s.verify(ctx); err != nil {
 		if ctx.Err() == nil {
-			s.refuse(cur, err)
+			s.refuse(target, err)
 		}
 		return err
 	}
-	st := upgradeState{state: UpgradeRolling, target: cur.ID}
+	st := upgradeState{state: UpgradeRolling, target: target}
 	s.setUpgrade(st)
+	var last *slot // the cell rolled last, which a pace watches
 	for _, c := range todo {
+		if last != nil && !force && s.settings().RuntimeUpgrade == UpgradePaced {
+			err := s.pace(ctx, last, c, &st)
+			if errors.Is(err, errPaceForced) {
+				force = true // the operator's roll: the rest without the pace
+			} else if err != nil {
+				return s.paceStopped(ctx, last, &st, err)
+			}
+		}
 		if err := s.rollCell(ctx, c, cur); err != nil {
 			if errors.Is(err, errNotSuperseded) {
 				continue
@@ -202,6 +213,7 @@ func (s *Supervisor) roll(ctx context.Context, force bool) error {
 		}
 		st.rolled++
 		s.setUpgrade(st)
+		last = c
 	}
 	st.state = UpgradeIdle
 	s.setUpgrade(st)
@@ -209,9 +221,9 @@ func (s *Supervisor) roll(ctx context.Context, force bool) error {
 	return nil
 }
 
-// refuse records a binary refused before any cell was touched.
-func (s *Supervisor) refuse(cur *binInfo, err error) {
-	s.setUpgrade(upgradeState{state: UpgradeRefused, err: err.Error(), target: cur.ID})
+// refuse records a binary (or module) refused before any cell was touched.
+func (s *Supervisor) refuse(target runtimeTarget, err error) {
+	s.setUpgrade(upgradeState{state: UpgradeRefused, err: err.Error(), target: target})
 	s.log.Error("new cell binary refused: every cell keeps the old one", zap.String("binary", s.o.Binary), zap.Error(err))
 }
 
@@ -419,16 +431,17 @@ func (s *Supervisor) awaitOperator() {
 		return
 	}
 	up := s.upgrade()
+	target := s.targetOf(cur)
 	n := len(s.superseded(cur))
 	if up.state == UpgradeWaiting && n == 0 {
-		s.setUpgrade(upgradeState{target: cur.ID}) // restarted meanwhile: nothing waits
+		s.setUpgrade(upgradeState{target: target}) // restarted meanwhile: nothing waits
 		return
 	}
-	if up.state == UpgradeRolling || (up.target == cur.ID && up.state != UpgradeIdle) {
+	if up.state == UpgradeRolling || (up.target == target && up.state != UpgradeIdle) {
 		return
 	}
 	if n > 0 {
-		s.setUpgrade(upgradeState{state: UpgradeWaiting, target: cur.ID,
+		s.setUpgrade(upgradeState{state: UpgradeWaiting, target: target,
 			err: fmt.Sprintf("runtime_upgrade is manual: %d cell(s) run a superseded binary until cellvisor upgrade-runtime", n)})
 	}
 }

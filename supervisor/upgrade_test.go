@@ -200,18 +200,7 @@ func TestRefusedBinaryTouchesNoCell(t *testing.T) {
 // the masters mapping the old one: they are rolled too, and the new masters
 // map the new file.
 func TestRollsCellsOntoAReplacedModule(t *testing.T) {
-	_, mods := testutil.RequireOpenResty(t)
-	if len(mods) == 0 {
-		t.Skip("the host's OpenResty has its Lua built in: no module file to replace")
-	}
-	dir := t.TempDir()
-	testutil.Traversable(t, dir)
-	var copies []string
-	for _, m := range mods {
-		dst := filepath.Join(dir, filepath.Base(m))
-		installBinary(t, m, dst)
-		copies = append(copies, dst)
-	}
+	mods, copies := hostModules(t, t.TempDir())
 	h := newHarness(t, harnessOpts{slots: 1, assign: allAssigned(1), modules: copies})
 	before := h.waitReady("cell-01", 0)
 	lua := copies[len(copies)-1]

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/internal/cli"
+	"cellvisor/manifest"
 )
 
 // controlURLFlag adds --control-url: the edge-control API as the edge hosts
@@ -106,6 +108,19 @@ func printEdge(w io.Writer, e adminapi.EdgeView, now time.Time) error {
 	}
 	fmt.Fprintf(w, "  enrollment: %s, %d rotation(s), last seen %s\n", enrolled, e.Rotations, age(e.LastSeen, now))
 	fmt.Fprintf(w, "  manifests: sequence %d, active (acked) %d\n", e.Sequence, e.ActiveSequence)
+	if r := e.Runtime; r != nil {
+		fmt.Fprintf(w, "  runtime: %s", cli.Printable(dash(r.Version)))
+		if r.Superseded > 0 {
+			fmt.Fprintf(w, ", %d cell(s) on a superseded runtime", r.Superseded)
+		}
+		if r.Upgrade != "" {
+			fmt.Fprintf(w, ", upgrade %s", cli.Printable(r.Upgrade))
+		}
+		if r.Reason != "" {
+			fmt.Fprintf(w, ": %s", cli.Printable(r.Reason))
+		}
+		fmt.Fprintln(w)
+	}
 	if len(e.Assignments) > 0 {
 		cells := make([]string, 0, len(e.Assignments))
 		for cell := range e.Assignments {
@@ -121,9 +136,13 @@ func printEdge(w io.Writer, e adminapi.EdgeView, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if len(e.Cells) > 0 {
 		fmt.Fprintf(tw, "\ncells, as reported %s:\n", age(e.StatusAt, now))
-		fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tDRAINED\tSEQUENCE\tREASON")
+		fmt.Fprintln(tw, "CELL\tPOOL\tSTATE\tDRAINED\tSEQUENCE\tRUNTIME\tREASON")
 		for _, cl := range e.Cells {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%d\t%s\n", cl.Name, dash(cl.Pool), cl.State, cl.Drained, cl.Sequence, cl.Reason)
+			rt := dash(cl.RuntimeVersion)
+			if cl.RuntimeSuperseded {
+				rt += " (superseded)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%t\t%d\t%s\t%s\n", cl.Name, dash(cl.Pool), cl.State, cl.Drained, cl.Sequence, cli.Printable(rt), cl.Reason)
 		}
 	}
 	if len(e.SecurityEvents) > 0 {
@@ -142,9 +161,9 @@ func printEdge(w io.Writer, e adminapi.EdgeView, now time.Time) error {
 	}
 	if len(e.Acks) > 0 {
 		fmt.Fprintln(tw, "\nacks:")
-		fmt.Fprintln(tw, "SEQUENCE\tSTATUS\tAT\tCELLS\tREASON")
+		fmt.Fprintln(tw, "SEQUENCE\tSTATUS\tAT\tCELLS\tRUNTIMES\tREASON")
 		for _, a := range e.Acks {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", a.Sequence, a.Status, age(&a.At, now), dash(strings.Join(a.Cells, ",")), a.Reason)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", a.Sequence, a.Status, age(&a.At, now), dash(strings.Join(a.Cells, ",")), ackRuntimes(a.Runtimes), a.Reason)
 		}
 	}
 	if len(e.Tasks) > 0 {
@@ -155,6 +174,20 @@ func printEdge(w io.Writer, e adminapi.EdgeView, now time.Time) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// ackRuntimes is an ack's runtimes on one line: "cell-01 nginx/1.22.1
+// (superseded), cell-02 nginx/1.22.2".
+func ackRuntimes(rs []manifest.CellRuntime) string {
+	parts := make([]string, 0, len(rs))
+	for _, r := range rs {
+		p := r.Cell + " " + cmp.Or(r.Version, "unknown")
+		if r.Superseded {
+			p += " (superseded)"
+		}
+		parts = append(parts, cli.Printable(p))
+	}
+	return dash(strings.Join(parts, ", "))
 }
 
 func dash(s string) string {

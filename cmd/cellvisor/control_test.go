@@ -154,7 +154,16 @@ func TestEnrolledAgentEndToEnd(t *testing.T) {
 		t.Fatalf("publish v2: %+v", p)
 	}
 	awaitBody(t, port, "v2")
-	c.awaitEdge(t, created.Edge.ID, "sequence 3 acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == 3 })
+	v3 := c.awaitEdge(t, created.Edge.ID, "sequence 3 acknowledged", func(v adminapi.EdgeView) bool { return v.ActiveSequence == 3 })
+	// Its ack says which runtime each running cell runs (issue 41).
+	if len(v3.Acks) == 0 || v3.Acks[0].Sequence != 3 || len(v3.Acks[0].Runtimes) != 2 {
+		t.Fatalf("acks %+v, want sequence 3's first, with both cells' runtimes", v3.Acks)
+	}
+	for i, r := range v3.Acks[0].Runtimes {
+		if r.Cell != fmt.Sprintf("cell-%02d", i+1) || !strings.Contains(r.Version, "/") || r.Superseded {
+			t.Errorf("ack runtime %+v, want cell-%02d on the host's binary's version, not superseded", r, i+1)
+		}
+	}
 
 	// A drain task created in the admin API drains the cell.
 	task, err := c.admin.CreateTask(ctxT(t), created.Edge.ID, adminapi.TaskRequest{Cell: "cell-01", Action: "drain"})

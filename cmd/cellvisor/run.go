@@ -77,7 +77,8 @@ changes anything else.`,
 
 // reloadOnHUP re-reads the configuration on every signal on hup until ctx ends and
 // applies it (agent.Reload), the log level last; a refused one changes
-// nothing and the log says why.
+// nothing and the log says why. Each signal also has the cells' runtime
+// looked at again, refused reload or not (the packages' dpkg trigger).
 func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, path string, a *agent.Agent, level zap.AtomicLevel, log *zap.Logger) {
 	for {
 		select {
@@ -86,6 +87,7 @@ func reloadOnHUP(ctx context.Context, hup <-chan os.Signal, path string, a *agen
 		case <-hup:
 		}
 		log.Info("SIGHUP: reloading the configuration", zap.String("config", path))
+		a.CheckRuntime()
 		next, err := loadConfig(path)
 		var lvl zapcore.Level
 		if err == nil {

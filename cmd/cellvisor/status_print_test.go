@@ -96,6 +96,8 @@ func TestPrintPlan(t *testing.T) {
 	}{
 		{"dry run", supervisor.UpgradePlan{Binary: "/usr/sbin/nginx", Version: "nginx/1.22.2", Policy: supervisor.UpgradeManual, DryRun: true, Verified: true, Cells: cells},
 			[]string{"runtime: /usr/sbin/nginx nginx/1.22.2 (runtime_upgrade: manual)", "passes -t", "cell-01  shared-default  10   nginx/1.22.1  nginx binary upgrade (USR2)", "dry run: nothing changed"}},
+		{"dry run under paced", supervisor.UpgradePlan{Binary: "/usr/sbin/nginx", Policy: supervisor.UpgradePaced, DryRun: true, Verified: true, Cells: cells},
+			[]string{"(runtime_upgrade: paced)", "each once the others of its pool are ready (without runtime_upgrade_pace: the operator's roll)"}},
 		{"refused", supervisor.UpgradePlan{Binary: "/usr/sbin/nginx", Policy: supervisor.UpgradeAuto, Error: "module is not binary compatible", Cells: cells},
 			[]string{"check: refused: module is not binary compatible", "no cell would be touched"}},
 		{"started", supervisor.UpgradePlan{Binary: "/usr/sbin/nginx", Policy: supervisor.UpgradeAuto, Verified: true, Started: true, Cells: cells},

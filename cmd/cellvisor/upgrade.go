@@ -23,7 +23,8 @@ func upgradeRuntimeCmd(load func() (config.Agent, error), stdout io.Writer) *cob
 		Long: `Ask the running agent to move every cell that runs a superseded binary (its file replaced by a
 package upgrade) onto the binary now at openresty.binary, one cell at a time, once the binary has
 passed -t with every cell's configuration: what runtime_upgrade: auto does by itself, and the way
-to do it under runtime_upgrade: manual. The command returns once the roll has started;
+to do it under runtime_upgrade: manual. Under runtime_upgrade: paced it rolls the remaining cells
+without waiting runtime_upgrade_pace between them. The command returns once the roll has started;
 cellvisor status follows it. With --dry-run the agent only says what it would do, the check
 included.`,
 		Example: "  cellvisor upgrade-runtime --dry-run\n  cellvisor upgrade-runtime",
@@ -82,8 +83,17 @@ func printPlan(w io.Writer, p supervisor.UpgradePlan) {
 	case !p.Verified:
 		fmt.Fprintln(w, "no cell would be touched: every cell keeps the binary it runs")
 	case p.DryRun:
-		fmt.Fprintf(w, "dry run: nothing changed; the roll would take these %d cell(s) one at a time, each once the others of its pool are ready\n", len(p.Cells))
+		fmt.Fprintf(w, "dry run: nothing changed; the roll would take these %d cell(s) one at a time, each once the others of its pool are ready%s\n", len(p.Cells), notPaced(p.Policy))
 	case p.Started:
 		fmt.Fprintln(w, "the roll has started: cellvisor status follows it")
 	}
+}
+
+// notPaced notes, under the paced policy, that the operator's roll does not
+// wait the pace.
+func notPaced(p supervisor.UpgradePolicy) string {
+	if p == supervisor.UpgradePaced {
+		return " (without runtime_upgrade_pace: the operator's roll)"
+	}
+	return ""
 }

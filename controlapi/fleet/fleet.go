@@ -74,6 +74,39 @@ type Reader interface {
 	// Refusals lists the newest refused acknowledgements of every edge, at
 	// most limit.
 	Refusals(ctx context.Context, limit int) ([]Refusal, error)
+	// Runtimes sums up the cells' runtimes the enrolled edges last
+	// reported, with at most limit of the edges whose cells run a
+	// superseded one.
+	Runtimes(ctx context.Context, limit int) (Runtimes, error)
+}
+
+// Runtimes is what the fleet's cells run, as their edges last reported.
+type Runtimes struct {
+	// Versions are the runtime versions cells run, newest name last
+	// ("unknown" for a cell whose agent could not tell).
+	Versions []RuntimeVersion
+	// Superseded are edges with cells on a superseded runtime (a
+	// package replaced its binary or a module, the cells not rolled onto
+	// it yet), at most the limit asked for, by name; SupersededTotal
+	// counts them all.
+	Superseded      []SupersededEdge
+	SupersededTotal int
+}
+
+// RuntimeVersion is one runtime version: the edges with a cell on it and
+// those cells.
+type RuntimeVersion struct {
+	Version      string
+	Edges, Cells int
+}
+
+// SupersededEdge is an edge whose cells run a superseded runtime: how many,
+// what its binary is now, and its roll's state and reason.
+type SupersededEdge struct {
+	EdgeID, EdgeName string
+	Cells            int
+	Current          string
+	Upgrade, Reason  string
 }
 
 // Query selects a page of edges.
@@ -271,6 +304,7 @@ type fleetPage struct {
 	Egress       []EgressHolder
 	EgressTotal  int
 	Refusals     []Refusal
+	Runtimes     Runtimes
 }
 
 func (p *Pages) fleetPage(w http.ResponseWriter, r *http.Request) {
@@ -328,7 +362,10 @@ func (p *Pages) fleetPage(w http.ResponseWriter, r *http.Request) {
 		if fp.Egress, fp.EgressTotal, err = p.o.Reader.EgressHolders(ctx, now, PageMax); err != nil {
 			return err
 		}
-		fp.Refusals, err = p.o.Reader.Refusals(ctx, recent)
+		if fp.Refusals, err = p.o.Reader.Refusals(ctx, recent); err != nil {
+			return err
+		}
+		fp.Runtimes, err = p.o.Reader.Runtimes(ctx, recent)
 		return err
 	}()
 	if err != nil {

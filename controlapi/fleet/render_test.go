@@ -23,9 +23,10 @@ func TestFleetRenderingEscapesHostileText(t *testing.T) {
 	long := strings.Repeat("x", 5000)
 	edge := fleetEdge{
 		EdgeView: adminapi.EdgeView{ID: `id" onclick="x`, Name: script, Org: img, Enrollment: adminapi.EnrollmentEnrolled, LastSeen: &seen, Sequence: 3, ActiveSequence: 2,
-			Cells: []adminapi.CellView{{Name: img, Pool: script, State: `ready" onmouseover="x`, Reason: breakTd + long}},
-			Acks:  []manifest.Ack{{Sequence: 3, Status: manifest.AckRefused, Reason: script}},
-			Tasks: []adminapi.TaskView{{ID: 1, Cell: img, Action: "drain", State: "done", Result: breakTd}},
+			Cells:   []adminapi.CellView{{Name: img, Pool: script, State: `ready" onmouseover="x`, Reason: breakTd + long, RuntimeVersion: script, RuntimeSuperseded: true}},
+			Runtime: &adminapi.RuntimeView{Version: img, Superseded: 1, Upgrade: script, Reason: breakTd + long},
+			Acks:    []manifest.Ack{{Sequence: 3, Status: manifest.AckRefused, Reason: script}},
+			Tasks:   []adminapi.TaskView{{ID: 1, Cell: img, Action: "drain", State: "done", Result: breakTd}},
 		},
 		Silent: true, Ago: "10m ago", Lagging: true,
 	}
@@ -33,7 +34,9 @@ func TestFleetRenderingEscapesHostileText(t *testing.T) {
 	pages := map[string]any{
 		"fleet": fleetPage{Now: now, SilentAfter: SilentAfter, Total: 1, Silent: 1, Edges: []fleetEdge{edge},
 			FailingMoves: []adminapi.MoveView{{Domain: script, From: img, To: "b", State: adminapi.MoveFailed, Reason: breakTd}},
-			Refusals:     []Refusal{{EdgeID: "e1", EdgeName: img, Ack: manifest.Ack{Sequence: 3, Status: manifest.AckRefused, Reason: script + long}}}},
+			Refusals:     []Refusal{{EdgeID: "e1", EdgeName: img, Ack: manifest.Ack{Sequence: 3, Status: manifest.AckRefused, Reason: script + long}}},
+			Runtimes: Runtimes{Versions: []RuntimeVersion{{Version: script, Edges: 1, Cells: 1}},
+				Superseded: []SupersededEdge{{EdgeID: img, EdgeName: script, Cells: 1, Current: img, Upgrade: script, Reason: breakTd + long}}, SupersededTotal: 1}},
 		"edge": edgePage{Now: now, SilentAfter: SilentAfter, Edge: edge, Assigned: []assignedCell{{Name: "cell-01", Pool: script, Cell: &edge.Cells[0]}}},
 	}
 	for name, data := range pages {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -313,9 +314,17 @@ func (s *Store) Ack(ctx context.Context, edgeID string, a manifest.Ack) error {
 // ack is Ack's statements.
 func (s *Store) ack(ctx context.Context, tx *sql.Tx, edgeID string, a manifest.Ack) error {
 	cells := strings.Join(a.Cells, ",")
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO acks (edge_id, sequence, status, reason, cells, at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)
+	runtimes := ""
+	if len(a.Runtimes) > 0 {
+		b, err := json.Marshal(a.Runtimes)
+		if err != nil {
+			return fmt.Errorf("ack %d of edge %s: runtimes: %w", a.Sequence, edgeID, err)
+		}
+		runtimes = string(b)
+	}
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO acks (edge_id, sequence, status, reason, cells, at, received_at, runtimes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (edge_id, sequence) DO UPDATE SET status = excluded.status, reason = excluded.reason, cells = excluded.cells,
-		at = excluded.at, received_at = excluded.received_at`), edgeID, a.Sequence, a.Status, a.Reason, cells, ms(a.At), ms(s.Now()))
+		at = excluded.at, received_at = excluded.received_at, runtimes = excluded.runtimes`), edgeID, a.Sequence, a.Status, a.Reason, cells, ms(a.At), ms(s.Now()), runtimes)
 	if err != nil {
 		return fmt.Errorf("ack %d of edge %s: %w", a.Sequence, edgeID, err)
 	}
@@ -327,7 +336,7 @@ func (s *Store) ack(ctx context.Context, tx *sql.Tx, edgeID string, a manifest.A
 
 // Acks returns an edge's newest acknowledgements, newest first.
 func (s *Store) Acks(ctx context.Context, edgeID string, limit int) ([]manifest.Ack, error) {
-	rows, err := s.db.QueryContext(ctx, s.q(`SELECT sequence, status, reason, cells, at FROM acks WHERE edge_id = ? ORDER BY sequence DESC LIMIT ?`), edgeID, limit)
+	rows, err := s.db.QueryContext(ctx, s.q(`SELECT sequence, status, reason, cells, at, runtimes FROM acks WHERE edge_id = ? ORDER BY sequence DESC LIMIT ?`), edgeID, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -335,12 +344,17 @@ func (s *Store) Acks(ctx context.Context, edgeID string, limit int) ([]manifest.
 	var out []manifest.Ack
 	for rows.Next() {
 		var a manifest.Ack
-		var cells string
+		var cells, runtimes string
 		var at int64
-		if err := rows.Scan(&a.Sequence, &a.Status, &a.Reason, &cells, &at); err != nil {
+		if err := rows.Scan(&a.Sequence, &a.Status, &a.Reason, &cells, &at, &runtimes); err != nil {
 			return nil, err
 		}
 		a.At = fromMS(at)
+		if runtimes != "" {
+			if err := json.Unmarshal([]byte(runtimes), &a.Runtimes); err != nil {
+				return nil, fmt.Errorf("ack %d of edge %s: runtimes: %w", a.Sequence, edgeID, err)
+			}
+		}
 		if cells != "" {
 			a.Cells = strings.Split(cells, ",")
 		}

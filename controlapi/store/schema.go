@@ -334,4 +334,10 @@ CREATE TABLE fanouts (
 );
 ALTER TABLE edges ADD COLUMN built {{bigint}} NOT NULL DEFAULT 0;
 `,
+	// 12: an ack's runtimes, the runtime each running cell of the edge ran
+	// when it applied the sequence (manifest.Ack.Runtimes, JSON; '' for
+	// none, as from agents before them).
+	`
+ALTER TABLE acks ADD COLUMN runtimes TEXT NOT NULL DEFAULT '';
+`,
 }

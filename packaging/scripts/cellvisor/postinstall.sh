@@ -1,6 +1,7 @@
 #!/bin/sh
-# cellvisor postinstall: the deb postinst ("configure" [old version]) and the
-# rpm %post (1 on installation, 2 or more on upgrade).
+# cellvisor postinstall: the deb postinst ("configure" [old version], or
+# "triggered" paths) and the rpm %post (1 on installation, 2 or more on
+# upgrade).
 #
 # Creates the user and the directories, reloads systemd's units, and on an
 # upgrade restarts the agent if it was running (try-restart). It enables and
@@ -10,6 +11,21 @@ set -e
 
 name=cellvisor
 unit=cellvisor.service
+
+# dpkg's file trigger (packaging/cellvisor.yaml): a package installed a new
+# binary or module of the cells' runtime ($2 names the paths). A running agent
+# is told at once: systemctl reload is its SIGHUP, on which it looks at its
+# runtime again (and re-reads agent.yaml) and, by its runtime_upgrade policy,
+# verifies the new runtime and rolls the cells onto it one at a time
+# (docs/cells.md, "Runtime upgrades"). --no-block: dpkg does not wait for it.
+# An agent that does not run looks when it starts. Nothing else is done.
+if [ "$1" = triggered ]; then
+	if [ -d /run/systemd/system ] && systemctl is-active --quiet $unit; then
+		echo "$name: the cells' runtime changed ($2): telling the agent"
+		systemctl reload --no-block $unit || echo "$name: systemctl reload $unit failed (ignored; the agent also watches the files)" >&2
+	fi
+	exit 0
+fi
 
 upgrade=no
 case "$1" in
