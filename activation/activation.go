@@ -13,6 +13,7 @@ package activation
 
 import (
 	"context"
+	"crypto/ecdh"
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
@@ -78,6 +79,9 @@ type Options struct {
 	// PollTimeout bounds what one poll fetches, all together (see
 	// fetchContext); zero means DefaultPollTimeout.
 	PollTimeout time.Duration
+	// EncryptionKey opens the certificates' keys sealed to this edge
+	// (manifest.Entry.Key); nil refuses every entry that carries one.
+	EncryptionKey *ecdh.PrivateKey
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Clock paces polls and retries and stamps acks, or nil for the real

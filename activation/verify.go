@@ -35,6 +35,7 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 	// GOMAXPROCS from the agent's cgroup CPU limit). The first error in
 	// entry order is the one reported.
 	domains := make([]domain.Domain, len(m.Entries))
+	keys := make([][]byte, len(m.Entries)) // opened certificate keys, by entry
 	errs := make([]error, len(m.Entries))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -50,6 +51,9 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 					return
 				}
 				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i], fetch)
+				if errs[i] == nil {
+					keys[i], errs[i] = a.openKey(m.Entries[i], &domains[i])
+				}
 				if errs[i] == nil {
 					domains[i], errs[i] = spill.put(domains[i])
 				}
@@ -73,6 +77,16 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 		return placement{}, nil, err
 	}
 	spill.attach(pools)
+	for i, k := range keys {
+		if k == nil {
+			continue
+		}
+		p := pools[domains[i].Pool]
+		if p.Keys == nil {
+			p.Keys = map[string][]byte{}
+		}
+		p.Keys[domains[i].Domain] = k
+	}
 	cells := map[string][]string{}
 	for _, e := range m.Entries {
 		if len(e.Cells) > 0 {

@@ -24,6 +24,9 @@ func (a *Agent) chooseSource() error {
 			return err
 		}
 		a.enrollment, a.id, a.key = EnrollmentSpool, &id, key
+		if k, err := controlclient.LoadEncryptionKey(a.cfg.IdentityDir()); err == nil {
+			a.encKey = k
+		}
 		a.source = controlclient.DirSource{Dir: a.cfg.Source.Dir}
 		return nil
 	}
@@ -49,6 +52,7 @@ func (a *Agent) chooseSource() error {
 		// Not worth refusing to start over: at worst a task runs again.
 		a.log.Error("control task ledger damaged; starting an empty one", zap.Error(err))
 	}
+	a.loadEncryptionKey()
 	a.enrollment, a.source = EnrollmentEnrolled, a.client
 	a.log.Info("enrolled edge", zap.String("edge", id.EdgeID), zap.String("control", id.ControlURL))
 	return nil
@@ -77,7 +81,7 @@ func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignment
 	a.act, err = activation.New(activation.Options{
 		EdgeID: a.id.EdgeID, PublicKey: a.key, Source: a.source, Journal: a.acks,
 		Topology: topo, Assignments: assign, PoolLimits: limits, Cells: a.sup, StateDir: a.cfg.StateDir,
-		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), PollTimeout: a.cfg.Source.PollTimeout.D(), Logger: a.log,
+		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), PollTimeout: a.cfg.Source.PollTimeout.D(), Logger: a.log, EncryptionKey: a.encKey,
 		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {
 			return RenderParams(a.cfg, s, pool, seq)
 		},
