@@ -2,8 +2,8 @@
 // (RFC 9180: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-256-GCM), the
 // HPKE info binding the edge id, the domain and the certificate's
 // fingerprint, and opens it on that edge. It owns the edges' encryption
-// key pairs and their key file. The control API seals, the agent opens;
-// it imports only manifest.
+// key pairs and their key file. The control API seals, the agent opens:
+// controlapi, controlclient, activation and agent import it.
 package tlsseal
 
 import (

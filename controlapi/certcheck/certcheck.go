@@ -19,12 +19,15 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
-	"cellvisor/domain"
 )
 
-// MaxKeyBytes bounds an uploaded PEM private key.
-const MaxKeyBytes = 16 << 10
+// Bounds of an upload. The chain's are the edges' own (domain.MaxChainBytes
+// and domain.MaxChainCerts, which a test holds them to).
+const (
+	MaxKeyBytes   = 16 << 10
+	MaxChainBytes = 64 << 10
+	MaxChainCerts = 8
+)
 
 // ErrInvalid marks every refusal; its text names the rule.
 var ErrInvalid = errors.New("certificate refused")
@@ -49,8 +52,8 @@ func bad(format string, args ...any) error {
 // type. It returns the chain re-encoded (certificates only) and its Info.
 func Check(chainPEM, keyPEM []byte, now time.Time) (string, Info, error) {
 	switch {
-	case len(chainPEM) == 0 || len(chainPEM) > domain.MaxChainBytes:
-		return "", Info{}, bad("size: the chain must be 1–%d bytes, got %d", domain.MaxChainBytes, len(chainPEM))
+	case len(chainPEM) == 0 || len(chainPEM) > MaxChainBytes:
+		return "", Info{}, bad("size: the chain must be 1–%d bytes, got %d", MaxChainBytes, len(chainPEM))
 	case len(keyPEM) == 0 || len(keyPEM) > MaxKeyBytes:
 		return "", Info{}, bad("size: the key must be 1–%d bytes, got %d", MaxKeyBytes, len(keyPEM))
 	}
@@ -70,8 +73,8 @@ func Check(chainPEM, keyPEM []byte, now time.Time) (string, Info, error) {
 		if err != nil {
 			return "", Info{}, bad("pem: certificate %d does not parse: %v", len(certs)+1, err)
 		}
-		if certs = append(certs, c); len(certs) > domain.MaxChainCerts {
-			return "", Info{}, bad("size: at most %d certificates in a chain", domain.MaxChainCerts)
+		if certs = append(certs, c); len(certs) > MaxChainCerts {
+			return "", Info{}, bad("size: at most %d certificates in a chain", MaxChainCerts)
 		}
 		_ = pem.Encode(&out, &pem.Block{Type: "CERTIFICATE", Bytes: b.Bytes})
 	}

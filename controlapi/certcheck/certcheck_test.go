@@ -100,3 +100,9 @@ func TestCovers(t *testing.T) {
 		}
 	}
 }
+
+func TestBoundsAreTheEdges(t *testing.T) {
+	if MaxChainBytes != domain.MaxChainBytes || MaxChainCerts != domain.MaxChainCerts {
+		t.Fatal("the upload's chain bounds differ from what an edge takes")
+	}
+}
