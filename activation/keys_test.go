@@ -64,7 +64,7 @@ func keyedRig(t *testing.T, logs *bytes.Buffer) (*rig, *ecdh.PrivateKey) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.a.o.EncryptionKey = k
+	r.a.o.EncryptionKeys = func() ([]*ecdh.PrivateKey, error) { return []*ecdh.PrivateKey{k}, nil }
 	r.a.log = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(logs), zap.DebugLevel))
 	return r, k
 }
@@ -154,7 +154,7 @@ func TestBadSealsRefuseTheManifest(t *testing.T) {
 			r.cells.reloads = nil
 			r.publishTLS(t, 2, c, func(fp string) manifest.SealedKey { return tc.seal(t, k, fp) })
 			if tc.noKey {
-				r.a.o.EncryptionKey = nil
+				r.a.o.EncryptionKeys = nil
 			}
 			if err := r.a.Poll(context.Background()); err != nil {
 				t.Fatalf("a refusal is not an error to retry: %v", err)

@@ -34,6 +34,10 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 	// run on as many workers as the runtime has processors (Go sizes
 	// GOMAXPROCS from the agent's cgroup CPU limit). The first error in
 	// entry order is the one reported.
+	encKeys, err := a.encryptionKeys(m)
+	if err != nil {
+		return placement{}, nil, err
+	}
 	domains := make([]domain.Domain, len(m.Entries))
 	keys := make([][]byte, len(m.Entries)) // opened certificate keys, by entry
 	errs := make([]error, len(m.Entries))
@@ -52,7 +56,7 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 				}
 				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i], fetch)
 				if errs[i] == nil {
-					keys[i], errs[i] = a.openKey(m.Entries[i], &domains[i])
+					keys[i], errs[i] = a.openKey(encKeys, m.Entries[i], &domains[i])
 				}
 				if errs[i] == nil {
 					domains[i], errs[i] = spill.put(domains[i])

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"crypto/ecdh"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -24,9 +25,6 @@ func (a *Agent) chooseSource() error {
 			return err
 		}
 		a.enrollment, a.id, a.key = EnrollmentSpool, &id, key
-		if k, err := controlclient.LoadEncryptionKey(a.cfg.IdentityDir()); err == nil {
-			a.encKey = k
-		}
 		a.source = controlclient.DirSource{Dir: a.cfg.Source.Dir}
 		return nil
 	}
@@ -81,7 +79,8 @@ func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignment
 	a.act, err = activation.New(activation.Options{
 		EdgeID: a.id.EdgeID, PublicKey: a.key, Source: a.source, Journal: a.acks,
 		Topology: topo, Assignments: assign, PoolLimits: limits, Cells: a.sup, StateDir: a.cfg.StateDir,
-		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), PollTimeout: a.cfg.Source.PollTimeout.D(), Logger: a.log, EncryptionKey: a.encKey,
+		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), PollTimeout: a.cfg.Source.PollTimeout.D(), Logger: a.log,
+		EncryptionKeys: func() ([]*ecdh.PrivateKey, error) { return controlclient.EncryptionKeys(a.cfg.IdentityDir()) },
 		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {
 			return RenderParams(a.cfg, s, pool, seq)
 		},

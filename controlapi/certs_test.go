@@ -25,6 +25,7 @@ import (
 	"cellvisor/controlapi/store"
 	"cellvisor/controlclient"
 	"cellvisor/domain"
+	"cellvisor/edgeapi"
 	"cellvisor/internal/testcert"
 	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
@@ -313,6 +314,28 @@ func runCertificates(t *testing.T, e *env, logs *logBuf) {
 		}
 	}
 
+	// A renewal's rotation of the encryption key: registered, then
+	// current, the old one kept; the edge's keys are sealed to the new one.
+	if err := ca.RotateEncryptionKey(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := controlclient.EncryptionKeys(filepath.Join(dirA, "identity"))
+	if err != nil || len(keys) != 2 || keys[0].Equal(encA) || !keys[1].Equal(encA) {
+		t.Fatalf("keys after the rotation: %d, %v", len(keys), err)
+	}
+	if v, err := e.admin.Edge(ctx(t), a.Edge.ID); err != nil || v.EncryptionKeyID != tlsseal.KeyID(keys[0].PublicKey()) {
+		t.Fatalf("edge a after the rotation %+v, %v", v, err)
+	}
+	m, err = manifest.Collect(ctx(t), ca.Page, ida.EdgeID, 0)
+	if err != nil || len(m.Entries) != 2 {
+		t.Fatalf("collect after the rotation: %+v, %v", m, err)
+	}
+	for _, en := range m.Entries {
+		if en.Key == nil || en.Key.KeyID != tlsseal.KeyID(keys[0].PublicKey()) {
+			t.Fatalf("%s sealed to %+v after the rotation", en.Domain, en.Key)
+		}
+	}
+
 	// No answer, and no log line, carries a key.
 	for _, p := range []string{adminapi.PathCertificates, adminapi.PathCertificates + "/shop", adminapi.PathDomains + "/" + dom, adminapi.PathEdges + "/" + a.Edge.ID} {
 		noKey(t, "GET "+p, e.rawGet(t, p), good.Key, next.Key, soon.Key)
@@ -321,4 +344,42 @@ func runCertificates(t *testing.T, e *env, logs *logBuf) {
 		t.Fatal("the logs were not captured")
 	}
 	noKey(t, "the logs", logs.String(), good.Key, next.Key, soon.Key, weak.Key)
+}
+
+// An exact enrollment retry repeats the encryption key too: the same CSR
+// with another key is refused as another CSR is.
+func TestEnrollmentRetryCoversTheEncryptionKey(t *testing.T) {
+	e := start(t, filepath.Join(t.TempDir(), "control.db"))
+	created := e.createEdge(t, "fra-1")
+	k1, _ := tlsseal.GenerateKey()
+	k2, _ := tlsseal.GenerateKey()
+	req := csr(t)
+	post := func(enc string) int {
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM([]byte(e.srv.CAPEM()))
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+		defer hc.CloseIdleConnections()
+		body, _ := json.Marshal(edgeapi.EnrollRequest{Token: created.Token, CSR: req, EncryptionKey: enc})
+		resp, err := hc.Post(e.edgeURL+edgeapi.PathEnroll, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post("AAAA"); code != http.StatusBadRequest {
+		t.Fatalf("malformed key: HTTP %d, want 400", code)
+	}
+	if code := post(tlsseal.EncodePublic(k1.PublicKey())); code != http.StatusOK {
+		t.Fatalf("enroll: HTTP %d", code)
+	}
+	if code := post(tlsseal.EncodePublic(k1.PublicKey())); code != http.StatusOK {
+		t.Fatalf("exact retry: HTTP %d", code)
+	}
+	if code := post(tlsseal.EncodePublic(k2.PublicKey())); code != http.StatusConflict {
+		t.Fatalf("same CSR, another key: HTTP %d, want 409", code)
+	}
+	if v, err := e.admin.Edge(ctx(t), created.Edge.ID); err != nil || v.EncryptionKeyID != tlsseal.KeyID(k1.PublicKey()) {
+		t.Fatalf("edge %+v, %v", v, err)
+	}
 }

@@ -177,7 +177,7 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 		return Identity{}, fmt.Errorf("persist identity: %w", err)
 	}
 	// A renewal of the identity this one replaces has no use any more.
-	for _, f := range []string{pendingKey, pendingCSR, pendingEncKey, renewKey, renewCSR, renewCert} {
+	for _, f := range []string{pendingKey, pendingCSR, pendingEncKey, nextEncKey, prevEncKey, renewKey, renewCSR, renewCert} {
 		os.Remove(filepath.Join(o.Dir, f))
 	}
 	return id, nil
