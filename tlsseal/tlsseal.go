@@ -42,8 +42,9 @@ var (
 	ErrMalformed = errors.New("malformed seal")
 )
 
+// The suite: the KEM is DHKEM(X25519, HKDF-SHA256), which the X25519
+// keys (hpke.NewDHKEMPublicKey, NewDHKEMPrivateKey) select.
 var (
-	kem  = hpke.DHKEM(ecdh.X25519())
 	kdf  = hpke.HKDFSHA256()
 	aead = hpke.AES256GCM()
 )

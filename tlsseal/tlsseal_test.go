@@ -2,6 +2,7 @@ package tlsseal
 
 import (
 	"bytes"
+	"crypto/hpke"
 	"encoding/base64"
 	"errors"
 	"testing"
@@ -122,5 +123,18 @@ func TestEntryValidateKey(t *testing.T) {
 		if err := e.Validate(); !errors.Is(err, manifest.ErrInvalid) {
 			t.Errorf("%s: got %v", name, err)
 		}
+	}
+}
+
+// The suite is RFC 9180's DHKEM(X25519, HKDF-SHA256) (0x0020),
+// HKDF-SHA256 (0x0001), AES-256-GCM (0x0002).
+func TestSuite(t *testing.T) {
+	priv, _ := GenerateKey()
+	pk, err := hpke.NewDHKEMPublicKey(priv.PublicKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pk.KEM().ID() != 0x0020 || kdf.ID() != 0x0001 || aead.ID() != 0x0002 {
+		t.Fatalf("suite %#x/%#x/%#x", pk.KEM().ID(), kdf.ID(), aead.ID())
 	}
 }
