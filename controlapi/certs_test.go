@@ -294,6 +294,38 @@ func runCertificates(t *testing.T, e *env, logs *logBuf) {
 		t.Fatalf("open the new seal: %v", err)
 	}
 
+	// A rollback to revision 1 seals revision 1's key again; one whose
+	// certificate key was deleted is refused.
+	if _, err := e.admin.RollbackDomain(ctx(t), dom, 1); err != nil {
+		t.Fatal(err)
+	}
+	en, d = entryOf(ca, ida.EdgeID)
+	if got, err := tlsseal.Open(encA, ida.EdgeID, dom, fp, *en.Key); err != nil || !bytes.Equal(got, good.Key) || d.TLS.Fingerprint != fp {
+		t.Fatalf("open the rolled-back seal: %v", err)
+	}
+	if _, err := publishTLS(e, dom, "shop", dom, "www."+dom); err != nil { // revision 3, the replacement
+		t.Fatal(err)
+	}
+	tmp := testcert.New(t, testcert.Options{Names: []string{dom}})
+	if _, err := put("tmp", tmp, nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := publishTLS(e, dom, "tmp", dom); err != nil { // revision 4
+		t.Fatal(err)
+	}
+	if _, err := publishTLS(e, dom, "shop", dom, "www."+dom); err != nil { // revision 5
+		t.Fatal(err)
+	}
+	if err := e.admin.DeleteCertificate(ctx(t), "tmp"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.admin.RollbackDomain(ctx(t), dom, 4)
+	refused(t, err, http.StatusConflict, "whose key was deleted")
+	en, _ = entryOf(ca, ida.EdgeID)
+	if en.Revision != 5 || en.Key == nil {
+		t.Fatalf("after the refused rollback: %+v", en)
+	}
+
 	// A replica on the same database shares the key-encryption key.
 	r := e.replica(t)
 	if _, err := r.admin.PutCertificate(ctx(t), "shop2", adminapi.CertificateRequest{Chain: string(good.PEM()), Key: string(good.Key)}); err != nil {
@@ -343,7 +375,7 @@ func runCertificates(t *testing.T, e *env, logs *logBuf) {
 	if !strings.Contains(logs.String(), "certificate stored") {
 		t.Fatal("the logs were not captured")
 	}
-	noKey(t, "the logs", logs.String(), good.Key, next.Key, soon.Key, weak.Key)
+	noKey(t, "the logs", logs.String(), good.Key, next.Key, soon.Key, weak.Key, tmp.Key)
 }
 
 // An exact enrollment retry repeats the encryption key too: the same CSR

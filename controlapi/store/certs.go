@@ -256,3 +256,11 @@ func (s *Store) EncryptionKey(ctx context.Context, edgeID string) (string, error
 	}
 	return enc, err
 }
+
+// HasCertificateKey reports whether the store holds the key of the
+// certificate whose leaf has fingerprint fp.
+func (s *Store) HasCertificateKey(ctx context.Context, fp string) (bool, error) {
+	var n int
+	err := s.db.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM certificate_keys WHERE fingerprint = ?`), fp).Scan(&n)
+	return n > 0, err
+}
