@@ -138,3 +138,22 @@ func TestSuite(t *testing.T) {
 		t.Fatalf("suite %#x/%#x/%#x", pk.KEM().ID(), kdf.ID(), aead.ID())
 	}
 }
+
+func BenchmarkSeal(b *testing.B) {
+	priv, _ := GenerateKey()
+	for b.Loop() {
+		if _, err := Seal(priv.PublicKey(), "edge-1", "example.com", fp, keyPEM); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkOpen(b *testing.B) {
+	priv, _ := GenerateKey()
+	k, _ := Seal(priv.PublicKey(), "edge-1", "example.com", fp, keyPEM)
+	for b.Loop() {
+		if _, err := Open(priv, "edge-1", "example.com", fp, k); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
