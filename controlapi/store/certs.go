@@ -2,7 +2,10 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -182,8 +185,9 @@ func revisionTLS(artifact []byte) (name, fingerprint string) {
 // sealFor seals the key of the certificate with fingerprint fp to an
 // edge for domain: nil when there is nothing to seal (no fingerprint, no
 // sealer, no encryption key registered by the edge, or no key held for
-// that certificate any longer), which gives the entry no key.
-func (s *Store) sealFor(ctx context.Context, tx *sql.Tx, edgeID, domain, fp string) (*manifest.SealedKey, error) {
+// that certificate any longer), which gives the entry no key. Without
+// seal it only names the key it would seal to (KeyID), sealing nothing.
+func (s *Store) sealFor(ctx context.Context, tx *sql.Tx, edgeID, domain, fp string, seal bool) (*manifest.SealedKey, error) {
 	if fp == "" || s.SealKey == nil {
 		return nil, nil
 	}
@@ -201,6 +205,9 @@ func (s *Store) sealFor(ctx context.Context, tx *sql.Tx, edgeID, domain, fp stri
 	}
 	if err != nil {
 		return nil, fmt.Errorf("key of certificate %s: %w", fp, err)
+	}
+	if !seal {
+		return &manifest.SealedKey{KeyID: encKeyID(enc)}, nil
 	}
 	k, err := s.SealKey(edgeID, domain, fp, enc, atRest)
 	if err != nil {
@@ -263,4 +270,12 @@ func (s *Store) HasCertificateKey(ctx context.Context, fp string) (bool, error) 
 	var n int
 	err := s.db.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM certificate_keys WHERE fingerprint = ?`), fp).Scan(&n)
 	return n > 0, err
+}
+
+// encKeyID is tlsseal.KeyID of an encryption key as registered (standard
+// base64 of its bytes): the hex SHA-256 of the bytes.
+func encKeyID(enc string) string {
+	b, _ := base64.StdEncoding.DecodeString(enc)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"cellvisor/manifest"
+	"cellvisor/tlsseal"
 )
 
 func testCert(name, fp string) Certificate {
@@ -120,4 +121,14 @@ func mustSeq(t *testing.T, s *Store, id string) int64 {
 		t.Fatal(err)
 	}
 	return e.Sequence
+}
+
+func TestEncKeyIDIsTLSSealKeyID(t *testing.T) {
+	k, err := tlsseal.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if encKeyID(tlsseal.EncodePublic(k.PublicKey())) != tlsseal.KeyID(k.PublicKey()) {
+		t.Fatal("the store names keys otherwise than tlsseal")
+	}
 }

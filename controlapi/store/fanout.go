@@ -152,7 +152,7 @@ func (s *Store) Build(ctx context.Context, edgeID string, sign Signer) (Built, e
 // now, differs from the one in the edge's current manifest (or one of them
 // is missing).
 func (s *Store) entryChanged(ctx context.Context, tx *sql.Tx, edgeID, domain string) (bool, error) {
-	want, ok, err := s.entryFor(ctx, tx, domain, edgeID)
+	want, ok, err := s.entryWith(ctx, tx, domain, edgeID, false)
 	if err != nil {
 		return false, err
 	}

@@ -232,6 +232,12 @@ func (s *Store) placePool(ctx context.Context, tx *sql.Tx, domain string, p Pool
 // entryFor is domain's entry on an edge as it should be now: its current
 // revision, for every cell it has there; ok is false when it has none.
 func (s *Store) entryFor(ctx context.Context, tx *sql.Tx, domain, edgeID string) (manifest.Entry, bool, error) {
+	return s.entryWith(ctx, tx, domain, edgeID, true)
+}
+
+// entryWith is entryFor; without seal, a key the entry would carry is
+// only named (its KeyID set, nothing sealed): enough to compare entries.
+func (s *Store) entryWith(ctx context.Context, tx *sql.Tx, domain, edgeID string, seal bool) (manifest.Entry, bool, error) {
 	var d Domain
 	var deleted int
 	var top int64
@@ -255,7 +261,7 @@ func (s *Store) entryFor(ctx context.Context, tx *sql.Tx, domain, edgeID string)
 	if err != nil {
 		return manifest.Entry{}, false, fmt.Errorf("revision %d of %s: %w", d.Revision, domain, err)
 	}
-	key, err := s.sealFor(ctx, tx, edgeID, domain, fp)
+	key, err := s.sealFor(ctx, tx, edgeID, domain, fp, seal)
 	if err != nil {
 		return manifest.Entry{}, false, err
 	}
