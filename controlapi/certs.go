@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -92,6 +93,13 @@ func (s *Server) StoreCertificate(ctx context.Context, name string, chainPEM, ke
 	if err != nil {
 		return adminapi.CertificateView{}, errorf(http.StatusBadRequest, "%v", err)
 	}
+	if replace {
+		// Refused before anything changes when a domain using the
+		// certificate could not be published with the new one.
+		if err := s.checkReplacement(ctx, name, info); err != nil {
+			return adminapi.CertificateView{}, err
+		}
+	}
 	atRest, err := pki.Seal(s.kek, keyLabel(info.Fingerprint), keyPEM)
 	if err != nil {
 		return adminapi.CertificateView{}, err
@@ -128,6 +136,41 @@ func (s *Server) StoreCertificate(ctx context.Context, name string, chainPEM, ke
 		s.refresh(ctx)
 	}
 	return v, nil
+}
+
+// checkReplacement checks that every domain using certificate name would
+// be published with the new one (info): it covers their hostnames and is
+// valid beyond the margin.
+func (s *Server) checkReplacement(ctx context.Context, name string, info certcheck.Info) error {
+	cur, err := s.st.Certificate(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if until := s.o.Now().Add(s.o.CertMargin); len(cur.UsedBy) > 0 && info.NotAfter.Before(until) {
+		return errorf(http.StatusBadRequest, "replacement of %q expires at %s, within the margin of %s, and %s use it",
+			name, info.NotAfter.Format(time.RFC3339), s.o.CertMargin, strings.Join(cur.UsedBy, ", "))
+	}
+	for _, dn := range cur.UsedBy {
+		d, err := s.st.Domain(ctx, dn)
+		if err != nil {
+			return err
+		}
+		_, data, err := s.st.Revision(ctx, dn, d.Revision)
+		if err != nil {
+			return err
+		}
+		doc, err := domain.Decode(data)
+		if err != nil {
+			continue // its republish reports it
+		}
+		if miss := certcheck.Covers(info.Names, doc.Hostnames); miss != "" {
+			return errorf(http.StatusBadRequest, "replacement of %q does not cover hostname %s of domain %s, which uses it (its names: %v)", name, miss, dn, info.Names)
+		}
+	}
+	return nil
 }
 
 // republishTLS publishes a domain's current configuration again at a new

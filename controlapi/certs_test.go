@@ -280,6 +280,12 @@ func runCertificates(t *testing.T, e *env, logs *logBuf) {
 	// Delete is refused while used; a replacement republishes.
 	err = e.admin.DeleteCertificate(ctx(t), "shop")
 	refused(t, err, http.StatusConflict, "used by "+dom)
+	narrow := testcert.New(t, testcert.Options{Names: []string{dom}})
+	_, err = put("shop", narrow, nil, true)
+	refused(t, err, http.StatusBadRequest, "does not cover hostname www."+dom+" of domain "+dom)
+	if c, err := e.admin.Certificate(ctx(t), "shop"); err != nil || c.Fingerprint != fp {
+		t.Fatalf("after a refused replacement: %+v, %v", c, err)
+	}
 	next := testcert.New(t, testcert.Options{Names: []string{dom, "*." + dom}, Key: "ed25519"})
 	rv, err := put("shop", next, nil, true)
 	fp2, _ := domain.ChainFingerprint(string(next.PEM()))
@@ -375,7 +381,7 @@ func runCertificates(t *testing.T, e *env, logs *logBuf) {
 	if !strings.Contains(logs.String(), "certificate stored") {
 		t.Fatal("the logs were not captured")
 	}
-	noKey(t, "the logs", logs.String(), good.Key, next.Key, soon.Key, weak.Key, tmp.Key)
+	noKey(t, "the logs", logs.String(), good.Key, next.Key, soon.Key, weak.Key, tmp.Key, narrow.Key)
 }
 
 // An exact enrollment retry repeats the encryption key too: the same CSR
