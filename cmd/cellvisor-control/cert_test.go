@@ -33,6 +33,10 @@ func TestCert(t *testing.T) {
 		return out
 	}
 
+	e := createEdge(t, ep, "fra-1")
+	if out := mustCtl(t, ep, "edge", "show", e.Edge.ID); !strings.Contains(out, "https keys: withheld: the edge has registered no encryption key") {
+		t.Fatalf("edge show of an edge with no encryption key:\n%s", out)
+	}
 	_, err := ctl(t, ep, "cert", "add", "shop", "--cert", write("weak.pem", weak.PEM()), "--key", write("weak-key.pem", weak.Key))
 	var ae *adminapi.Error
 	if !errors.As(err, &ae) || ae.Status != http.StatusBadRequest || !strings.Contains(ae.Message, "key type: RSA 1024 bits") {

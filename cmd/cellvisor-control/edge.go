@@ -106,6 +106,12 @@ func printEdge(w io.Writer, e adminapi.EdgeView, now time.Time) error {
 	}
 	fmt.Fprintf(w, "  enrollment: %s, %d rotation(s), last seen %s\n", enrolled, e.Rotations, age(e.LastSeen, now))
 	fmt.Fprintf(w, "  manifests: sequence %d, active (acked) %d\n", e.Sequence, e.ActiveSequence)
+	switch {
+	case e.EncryptionKeyID != "":
+		fmt.Fprintf(w, "  https keys: sealed to encryption key %.16s\n", e.EncryptionKeyID)
+	case e.HTTPSKeys != "":
+		fmt.Fprintf(w, "  https keys: %s\n", e.HTTPSKeys)
+	}
 	if len(e.Assignments) > 0 {
 		cells := make([]string, 0, len(e.Assignments))
 		for cell := range e.Assignments {
