@@ -13,6 +13,7 @@ package activation
 
 import (
 	"context"
+	"crypto/ecdh"
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
@@ -86,6 +87,11 @@ type Options struct {
 	// PollTimeout bounds what one poll fetches, all together (see
 	// fetchContext); zero means DefaultPollTimeout.
 	PollTimeout time.Duration
+	// EncryptionKeys reads the keys that open the certificates' keys
+	// sealed to this edge (manifest.Entry.Key), read at each activation
+	// (a renewal or an enrollment may change them); nil, or none, refuses
+	// every entry that carries one.
+	EncryptionKeys func() ([]*ecdh.PrivateKey, error)
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Clock paces polls and retries and stamps acks, or nil for the real

@@ -34,7 +34,12 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 	// run on as many workers as the runtime has processors (Go sizes
 	// GOMAXPROCS from the agent's cgroup CPU limit). The first error in
 	// entry order is the one reported.
+	encKeys, err := a.encryptionKeys(m)
+	if err != nil {
+		return placement{}, nil, err
+	}
 	domains := make([]domain.Domain, len(m.Entries))
+	keys := make([][]byte, len(m.Entries)) // opened certificate keys, by entry
 	errs := make([]error, len(m.Entries))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -50,6 +55,9 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 					return
 				}
 				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i], fetch)
+				if errs[i] == nil {
+					keys[i], errs[i] = a.openKey(encKeys, m.Entries[i], &domains[i])
+				}
 				if errs[i] == nil {
 					domains[i], errs[i] = spill.put(domains[i])
 				}
@@ -73,6 +81,16 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 		return placement{}, nil, err
 	}
 	spill.attach(pools)
+	for i, k := range keys {
+		if k == nil {
+			continue
+		}
+		p := pools[domains[i].Pool]
+		if p.Keys == nil {
+			p.Keys = map[string][]byte{}
+		}
+		p.Keys[domains[i].Domain] = k
+	}
 	cells := map[string][]string{}
 	for _, e := range m.Entries {
 		if len(e.Cells) > 0 {

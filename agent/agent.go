@@ -6,6 +6,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ecdh"
 	"crypto/ed25519"
 	"fmt"
 	"io"
@@ -53,9 +54,12 @@ type Agent struct {
 	acks   *controlclient.Journal
 	source manifest.Source
 	// client is set on an edge enrolled with a control API; id with it.
-	client     *controlclient.Client
-	id         *Identity
-	key        ed25519.PublicKey // pinned with id
+	client *controlclient.Client
+	id     *Identity
+	key    ed25519.PublicKey // pinned with id
+	// encKey opens the certificates' keys sealed to this edge; nil when
+	// there is none.
+	encKey     *ecdh.PrivateKey
 	enrollment string
 	controlErr string  // why an enrolled identity is unusable
 	tasks      *ledger // control tasks that ran, until their ack is taken

@@ -62,7 +62,8 @@ func (a *Agent) Run(parent context.Context) error {
 		go func() { defer side.Done(); a.metrics.Run(ctx) }()
 	}
 	if a.client != nil {
-		side.Add(4)
+		side.Add(5)
+		go func() { defer side.Done(); a.registerLoop(ctx) }()
 		go func() { defer side.Done(); a.taskLoop(ctx) }()
 		go func() { defer side.Done(); a.frontDoorLoop(ctx) }()
 		go func() { defer side.Done(); a.reportLoop(ctx) }()

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"crypto/ecdh"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -53,6 +54,7 @@ func (a *Agent) chooseSource() error {
 		// Not worth refusing to start over: at worst a task runs again.
 		a.log.Error("control task ledger damaged; starting an empty one", zap.Error(err))
 	}
+	a.loadEncryptionKey()
 	a.enrollment, a.source = EnrollmentEnrolled, a.client
 	a.log.Info("enrolled edge", zap.String("edge", id.EdgeID), zap.String("control", id.ControlURL))
 	return nil
@@ -82,6 +84,7 @@ func (a *Agent) setupActivation(topo runtime.Topology, assign runtime.Assignment
 		EdgeID: a.id.EdgeID, PublicKey: a.key, Source: a.source, Journal: a.acks,
 		Topology: topo, Assignments: assign, PoolLimits: limits, Cells: a.sup, StateDir: a.cfg.StateDir,
 		ApplyTimeout: a.cfg.Source.ApplyTimeout.D(), PollTimeout: a.cfg.Source.PollTimeout.D(), Logger: a.log,
+		EncryptionKeys: func() ([]*ecdh.PrivateKey, error) { return controlclient.EncryptionKeys(a.cfg.IdentityDir()) },
 		Render: func(s runtime.Slot, pool string, seq int64) runtime.RenderParams {
 			return RenderParams(a.cfg, s, pool, seq)
 		},

@@ -109,6 +109,19 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err // refused before anything is written
 	}
+	if err := refuseControlFields(&d); err != nil {
+		return err
+	}
+	if d.TLS != nil && d.TLS.Certificate != "" {
+		// The certificate's chain and fingerprint go into the artifact.
+		if err := s.fillTLS(r.Context(), &d); err != nil {
+			return err
+		}
+		d.Domain, d.Pool, d.Revision = "", "", 0
+		if req.Config, err = json.Marshal(d); err != nil {
+			return err
+		}
+	}
 	start := time.Now()
 	p, err := s.st.PublishDomain(r.Context(), name, req.Pool, d.Hostnames, func(rev int64) ([]byte, error) {
 		_, data, err := domainArtifact(name, req.Pool, req.Config, rev)

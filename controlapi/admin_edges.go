@@ -16,6 +16,7 @@ import (
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
+	"cellvisor/tlsseal"
 )
 
 // newToken makes a one-time bootstrap token: 256 random bits.
@@ -94,6 +95,13 @@ func (s *Server) edgeDetail(ctx context.Context, id string) (store.Edge, adminap
 	}
 	v := s.view(e, assign)
 	v.Status = e.Status
+	if enc, err := s.st.EncryptionKey(ctx, e.ID); err != nil {
+		return store.Edge{}, adminapi.EdgeView{}, err
+	} else if pub, err := tlsseal.DecodePublic(enc); err == nil {
+		v.EncryptionKeyID = tlsseal.KeyID(pub)
+	} else {
+		v.HTTPSKeys = "withheld: the edge has registered no encryption key"
+	}
 	byPool := map[string][]string{}
 	for c, p := range assign {
 		byPool[p] = append(byPool[p], c)

@@ -108,6 +108,10 @@ type Options struct {
 	// destination counts; zero means twice the lease, at least a minute
 	// (agents report status every 15 s by default).
 	EgressReachWindow time.Duration
+	// CertMargin is how long a domain's certificate must still be valid
+	// for the domain to be published with it; zero means
+	// DefaultCertMargin.
+	CertMargin time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Now is the clock, or nil for time.Now.
@@ -136,6 +140,8 @@ type Server struct {
 	// store.Signer), so that a rotation on any replica holds on all.
 	keys  map[string]ed25519.PrivateKey
 	snaps *snapcache.Cache
+	// kek encrypts certificates' private keys at rest (CertKEKSetting).
+	kek []byte
 	// moveNudge wakes the move loop (acks, status reports, new moves).
 	moveNudge chan struct{}
 	// holds is closed by StopHolds: every held poll answers at once.
@@ -231,6 +237,13 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if s.ca, err = s.loadCA(ctx); err != nil {
 		return nil, err
 	}
+	if o.CertMargin == 0 {
+		s.o.CertMargin = DefaultCertMargin
+	}
+	if err = s.initCertKEK(ctx); err != nil {
+		return nil, err
+	}
+	s.st.SealKey = s.sealCertKey
 	if err = s.initSigningKey(ctx); err != nil {
 		return nil, err
 	}

@@ -230,7 +230,7 @@ func TestRotationRefusesTheOldIdentity(t *testing.T) {
 	eachStore(t, func(t *testing.T, e *env) {
 		created := e.createEdge(t, "fra-1")
 		c, id, dir := e.enroll(t, created.Token)
-		for _, f := range []string{"key.pem", "cert.pem", "ca.pem", "server-ca.pem"} {
+		for _, f := range []string{"key.pem", "encryption-key.pem", "cert.pem", "ca.pem", "server-ca.pem"} {
 			if st, err := os.Stat(filepath.Join(dir, "identity", f)); err != nil || st.Mode().Perm() != 0o600 {
 				t.Fatalf("%s: %v, %v", f, st, err)
 			}

@@ -21,6 +21,7 @@ import (
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 	"cellvisor/manifest"
+	"cellvisor/tlsseal"
 )
 
 // EdgeHandler serves the edge-control API. Serve it on ListenEdge's listener.
@@ -33,6 +34,7 @@ func (s *Server) EdgeHandler() http.Handler {
 	mux.HandleFunc("GET "+edgeapi.PathSnapshot, s.edge(s.snapshot))
 	mux.HandleFunc("POST "+edgeapi.PathAcks, s.edge(s.ack))
 	mux.HandleFunc("POST "+edgeapi.PathStatus, s.edge(s.status))
+	mux.HandleFunc("PUT "+edgeapi.PathEncryptionKey, s.edge(s.putEncryptionKey))
 	mux.HandleFunc("GET "+edgeapi.PathTasks, s.edge(s.tasks))
 	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.edge(s.taskAck))
 	mux.HandleFunc("POST "+edgeapi.PathEgressElect, s.edge(s.limited(newEdgeLimiter(electBurst, electRate), s.elect)))
@@ -138,12 +140,19 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	csrHash := hashCSR(csr)
+	if req.EncryptionKey != "" {
+		if _, err := tlsseal.DecodePublic(req.EncryptionKey); err != nil {
+			outcome = "invalid"
+			return errorf(http.StatusBadRequest, "%v", err)
+		}
+	}
+	// The encryption key is part of an exact retry, as the CSR is.
+	csrHash := enrollHash(csr, req.EncryptionKey)
 	now := s.o.Now()
 	switch {
 	case e.CSRHash == csrHash:
 		outcome = "retried"
-		return s.enrollRetry(w, r, e, csr, now)
+		return s.enrollRetry(w, r, e, csr, req.EncryptionKey, now)
 	case e.CSRHash != "":
 		outcome = "token_used"
 		s.log.Warn("security: a different CSR for a consumed bootstrap token", zap.String("edge", e.ID), zap.String("remote", r.RemoteAddr))
@@ -162,8 +171,11 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
 		if errors.Is(err, store.ErrConflict) {
 			// Another request consumed the token first: the retry rules apply.
 			outcome = "raced"
-			return s.enrollRaced(w, r, tokenHash, csr)
+			return s.enrollRaced(w, r, tokenHash, csr, req.EncryptionKey)
 		}
+		return err
+	}
+	if err := s.registerEncryptionKey(r.Context(), e.ID, req.EncryptionKey); err != nil {
 		return err
 	}
 	outcome = "enrolled"
@@ -172,13 +184,13 @@ func (s *Server) enroll(w http.ResponseWriter, r *http.Request) error {
 	return s.writeEnrolled(w, e.ID, e.Org, certPEM, e.Slots)
 }
 
-func (s *Server) enrollRaced(w http.ResponseWriter, r *http.Request, tokenHash string, csr *x509.CertificateRequest) error {
+func (s *Server) enrollRaced(w http.ResponseWriter, r *http.Request, tokenHash string, csr *x509.CertificateRequest, enc string) error {
 	e, err := s.st.EdgeByToken(r.Context(), tokenHash)
 	if err != nil {
 		return errorf(http.StatusUnauthorized, "unknown bootstrap token")
 	}
-	if e.CSRHash == hashCSR(csr) {
-		return s.enrollRetry(w, r, e, csr, s.o.Now())
+	if e.CSRHash == enrollHash(csr, enc) {
+		return s.enrollRetry(w, r, e, csr, enc, s.o.Now())
 	}
 	return errTokenUsed
 }

@@ -35,6 +35,15 @@ func (s *Server) rollbackDomain(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return errorf(http.StatusConflict, "revision %d of %s no longer decodes: %v", req.To, name, err)
 	}
+	if d.TLS != nil && d.TLS.Fingerprint != "" {
+		// Its edges would get no key: refused, the current revision kept.
+		if ok, err := s.st.HasCertificateKey(r.Context(), d.TLS.Fingerprint); err != nil {
+			return err
+		} else if !ok {
+			return errorf(http.StatusConflict, "revision %d of %s presents certificate %s, whose key was deleted (cert delete): publish it with a certificate instead",
+				req.To, name, d.TLS.Fingerprint)
+		}
+	}
 	p, err := s.st.RollbackDomain(r.Context(), name, req.To, d.Hostnames)
 	if errors.Is(err, store.ErrConflict) {
 		return errorf(http.StatusConflict, "%v", err)

@@ -62,7 +62,7 @@ func sameKey(certPEM string, csr *x509.CertificateRequest) bool {
 // until the token's expiry, or RetryGrace after its use if that is later,
 // and only while the certificate it got is the edge's current one: after a
 // renewal the edge has no use for it.
-func (s *Server) enrollRetry(w http.ResponseWriter, r *http.Request, e store.Edge, csr *x509.CertificateRequest, now time.Time) error {
+func (s *Server) enrollRetry(w http.ResponseWriter, r *http.Request, e store.Edge, csr *x509.CertificateRequest, enc string, now time.Time) error {
 	until := e.TokenExpiresAt
 	if g := e.EnrolledAt.Add(RetryGrace); g.After(until) {
 		until = g
@@ -74,6 +74,10 @@ func (s *Server) enrollRetry(w http.ResponseWriter, r *http.Request, e store.Edg
 	}
 	if !sameKey(e.CertPEM, csr) {
 		return errorf(http.StatusConflict, "bootstrap token already used, and the edge has renewed its certificate since; rotate the edge's identity for a new token")
+	}
+	// The first attempt may have ended before the key was registered.
+	if err := s.registerEncryptionKey(r.Context(), e.ID, enc); err != nil {
+		return err
 	}
 	s.log.Info("enrollment retried", zap.String("edge", e.ID))
 	return s.writeEnrolled(w, e.ID, e.Org, e.CertPEM, e.Slots)

@@ -49,6 +49,8 @@ type Config struct {
 	MoveTick, MoveReadyWithin time.Duration
 	// EgressLease is Options' (zero: DefaultEgressLease).
 	EgressLease time.Duration
+	// CertMargin is Options' (zero: DefaultCertMargin).
+	CertMargin time.Duration
 	// EdgeLimits bound the edge-control listener's connections (zero
 	// fields: DefaultEdgeMaxConns, DefaultEdgeMaxPending, no cap per
 	// address, DefaultEdgeHandshakeTimeout).
@@ -155,7 +157,7 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	defer st.Close()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, MetricsToken: metricsToken, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log,
-		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease})
+		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease, CertMargin: c.CertMargin})
 	cancel()
 	if err != nil {
 		return err

@@ -24,6 +24,7 @@ import (
 
 	"cellvisor/edgeapi"
 	"cellvisor/internal/atomicfile"
+	"cellvisor/tlsseal"
 )
 
 // Identity is what an enrolled edge knows about itself and its control
@@ -111,11 +112,15 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
+	encKey, err := pendingEncryptionKey(o.Dir)
+	if err != nil {
+		return Identity{}, err
+	}
 	hc := o.HTTPClient
 	if hc == nil {
 		hc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}}}
 	}
-	body, _ := json.Marshal(edgeapi.EnrollRequest{Token: o.Token, CSR: string(csrPEM)})
+	body, _ := json.Marshal(edgeapi.EnrollRequest{Token: o.Token, CSR: string(csrPEM), EncryptionKey: tlsseal.EncodePublic(encKey.PublicKey())})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(o.URL, "/")+edgeapi.PathEnroll, bytes.NewReader(body))
 	if err != nil {
 		return Identity{}, err
@@ -146,10 +151,14 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
+	encPEM, err := os.ReadFile(filepath.Join(o.Dir, pendingEncKey))
+	if err != nil {
+		return Identity{}, err
+	}
 	files := []struct {
 		name string
 		data []byte
-	}{{KeyFile, keyPEM}, {CertFile, []byte(er.Certificate)}, {CAFile, []byte(er.CA)}}
+	}{{KeyFile, keyPEM}, {EncKeyFile, encPEM}, {CertFile, []byte(er.Certificate)}, {CAFile, []byte(er.CA)}}
 	if serverCA != nil {
 		files = append(files, struct {
 			name string
@@ -168,7 +177,7 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 		return Identity{}, fmt.Errorf("persist identity: %w", err)
 	}
 	// A renewal of the identity this one replaces has no use any more.
-	for _, f := range []string{pendingKey, pendingCSR, renewKey, renewCSR, renewCert} {
+	for _, f := range []string{pendingKey, pendingCSR, pendingEncKey, nextEncKey, prevEncKey, renewKey, renewCSR, renewCert} {
 		os.Remove(filepath.Join(o.Dir, f))
 	}
 	return id, nil

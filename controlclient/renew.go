@@ -127,6 +127,7 @@ func (c *Client) RunRenewal(ctx context.Context, o RenewOptions) {
 			}
 			if err == nil {
 				log.Info("switched to the renewed client certificate", zap.String("serial", serial))
+				c.rotateEncryptionKey(ctx, log, o)
 				break
 			}
 			next := time.Now().Add(retryDelay(fails, o.RetryMin, o.RetryMax, o.Rand()))
@@ -306,4 +307,25 @@ func loadPair(dir string) (tls.Certificate, error) {
 		return next, nil
 	}
 	return tls.Certificate{}, err
+}
+
+// rotateEncryptionKey gives the edge a new encryption key with its new
+// certificate (RotateEncryptionKey), retrying with backoff until it is
+// registered or ctx ends.
+func (c *Client) rotateEncryptionKey(ctx context.Context, log *zap.Logger, o RenewOptions) {
+	for fails := 0; ; fails++ {
+		err := c.RotateEncryptionKey(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			log.Info("encryption key rotated with the certificate")
+			return
+		}
+		next := time.Now().Add(retryDelay(fails, o.RetryMin, o.RetryMax, o.Rand()))
+		log.Warn("encryption key rotation failed; retrying", zap.Error(err), zap.Time("retry_at", next))
+		if !sleepUntil(ctx, next) {
+			return
+		}
+	}
 }

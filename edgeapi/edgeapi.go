@@ -59,6 +59,10 @@ const (
 	PathAcks = "/v1/acks"
 	// PathStatus takes a StatusReport (POST); 204.
 	PathStatus = "/v1/status"
+	// PathEncryptionKey takes an EncryptionKeyRequest (PUT): the edge's
+	// encryption public key, which certificates' keys are sealed to. An
+	// edge enrolled before it registered one at enrollment sends it here.
+	PathEncryptionKey = "/v1/encryption-key"
 	// PathTasks lists the edge's pending control tasks (GET, []Task);
 	// PathTasks + "{id}/ack" takes a TaskAck (POST); 204.
 	PathTasks = "/v1/tasks/"
@@ -113,6 +117,15 @@ type ErrorBody struct {
 type EnrollRequest struct {
 	Token string `json:"token"`
 	CSR   string `json:"csr"`
+	// EncryptionKey is the edge's X25519 encryption public key, standard
+	// base64 (tlsseal.EncodePublic): the control API seals certificates'
+	// keys to it. Part of an exact retry, as the CSR is.
+	EncryptionKey string `json:"encryption_key,omitempty"`
+}
+
+// EncryptionKeyRequest registers an edge's encryption public key.
+type EncryptionKeyRequest struct {
+	EncryptionKey string `json:"encryption_key"`
 }
 
 // EnrollResponse is the identity an edge persists.

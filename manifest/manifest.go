@@ -105,6 +105,24 @@ type SealedKey struct {
 	Sealed string `json:"sealed"`
 }
 
+// MaxSealedKeyBytes bounds a sealed key's ciphertext (a PEM private key of
+// at most 16 KiB and its tag), in bytes before base64.
+const MaxSealedKeyBytes = 16<<10 + 16
+
+// validate checks a sealed key's form: what opens it is the edge's check.
+func (k *SealedKey) validate() error {
+	if !isSHA256(k.KeyID) {
+		return errors.New("key_id is not 64 lowercase hex digits")
+	}
+	if enc, err := base64.StdEncoding.DecodeString(k.Enc); err != nil || len(enc) != 32 {
+		return errors.New("enc is not the base64 of a 32-byte X25519 encapsulated key")
+	}
+	if ct, err := base64.StdEncoding.DecodeString(k.Sealed); err != nil || len(ct) <= 16 || len(ct) > MaxSealedKeyBytes {
+		return fmt.Errorf("sealed is not base64 of 17–%d bytes", MaxSealedKeyBytes)
+	}
+	return nil
+}
+
 // Manifest is a whole manifest: every page's entries, for one sequence.
 type Manifest struct {
 	EdgeID   string  `json:"edge_id"`
@@ -190,6 +208,11 @@ func (e Entry) Validate() error {
 	for i, c := range e.Cells {
 		if !isCellName(c) || i > 0 && e.Cells[i-1] >= c {
 			return bad("cells must be distinct cell-NN names in order, got %q", e.Cells)
+		}
+	}
+	if e.Key != nil {
+		if err := e.Key.validate(); err != nil {
+			return bad("key: %v", err)
 		}
 	}
 	sig, err := base64.StdEncoding.DecodeString(e.Signature)

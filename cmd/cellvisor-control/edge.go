@@ -121,6 +121,12 @@ func printEdge(w io.Writer, e adminapi.EdgeView, now time.Time) error {
 		}
 		fmt.Fprintln(w)
 	}
+	switch {
+	case e.EncryptionKeyID != "":
+		fmt.Fprintf(w, "  https keys: sealed to encryption key %.16s\n", e.EncryptionKeyID)
+	case e.HTTPSKeys != "":
+		fmt.Fprintf(w, "  https keys: %s\n", e.HTTPSKeys)
+	}
 	if len(e.Assignments) > 0 {
 		cells := make([]string, 0, len(e.Assignments))
 		for cell := range e.Assignments {

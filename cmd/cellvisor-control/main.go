@@ -58,6 +58,6 @@ command.`,
 	domain.AddCommand(c.domainPublish(), c.domainList(), c.domainShow(), c.domainDelete(), c.domainRollback(), c.domainMove(), c.domainRouting())
 	key := &cobra.Command{Use: "key", Short: "rotate the control plane's signing key"}
 	key.AddCommand(c.keyRotate())
-	root.AddCommand(serveCmd(), edge, task, pool, cell, domain, key, c.frontDoorCmd(), c.ca(), c.egressCmd())
+	root.AddCommand(serveCmd(), edge, task, pool, cell, domain, key, c.certCmd(), c.frontDoorCmd(), c.ca(), c.egressCmd())
 	return root
 }

@@ -103,6 +103,8 @@ its variable. The systemd unit reads them from /etc/cellvisor/control.env.`,
 		"connections one source address may hold on the edge-control listener; 0: no cap (edges may share NAT addresses)")
 	f.DurationVar(&c.EdgeLimits.HandshakeTimeout, "edge-handshake-timeout", controlapi.DefaultEdgeHandshakeTimeout,
 		"a connection to the edge-control listener not through its TLS handshake within it is closed (up to 1m)")
+	f.DurationVar(&c.CertMargin, "cert-margin", controlapi.DefaultCertMargin,
+		"a domain is published with its certificate only while the certificate is valid for at least this long")
 	f.StringVar(&format, "log-format", "json", "log encoding: json or console (coloured on a terminal)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

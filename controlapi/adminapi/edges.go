@@ -9,15 +9,22 @@ import (
 
 // EdgeView is an edge as the admin API shows it. Secrets are never in it.
 type EdgeView struct {
-	ID         string     `json:"id"`
-	Name       string     `json:"name"`
-	Org        string     `json:"org"`
-	Country    string     `json:"country"`
-	Continent  string     `json:"continent"`
-	MgmtIPv4   string     `json:"mgmt_ipv4,omitempty"`
-	MgmtIPv6   string     `json:"mgmt_ipv6,omitempty"`
-	Slots      int        `json:"slots"`
-	Enrollment string     `json:"enrollment"`
+	ID         string `json:"id"`
+	Name       string `json:"name"`
+	Org        string `json:"org"`
+	Country    string `json:"country"`
+	Continent  string `json:"continent"`
+	MgmtIPv4   string `json:"mgmt_ipv4,omitempty"`
+	MgmtIPv6   string `json:"mgmt_ipv6,omitempty"`
+	Slots      int    `json:"slots"`
+	Enrollment string `json:"enrollment"`
+	// EncryptionKeyID is the hex SHA-256 of the edge's encryption public
+	// key, which its certificates' keys are sealed to (edge show only).
+	EncryptionKeyID string `json:"encryption_key_id,omitempty"`
+	// HTTPSKeys says when the edge gets no certificate keys (edge show
+	// only): it has registered no encryption key, so its cells serve
+	// HTTP only.
+	HTTPSKeys  string     `json:"https_keys,omitempty"`
 	EnrolledAt *time.Time `json:"enrolled_at,omitempty"`
 	// TokenExpiresAt is when the bootstrap token stops enrolling, while
 	// the edge is pending enrollment.

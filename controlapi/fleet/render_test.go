@@ -155,3 +155,24 @@ func TestFleetRenderingShowsHolders(t *testing.T) {
 		t.Error("an org name is not escaped")
 	}
 }
+
+// The edge page says whether the edge's HTTPS keys are sealed to it or
+// withheld.
+func TestEdgePageShowsHTTPSKeys(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tc := range []struct {
+		view adminapi.EdgeView
+		want string
+	}{
+		{adminapi.EdgeView{Name: "a", EncryptionKeyID: strings.Repeat("ab", 32)}, "sealed to key <code>abababababababab</code>"},
+		{adminapi.EdgeView{Name: "b", HTTPSKeys: "withheld: the edge has registered no encryption key"}, "withheld: the edge has registered no encryption key"},
+	} {
+		var buf bytes.Buffer
+		if err := templates.ExecuteTemplate(&buf, "edge", edgePage{Now: now, SilentAfter: SilentAfter, Edge: fleetEdge{EdgeView: tc.view}}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(buf.String(), tc.want) {
+			t.Errorf("edge %s page lacks %q", tc.view.Name, tc.want)
+		}
+	}
+}

@@ -120,8 +120,9 @@ func (s *Store) PublishDomain(ctx context.Context, domain, pool string, hostname
 		if err != nil {
 			return fmt.Errorf("store domain: %w", err)
 		}
-		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO domain_revisions (domain, revision, pool, sha256, size, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
-			domain, d.Revision, pool, d.SHA256, d.Size, ms(d.UpdatedAt)); err != nil {
+		cert, fp := revisionTLS(artifact)
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO domain_revisions (domain, revision, pool, sha256, size, created_at, certificate, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+			domain, d.Revision, pool, d.SHA256, d.Size, ms(d.UpdatedAt), cert, fp); err != nil {
 			return fmt.Errorf("store revision: %w", err)
 		}
 		out.Domain = d

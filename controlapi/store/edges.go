@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -190,8 +191,16 @@ func (s *Store) insertEntry(ctx context.Context, tx *sql.Tx, edgeID string, seq 
 	if e.Rollback {
 		rollback = 1
 	}
-	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO manifest_entries (edge_id, domain, from_seq, pool, revision, size, sha256, rollback, signature, cells)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`), edgeID, e.Domain, seq, e.Pool, e.Revision, e.Size, e.SHA256, rollback, e.Signature, strings.Join(e.Cells, ","))
+	key := ""
+	if e.Key != nil {
+		b, err := json.Marshal(e.Key)
+		if err != nil {
+			return err
+		}
+		key = string(b)
+	}
+	_, err := tx.ExecContext(ctx, s.q(`INSERT INTO manifest_entries (edge_id, domain, from_seq, pool, revision, size, sha256, rollback, signature, cells, sealed_key)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`), edgeID, e.Domain, seq, e.Pool, e.Revision, e.Size, e.SHA256, rollback, e.Signature, strings.Join(e.Cells, ","), key)
 	return err
 }
 

@@ -152,7 +152,7 @@ func (s *Store) Build(ctx context.Context, edgeID string, sign Signer) (Built, e
 // now, differs from the one in the edge's current manifest (or one of them
 // is missing).
 func (s *Store) entryChanged(ctx context.Context, tx *sql.Tx, edgeID, domain string) (bool, error) {
-	want, ok, err := s.entryFor(ctx, tx, domain, edgeID)
+	want, ok, err := s.entryWith(ctx, tx, domain, edgeID, false)
 	if err != nil {
 		return false, err
 	}
@@ -168,8 +168,17 @@ func (s *Store) entryChanged(ctx context.Context, tx *sql.Tx, edgeID, domain str
 	return !sameEntry(cur, want), nil
 }
 
-// sameEntry compares what two entries say, their signatures aside.
+// sameEntry compares what two entries say, their signatures aside, and
+// their keys by the encryption key they are sealed to (each seal is
+// random; the artifact's digest covers the certificate).
 func sameEntry(a, b manifest.Entry) bool {
 	return a.Domain == b.Domain && a.Pool == b.Pool && a.Revision == b.Revision && a.Size == b.Size &&
-		a.SHA256 == b.SHA256 && a.Rollback == b.Rollback && slices.Equal(a.Cells, b.Cells)
+		a.SHA256 == b.SHA256 && a.Rollback == b.Rollback && slices.Equal(a.Cells, b.Cells) && keyID(a.Key) == keyID(b.Key)
+}
+
+func keyID(k *manifest.SealedKey) string {
+	if k == nil {
+		return ""
+	}
+	return k.KeyID
 }

@@ -452,8 +452,9 @@ func (s *Store) retarget(ctx context.Context, tx *sql.Tx, domain, pool string, r
 		d.Pool, d.Revision, d.Revision, d.SHA256, d.Size, ms(d.UpdatedAt), domain); err != nil {
 		return 0, fmt.Errorf("store domain: %w", err)
 	}
-	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO domain_revisions (domain, revision, pool, sha256, size, created_at) VALUES (?, ?, ?, ?, ?, ?)`),
-		domain, d.Revision, pool, d.SHA256, d.Size, ms(d.UpdatedAt)); err != nil {
+	cert, fp := revisionTLS(artifact)
+	if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO domain_revisions (domain, revision, pool, sha256, size, created_at, certificate, fingerprint) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`),
+		domain, d.Revision, pool, d.SHA256, d.Size, ms(d.UpdatedAt), cert, fp); err != nil {
 		return 0, fmt.Errorf("store revision: %w", err)
 	}
 	return d.Revision, nil

@@ -232,6 +232,12 @@ func (s *Store) placePool(ctx context.Context, tx *sql.Tx, domain string, p Pool
 // entryFor is domain's entry on an edge as it should be now: its current
 // revision, for every cell it has there; ok is false when it has none.
 func (s *Store) entryFor(ctx context.Context, tx *sql.Tx, domain, edgeID string) (manifest.Entry, bool, error) {
+	return s.entryWith(ctx, tx, domain, edgeID, true)
+}
+
+// entryWith is entryFor; without seal, a key the entry would carry is
+// only named (its KeyID set, nothing sealed): enough to compare entries.
+func (s *Store) entryWith(ctx context.Context, tx *sql.Tx, domain, edgeID string, seal bool) (manifest.Entry, bool, error) {
 	var d Domain
 	var deleted int
 	var top int64
@@ -250,13 +256,18 @@ func (s *Store) entryFor(ctx context.Context, tx *sql.Tx, domain, edgeID string)
 	// The entry names its artifact's pool (the current revision's), which
 	// is the pool the domain leaves until a move finishes, whatever cells
 	// serve it: the cells it names are the edge's to serve it with.
-	err = tx.QueryRowContext(ctx, s.q(`SELECT pool FROM domain_revisions WHERE domain = ? AND revision = ?`), domain, d.Revision).Scan(&d.Pool)
+	var fp string
+	err = tx.QueryRowContext(ctx, s.q(`SELECT pool, fingerprint FROM domain_revisions WHERE domain = ? AND revision = ?`), domain, d.Revision).Scan(&d.Pool, &fp)
 	if err != nil {
 		return manifest.Entry{}, false, fmt.Errorf("revision %d of %s: %w", d.Revision, domain, err)
 	}
+	key, err := s.sealFor(ctx, tx, edgeID, domain, fp, seal)
+	if err != nil {
+		return manifest.Entry{}, false, err
+	}
 	sort.Strings(cells)
 	return manifest.Entry{Domain: domain, Pool: d.Pool, Revision: d.Revision, Size: d.Size, SHA256: d.SHA256,
-		Rollback: d.Revision < top, Cells: cells}, true, nil
+		Rollback: d.Revision < top, Cells: cells, Key: key}, true, nil
 }
 
 // reemit gives each edge of ids (and, for a domain, every edge where it

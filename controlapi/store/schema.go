@@ -340,4 +340,34 @@ ALTER TABLE edges ADD COLUMN built {{bigint}} NOT NULL DEFAULT 0;
 	`
 ALTER TABLE acks ADD COLUMN runtimes TEXT NOT NULL DEFAULT '';
 `,
+	// 13: HTTPS certificates (issue 35): each by name, its chain and what
+	// may be shown of it; every key by its leaf's fingerprint, encrypted
+	// under the certificate key-encryption key, so that a revision that
+	// names an older certificate still gets its key; the certificate and
+	// fingerprint each revision names; each edge's encryption public key;
+	// each manifest entry's key sealed to it (JSON, '' for none).
+	`
+CREATE TABLE certificates (
+	name        TEXT PRIMARY KEY,
+	fingerprint TEXT NOT NULL,
+	chain       TEXT NOT NULL,
+	names       TEXT NOT NULL,
+	issuer      TEXT NOT NULL,
+	key_type    TEXT NOT NULL,
+	not_before  {{bigint}} NOT NULL,
+	not_after   {{bigint}} NOT NULL,
+	created_at  {{bigint}} NOT NULL,
+	updated_at  {{bigint}} NOT NULL
+);
+CREATE TABLE certificate_keys (
+	fingerprint TEXT PRIMARY KEY,
+	key_sealed  TEXT NOT NULL,
+	created_at  {{bigint}} NOT NULL
+);
+ALTER TABLE domain_revisions ADD COLUMN certificate TEXT NOT NULL DEFAULT '';
+ALTER TABLE domain_revisions ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';
+CREATE INDEX domain_revisions_certificate ON domain_revisions (certificate) WHERE certificate <> '';
+ALTER TABLE edges ADD COLUMN enc_key TEXT NOT NULL DEFAULT '';
+ALTER TABLE manifest_entries ADD COLUMN sealed_key TEXT NOT NULL DEFAULT '';
+`,
 }

@@ -110,7 +110,7 @@ func (s *Store) entriesAt(ctx context.Context, q querier, edgeID string, seq int
 }
 
 // entryColumns are the manifest_entries columns scanEntry reads, in order.
-const entryColumns = `domain, pool, revision, size, sha256, rollback, signature, cells`
+const entryColumns = `domain, pool, revision, size, sha256, rollback, signature, cells, sealed_key`
 
 // scanEntries reads every row of rows (entryColumns) and closes them.
 func scanEntries(rows *sql.Rows) ([]manifest.Entry, error) {
@@ -134,11 +134,17 @@ type querier interface {
 func scanEntry(r scanner) (manifest.Entry, error) {
 	var e manifest.Entry
 	var rollback int
-	var cells string
-	err := r.Scan(&e.Domain, &e.Pool, &e.Revision, &e.Size, &e.SHA256, &rollback, &e.Signature, &cells)
+	var cells, key string
+	err := r.Scan(&e.Domain, &e.Pool, &e.Revision, &e.Size, &e.SHA256, &rollback, &e.Signature, &cells, &key)
 	e.Rollback = rollback != 0
 	if cells != "" {
 		e.Cells = strings.Split(cells, ",")
+	}
+	if err == nil && key != "" {
+		e.Key = new(manifest.SealedKey)
+		if jerr := json.Unmarshal([]byte(key), e.Key); jerr != nil {
+			return e, fmt.Errorf("sealed key of entry %s: %w", e.Domain, jerr)
+		}
 	}
 	return e, err
 }

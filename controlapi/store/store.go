@@ -53,6 +53,9 @@ type Store struct {
 	Hooks Hooks
 	// Now is the clock; time.Now unless testing.
 	Now func() time.Time
+	// SealKey seals certificates' keys into the entries of the domains
+	// that carry one; nil gives no entry a key.
+	SealKey KeySealer
 }
 
 // Open opens the database named by dsn, a postgres:// or postgresql:// URL

@@ -67,6 +67,7 @@ var table = map[string]row{
 	"internal/fakesystemd": {tier: util, tests: true},
 	"internal/floorspawn":  {tier: util}, // a command: a benchmark's floor
 	"internal/testutil":    {tier: util, tests: true},
+	"internal/testcert":    {tier: util, tests: true},
 
 	// model: both sides import these.
 	"domain":    {tier: model},
@@ -75,6 +76,7 @@ var table = map[string]row{
 	"frontdoor": {tier: model},
 	"manifest":  {tier: model},
 	"placement": {tier: model},
+	"tlsseal":   {tier: model, only: []string{"controlapi", "controlclient", "activation", "agent"}},
 
 	// host.
 	"cgexec":        {tier: host, only: []string{"cgroup", "supervisor", "agent", "internal/floorspawn"}},
@@ -101,6 +103,7 @@ var table = map[string]row{
 	// control: the server wires its parts; no part imports it.
 	"controlapi":           {tier: control, only: []string{"cmd/cellvisor-control", "cmd/cellvisor-demo"}},
 	"controlapi/adminapi":  {tier: control, only: []string{"controlapi", "controlapi/fleet", "controlapi/store", "cmd/cellvisor-control", "cmd/cellvisor-demo"}},
+	"controlapi/certcheck": {tier: control, only: []string{"controlapi"}},
 	"controlapi/fleet":     {tier: control, only: []string{"controlapi"}},
 	"controlapi/lease":     {tier: control, only: []string{"controlapi"}},
 	"controlapi/metrics":   {tier: control, only: []string{"controlapi"}},
