@@ -67,6 +67,7 @@ var table = map[string]row{
 	"internal/fakesystemd": {tier: util, tests: true},
 	"internal/floorspawn":  {tier: util}, // a command: a benchmark's floor
 	"internal/testutil":    {tier: util, tests: true},
+	"internal/pebbletest":  {tier: util, tests: true},
 
 	// model: both sides import these.
 	"domain":    {tier: model},
@@ -100,6 +101,7 @@ var table = map[string]row{
 
 	// control: the server wires its parts; no part imports it.
 	"controlapi":           {tier: control, only: []string{"cmd/cellvisor-control", "cmd/cellvisor-demo"}},
+	"controlapi/acmeissue": {tier: control, tests: true},
 	"controlapi/adminapi":  {tier: control, only: []string{"controlapi", "controlapi/fleet", "controlapi/store", "cmd/cellvisor-control", "cmd/cellvisor-demo"}},
 	"controlapi/fleet":     {tier: control, only: []string{"controlapi"}},
 	"controlapi/lease":     {tier: control, only: []string{"controlapi"}},
