@@ -1,0 +1,102 @@
+package acmeissue
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"sync"
+	"testing"
+	"time"
+
+	"cellvisor/internal/clock"
+	"cellvisor/internal/pebbletest"
+)
+
+// certStore is a Source and Sink over one domain, reading what it stores
+// as the control API's store would: the leaf's validity and names.
+type certStore struct {
+	mu    sync.Mutex
+	dom   Domain
+	certs []*x509.Certificate
+}
+
+func (c *certStore) ACMEDomains(context.Context) ([]Domain, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return []Domain{c.dom}, nil
+}
+
+func (c *certStore) Put(_ context.Context, name string, cert *Certificate) error {
+	pair, err := tls.X509KeyPair(cert.ChainPEM, cert.KeyPEM)
+	if err != nil {
+		return err
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dom.NotBefore, c.dom.NotAfter, c.dom.Covered = leaf.NotBefore, leaf.NotAfter, leaf.DNSNames
+	c.certs = append(c.certs, leaf)
+	return nil
+}
+
+func (c *certStore) stored() []*x509.Certificate {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*x509.Certificate(nil), c.certs...)
+}
+
+// TestSchedulerRenewsAgainstPebble runs the schedule on a fake clock that
+// starts at the real time, against a real Pebble: the first certificate at
+// once, the renewal when the fake time reaches two thirds of the real
+// certificate's lifetime.
+func TestSchedulerRenewsAgainstPebble(t *testing.T) {
+	hosts := []string{"renew.example.com"}
+	r := newResponder(t)
+	ca := pebbletest.Start(t, pebbletest.Options{HTTPPort: r.port, Hostnames: hosts, Validity: 6 * 24 * time.Hour})
+	is := newIssuer(t, ca, &memKeys{}, r, nil)
+	store := &certStore{dom: Domain{Name: "renew", Hostnames: hosts}}
+	clk := clock.NewFake(time.Now())
+	s, err := NewScheduler(SchedulerOptions{Source: store, Sink: store, Obtainer: is, Clock: clk, Rand: func() float64 { return 0.5 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	settle := func() {
+		t.Helper()
+		wctx, wcancel := context.WithTimeout(context.Background(), testTimeout)
+		defer wcancel()
+		if err := clk.AwaitWaiters(wctx, 1); err != nil {
+			t.Fatalf("the scheduler did not arm its timer: %v\npebble:\n%s", err, ca.Output())
+		}
+	}
+
+	settle()
+	certs := store.stored()
+	if len(certs) != 1 {
+		t.Fatalf("%d certificates stored, want the first at once; status %+v", len(certs), s.Status())
+	}
+	first := certs[0]
+	renewAt := first.NotBefore.Add(first.NotAfter.Sub(first.NotBefore) * 2 / 3)
+	if st := s.Status(); len(st) != 1 || !st[0].NextAttempt.Equal(renewAt) {
+		t.Fatalf("status %+v, want the renewal at %v", st, renewAt)
+	}
+	clk.Advance(renewAt.Sub(clk.Now()))
+	settle()
+	certs = store.stored()
+	if len(certs) != 2 {
+		t.Fatalf("%d certificates stored after two thirds of the lifetime, want the renewal; status %+v", len(certs), s.Status())
+	}
+	if certs[1].SerialNumber.Cmp(first.SerialNumber) == 0 || !certs[1].NotAfter.After(first.NotAfter) {
+		t.Fatalf("the renewal is not a new certificate: serial %v→%v, not after %v→%v",
+			first.SerialNumber, certs[1].SerialNumber, first.NotAfter, certs[1].NotAfter)
+	}
+	if got, _, _, _ := r.counts(); got != 2 {
+		t.Errorf("challenges presented %d times, want once per order", got)
+	}
+}
