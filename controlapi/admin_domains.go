@@ -122,6 +122,7 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.refresh(r.Context())
+	s.kickACME()
 	s.log.Info("domain published", zap.String("domain", name), zap.String("pool", req.Pool), zap.Int64("revision", p.Domain.Revision), zap.Int64("publish", p.Fanout), zap.Int("edges", p.Pending))
 	for edge, why := range p.Skipped {
 		s.log.Warn("domain not placed on an edge", zap.String("domain", name), zap.String("edge", edge), zap.String("reason", why))

@@ -5,7 +5,7 @@
 // finalize, chain), a Scheduler decides when each domain is due and backs
 // off on failure. Delivering the challenges to the cells and storing what
 // was issued are the caller's, behind the Challenges and Sink interfaces.
-// Only tests import it.
+// Only controlapi imports it.
 package acmeissue
 
 import (
