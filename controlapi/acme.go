@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -46,6 +47,35 @@ type ACMECertificates interface {
 	PutACME(ctx context.Context, domain string, chainPEM, keyPEM []byte) error
 }
 
+// ACMEConfig checks the ACME settings of a configuration and reads the CA
+// file: nil when directory is empty (ACME off). The options it returns
+// still need their Certificates.
+func ACMEConfig(directory, email, caFile string) (*ACMEOptions, error) {
+	if directory == "" {
+		if email != "" || caFile != "" {
+			return nil, errors.New("acme email and CA file need an acme directory URL")
+		}
+		return nil, nil
+	}
+	o := &ACMEOptions{DirectoryURL: directory, Email: email}
+	// The same checks as the issuer's, at start rather than at the first
+	// order.
+	if _, err := acmeissue.New(acmeissue.Options{DirectoryURL: directory, Email: email, Keys: acmeKeys{}, Challenges: &acmeChallenges{}}); err != nil {
+		return nil, err
+	}
+	if caFile != "" {
+		b, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("acme CA file: %w", err)
+		}
+		o.Roots = x509.NewCertPool()
+		if !o.Roots.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("acme CA file %s: no PEM certificate in it", caFile)
+		}
+	}
+	return o, nil
+}
+
 // acmeAccountSetting holds the ACME account key, sealed with the seal key.
 const acmeAccountSetting = "acme-account-key"
 
@@ -69,7 +99,7 @@ func (s *Server) kickACME() {
 // newACME builds the scheduler of o.ACME.
 func (s *Server) newACME(o *ACMEOptions) (*acmeissue.Scheduler, error) {
 	if o.Certificates == nil {
-		return nil, errors.New("acme: no certificate store")
+		return nil, errors.New("acme: no certificate store to keep what is issued")
 	}
 	if o.ApplyTimeout <= 0 {
 		o.ApplyTimeout = 5 * time.Minute

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -169,9 +170,19 @@ func TestACMEThroughTheCells(t *testing.T) {
 		ca := pebbletest.Start(t, pebbletest.Options{HTTPPort: cell.port, Hostnames: []string{host}})
 		sink := &certSink{got: map[string][2][]byte{}, put: make(chan string, 4)}
 		logs := &logBuffer{}
+		// As serve configures it: the directory's roots from a CA file.
+		caFile := t.TempDir() + "/acme-ca.pem"
+		if err := os.WriteFile(caFile, ca.RootsPEM, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		acme, err := controlapi.ACMEConfig(ca.DirectoryURL, "ops@example.com", caFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acme.Certificates, acme.ApplyTimeout = sink, time.Minute
 		e = serveOn(t, e.dsn, e.sealKey, func(o *controlapi.Options) {
 			o.Logger = zap.New(zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(logs), zap.DebugLevel))
-			o.ACME = &controlapi.ACMEOptions{DirectoryURL: ca.DirectoryURL, Email: "ops@example.com", Roots: ca.Roots, Certificates: sink, ApplyTimeout: time.Minute}
+			o.ACME = acme
 		})
 		a := e.createEdge(t, "a")
 		c, id, _ := e.enroll(t, a.Token)
@@ -319,5 +330,33 @@ func TestACMERefusedRevision(t *testing.T) {
 	}
 	if cell.askedFor(host) != 0 {
 		t.Error("the CA validated a revision the edge refused")
+	}
+}
+
+func TestACMEConfigRefusals(t *testing.T) {
+	dir := t.TempDir()
+	notPEM := dir + "/not.pem"
+	os.WriteFile(notPEM, []byte("not a certificate"), 0o600)
+	for _, tc := range []struct {
+		name, url, email, ca, want string
+	}{
+		{"email without directory", "", "ops@example.com", "", "need an acme directory URL"},
+		{"plain http", "http://ca.example/dir", "", "", "must be https://"},
+		{"two emails", "https://ca.example/dir", "a@example.com,b@example.com", "", "one address"},
+		{"missing CA file", "https://ca.example/dir", "", dir + "/absent.pem", "acme CA file"},
+		{"CA file not PEM", "https://ca.example/dir", "", notPEM, "no PEM certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := controlapi.ACMEConfig(tc.url, tc.email, tc.ca); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if o, err := controlapi.ACMEConfig("", "", ""); o != nil || err != nil {
+		t.Fatalf("no directory: %+v, %v: want ACME off", o, err)
+	}
+	o, err := controlapi.ACMEConfig("https://ca.example/dir", "ops@example.com", "")
+	if err != nil || o.DirectoryURL != "https://ca.example/dir" || o.Email != "ops@example.com" || o.Roots != nil {
+		t.Fatalf("%+v, %v", o, err)
 	}
 }
