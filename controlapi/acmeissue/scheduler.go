@@ -218,10 +218,14 @@ func (s *Scheduler) step(ctx context.Context) time.Duration {
 
 // forget drops the state of domains no longer listed.
 func (s *Scheduler) forget(doms []Domain) {
+	listed := make(map[string]bool, len(doms))
+	for _, d := range doms {
+		listed[d.Name] = true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for name := range s.state {
-		if !slices.ContainsFunc(doms, func(d Domain) bool { return d.Name == name }) {
+		if !listed[name] {
 			delete(s.state, name)
 			delete(s.issued, name)
 		}
