@@ -262,3 +262,36 @@ func Binary(ctx context.Context) (string, error) {
 	})
 	return binPath, binErr
 }
+
+// Verify checks a certificate Pebble issued as a cell would serve it: the
+// key is the leaf's, and the chain verifies up to Pebble's issuing root
+// for every hostname. It returns the leaf.
+func (ca *CA) Verify(ctx context.Context, chainPEM, keyPEM []byte, hostnames ...string) (*x509.Certificate, error) {
+	pair, err := tls.X509KeyPair(chainPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("chain and key are not a pair: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, err
+	}
+	root, err := ca.IssuerRoot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	roots, inter := x509.NewCertPool(), x509.NewCertPool()
+	roots.AddCert(root)
+	for _, der := range pair.Certificate[1:] {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return nil, err
+		}
+		inter.AddCert(c)
+	}
+	for _, h := range hostnames {
+		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: h, Roots: roots, Intermediates: inter}); err != nil {
+			return nil, fmt.Errorf("%s: %w", h, err)
+		}
+	}
+	return leaf, nil
+}
