@@ -185,11 +185,13 @@ func TestACMEThroughTheCells(t *testing.T) {
 		a := e.createEdge(t, "a")
 		c, id, _ := e.enroll(t, a.Token)
 		runAgent(t, c, id.EdgeID, host, cell)
+		published := time.Now()
 		if _, err := e.admin.Publish(ctx(t), host, adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(fmt.Sprintf(acmeConfig, host))}); err != nil {
 			t.Fatal(err)
 		}
 		select {
 		case <-sink.put:
+			t.Logf("publish to certificate stored: %v (the agent polls every 50 ms)", time.Since(published).Round(time.Millisecond))
 		case <-ctx(t).Done():
 			t.Fatalf("no certificate stored: status %+v\npebble:\n%s\nlogs:\n%s", e.srv.ACMEStatus(), ca.Output(), logs.String())
 		}
