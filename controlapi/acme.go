@@ -2,6 +2,7 @@ package controlapi
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -114,9 +115,53 @@ func (s *Server) newACME(o *ACMEOptions) (*acmeissue.Scheduler, error) {
 		return nil, err
 	}
 	src := &acmeSource{s: s, seen: map[string]acmeSeen{}}
+	lease := &acmeLease{st: s.st, holder: rand.Text(), ttl: acmeLeaseTTL, now: s.o.Now}
 	return acmeissue.NewScheduler(acmeissue.SchedulerOptions{
-		Source: src, Sink: acmeSink{o.Certificates}, Obtainer: is, Clock: o.Clock, Logger: s.log,
+		Source: src, Sink: acmeSink{o.Certificates}, Obtainer: is, Clock: o.Clock, Logger: s.log, Leader: lease.lead,
 	})
+}
+
+// acmeLeaseSetting holds the ACME lease: which replica orders.
+const acmeLeaseSetting = "acme-lease"
+
+// acmeLeaseTTL is how long the ACME lease lasts unless renewed. The
+// holder renews it before every step and every order (an order takes at
+// most 10 minutes, a step starts at least every minute), so a replica takes
+// over within this of the holder's end.
+const acmeLeaseTTL = 15 * time.Minute
+
+// acmeLease has one replica of several sharing a database order
+// certificates, so that two do not order the same domain: a lease in the
+// store's settings, taken and renewed by compare-and-swap.
+type acmeLease struct {
+	st     *store.Store
+	holder string
+	ttl    time.Duration
+	now    func() time.Time
+}
+
+type acmeLeaseValue struct {
+	Holder  string `json:"holder"`
+	Expires int64  `json:"expires_ms"`
+}
+
+// lead takes or renews the lease, and reports whether this replica holds
+// it.
+func (l *acmeLease) lead(ctx context.Context) (bool, error) {
+	now := l.now()
+	mine, err := json.Marshal(acmeLeaseValue{Holder: l.holder, Expires: now.Add(l.ttl).UnixMilli()})
+	if err != nil {
+		return false, err
+	}
+	cur, err := l.st.InitSetting(ctx, acmeLeaseSetting, string(mine))
+	if err != nil || cur == string(mine) {
+		return err == nil, err
+	}
+	var v acmeLeaseValue
+	if json.Unmarshal([]byte(cur), &v) == nil && v.Holder != l.holder && now.UnixMilli() < v.Expires {
+		return false, nil // another replica's, still running
+	}
+	return l.st.SwapSetting(ctx, acmeLeaseSetting, cur, string(mine))
 }
 
 // acmeKeys keeps the account key in the store's settings, sealed like the

@@ -91,6 +91,10 @@ type SchedulerOptions struct {
 	AttemptTimeout time.Duration
 	// Rand returns values in [0,1) for the jitter, or nil for math/rand.
 	Rand func() float64
+	// Leader reports whether this replica orders now (one of several
+	// sharing a database holds a lease), asked before every step and
+	// every order; nil means always.
+	Leader func(ctx context.Context) (bool, error)
 }
 
 // Scheduler keeps every ACME domain certified: it obtains a certificate for
@@ -189,6 +193,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 // step lists the domains, runs the orders due and returns how long to wait
 // before the next step.
 func (s *Scheduler) step(ctx context.Context) time.Duration {
+	if !s.lead(ctx) {
+		return s.o.Rescan
+	}
 	doms, err := s.o.Source.ACMEDomains(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -203,6 +210,9 @@ func (s *Scheduler) step(ctx context.Context) time.Duration {
 		}
 		now := s.clk.Now()
 		if next := s.plan(now, d); !next.After(now) {
+			if !s.lead(ctx) {
+				return s.o.Rescan
+			}
 			s.attempt(ctx, d)
 		}
 	}
@@ -214,6 +224,26 @@ func (s *Scheduler) step(ctx context.Context) time.Duration {
 	}
 	s.mu.Unlock()
 	return wait
+}
+
+// lead asks Leader whether this replica orders now. A replica that does
+// not forgets what it knew: the leader's status is the one that holds.
+func (s *Scheduler) lead(ctx context.Context) bool {
+	if s.o.Leader == nil {
+		return true
+	}
+	ok, err := s.o.Leader(ctx)
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("acme lease not read", zap.Error(err))
+	}
+	if err != nil || !ok {
+		s.mu.Lock()
+		clear(s.state)
+		clear(s.issued)
+		s.mu.Unlock()
+		return false
+	}
+	return true
 }
 
 // forget drops the state of domains no longer listed.

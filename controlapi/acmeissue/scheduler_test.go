@@ -74,9 +74,13 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // startScheduler runs a Scheduler on a fake clock until the test ends, and
 // returns a function that advances the clock by d and waits until the
 // Scheduler has done its step and armed its next timer.
-func startScheduler(t *testing.T, f *fakeCA, obt Obtainer) (*Scheduler, func(d time.Duration)) {
+func startScheduler(t *testing.T, f *fakeCA, obt Obtainer, opts ...func(*SchedulerOptions)) (*Scheduler, func(d time.Duration)) {
 	t.Helper()
-	s, err := NewScheduler(SchedulerOptions{Source: f, Sink: f, Obtainer: obt, Clock: f.clk, Rand: func() float64 { return 0.5 }})
+	o := SchedulerOptions{Source: f, Sink: f, Obtainer: obt, Clock: f.clk, Rand: func() float64 { return 0.5 }}
+	for _, set := range opts {
+		set(&o)
+	}
+	s, err := NewScheduler(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,5 +239,30 @@ func TestRenewAt(t *testing.T) {
 				t.Fatalf("RenewAt = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+func TestSchedulerOrdersOnlyWhileLeading(t *testing.T) {
+	f := &fakeCA{clk: clock.NewFake(t0), lifetime: 90 * 24 * time.Hour,
+		doms: map[string]Domain{"shop": {Name: "shop", Hostnames: []string{"shop.example.com"}}}}
+	var mu sync.Mutex
+	leading := false
+	s, advance := startScheduler(t, f, f, func(o *SchedulerOptions) {
+		o.Leader = func(context.Context) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return leading, nil
+		}
+	})
+	advance(time.Hour)
+	if got := f.orderTimes(); len(got) != 0 || len(s.Status()) != 0 {
+		t.Fatalf("orders %v, status %+v: a replica not leading ordered or reported", got, s.Status())
+	}
+	mu.Lock()
+	leading = true
+	mu.Unlock()
+	advance(time.Minute)
+	if got := f.orderTimes(); len(got) != 1 || !got[0].Equal(t0.Add(time.Hour+time.Minute)) {
+		t.Fatalf("orders %v, want one at the first step as leader", got)
 	}
 }

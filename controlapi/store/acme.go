@@ -81,3 +81,14 @@ func (s *Store) edgeApplied(ctx context.Context, edgeID, domain string, rev int6
 	}
 	return seq, "", "", nil
 }
+
+// SwapSetting replaces a setting's value with next if it is still old, and
+// reports whether it did: a compare-and-swap for a value that several
+// replicas update (the ACME scheduler's lease).
+func (s *Store) SwapSetting(ctx context.Context, name, old, next string) (bool, error) {
+	n, err := s.exec(ctx, `UPDATE settings SET value = ? WHERE name = ? AND value = ?`, next, name, old)
+	if err != nil {
+		return false, fmt.Errorf("setting %s: %w", name, err)
+	}
+	return n == 1, nil
+}
