@@ -135,6 +135,8 @@ deps: ## install what is missing for every target but test-vm: Debian packages (
 	fi
 	@echo "deps: downloading the Go modules (go mod download: a minute or two the first time, nothing after)"
 	$(GO) mod download
+	@echo "deps: building the Go tools of go.mod (Pebble, the test ACME CA of controlapi/acmeissue's tests) into the build cache"
+	$(GO) build -o /dev/null tool
 
 demo-deps: ## install what is missing for the demo: nginx + Lua module, cjson, and the Go modules
 	@$(MAKE) --no-print-directory deps DEB_PACKAGES="$(DEMO_DEB_PACKAGES)"

@@ -112,8 +112,9 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 	if err := refuseControlFields(&d); err != nil {
 		return err
 	}
-	if d.TLS != nil && d.TLS.Certificate != "" {
-		// The certificate's chain and fingerprint go into the artifact.
+	if d.TLS != nil && (d.TLS.Certificate != "" || d.TLS.ACME) {
+		// The certificate's chain and fingerprint go into the artifact
+		// (an ACME domain's once it has been issued one).
 		if err := s.fillTLS(r.Context(), &d); err != nil {
 			return err
 		}
@@ -135,6 +136,7 @@ func (s *Server) publishDomain(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.refresh(r.Context())
+	s.kickACME()
 	s.log.Info("domain published", zap.String("domain", name), zap.String("pool", req.Pool), zap.Int64("revision", p.Domain.Revision), zap.Int64("publish", p.Fanout), zap.Int("edges", p.Pending))
 	for edge, why := range p.Skipped {
 		s.log.Warn("domain not placed on an edge", zap.String("domain", name), zap.String("edge", edge), zap.String("reason", why))

@@ -3,6 +3,8 @@ package controlapi
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -225,6 +227,9 @@ func refuseControlFields(d *domain.Domain) error {
 // fingerprint from it. A domain with no certificate named is left as it
 // is.
 func (s *Server) fillTLS(ctx context.Context, d *domain.Domain) error {
+	if d.TLS != nil && d.TLS.ACME {
+		return s.fillACME(ctx, d)
+	}
 	if d.TLS == nil || d.TLS.Certificate == "" {
 		return nil
 	}
@@ -305,4 +310,49 @@ func validCertName(s string) bool {
 		}
 	}
 	return true
+}
+
+// fillACME fills an ACME domain's chain and fingerprint from the
+// certificate issued for it, where there is one that covers its hostnames
+// and has not expired; otherwise the domain is published without (its
+// cells serve it over HTTP until one is issued).
+func (s *Server) fillACME(ctx context.Context, d *domain.Domain) error {
+	c, err := s.st.Certificate(ctx, acmeCertName(d.Domain))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if certcheck.Covers(c.Names, d.Hostnames) == "" && c.NotAfter.After(s.o.Now()) {
+		d.TLS.Chain, d.TLS.Fingerprint = c.Chain, c.Fingerprint
+	}
+	return nil
+}
+
+// acmeCertName is the certificate an ACME domain's issued certificate is
+// kept as: "acme_" and the domain with its dots as underscores (no DNS
+// name has one, so no two domains share a name); a domain too long for a
+// certificate name keeps its first 40 characters and a hash of the whole.
+func acmeCertName(d string) string {
+	n := "acme_" + strings.ReplaceAll(d, ".", "_")
+	if len(n) <= 64 {
+		return n
+	}
+	sum := sha256.Sum256([]byte(d))
+	return n[:45] + "_" + hex.EncodeToString(sum[:])[:16]
+}
+
+// PutACME keeps a certificate the ACME issuer obtained for domain name as
+// acmeCertName(name) (its key encrypted at rest, like an uploaded one's)
+// and publishes the domain again with its chain: the ACME scheduler's
+// store.
+func (s *Server) PutACME(ctx context.Context, name string, chainPEM, keyPEM []byte) error {
+	if _, err := s.StoreCertificate(ctx, acmeCertName(name), chainPEM, keyPEM, true); err != nil {
+		return fmt.Errorf("keep the certificate issued for %s: %w", name, err)
+	}
+	if _, err := s.republishTLS(ctx, name); err != nil {
+		return fmt.Errorf("publish %s with its issued certificate: %w", name, err)
+	}
+	return nil
 }

@@ -30,6 +30,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"cellvisor/controlapi/acmeissue"
 	"cellvisor/controlapi/fleet"
 	"cellvisor/controlapi/lease"
 	"cellvisor/controlapi/metrics"
@@ -112,6 +113,9 @@ type Options struct {
 	// for the domain to be published with it; zero means
 	// DefaultCertMargin.
 	CertMargin time.Duration
+	// ACME, when set, obtains and renews the certificates of the domains
+	// that ask for them (acme.go).
+	ACME *ACMEOptions
 	// Logger, or nil for none.
 	Logger *zap.Logger
 	// Now is the clock, or nil for time.Now.
@@ -147,6 +151,9 @@ type Server struct {
 	// holds is closed by StopHolds: every held poll answers at once.
 	holds     chan struct{}
 	holdsOnce sync.Once
+	// acme keeps the ACME domains certified (nil: ACME is off); Run runs
+	// it.
+	acme *acmeissue.Scheduler
 }
 
 // StopHolds answers every held poll at once, and holds no more: call it
@@ -275,6 +282,12 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	}
 	if err := s.cache.refresh(ctx); err != nil {
 		return nil, err
+	}
+	if o.ACME != nil {
+		acme := *o.ACME
+		if s.acme, err = s.newACME(&acme); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -407,7 +420,14 @@ func (s *Server) Run(ctx context.Context) {
 		defer close(writer)
 		s.writer.Run(ctx)
 	}()
-	defer func() { <-moves; <-writer }()
+	acme := make(chan struct{})
+	go func() {
+		defer close(acme)
+		if s.acme != nil {
+			_ = s.acme.Run(ctx) // ends with ctx
+		}
+	}()
+	defer func() { <-moves; <-writer; <-acme }()
 	defer s.StopHolds()
 	refresh := time.NewTicker(s.o.Refresh)
 	defer refresh.Stop()

@@ -55,6 +55,11 @@ type Config struct {
 	// fields: DefaultEdgeMaxConns, DefaultEdgeMaxPending, no cap per
 	// address, DefaultEdgeHandshakeTimeout).
 	EdgeLimits ListenLimits
+	// ACMEDirectory, ACMEEmail and ACMECAFile configure automatic
+	// certificates (ACMEOptions; docs/tls.md): the CA's directory URL
+	// (empty: off), the account's contact, and a PEM file of the roots
+	// that verify a private CA's directory (empty: the system's).
+	ACMEDirectory, ACMEEmail, ACMECAFile string
 	// Logger, or nil for none.
 	Logger *zap.Logger
 }
@@ -155,9 +160,13 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 		return err
 	}
 	defer st.Close()
+	acme, err := ACMEConfig(c.ACMEDirectory, c.ACMEEmail, c.ACMECAFile)
+	if err != nil {
+		return err
+	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, MetricsToken: metricsToken, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log,
-		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease, CertMargin: c.CertMargin})
+		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease, CertMargin: c.CertMargin, ACME: acme})
 	cancel()
 	if err != nil {
 		return err

@@ -2,7 +2,7 @@
 // control plane publishes and the edge serves: the document, its strict
 // decoding and validation, hostname rules and pool classes. It is a leaf: it
 // imports nothing of the edge host (runtime, supervisor, cgroups) nor of the
-// control plane. activation, controlapi, manifest and runtime import it,
+// control plane. activation, controlapi, controlapi/acmeissue, manifest and runtime import it,
 // on both sides.
 package domain
 

@@ -105,6 +105,10 @@ its variable. The systemd unit reads them from /etc/cellvisor/control.env.`,
 		"a connection to the edge-control listener not through its TLS handshake within it is closed (up to 1m)")
 	f.DurationVar(&c.CertMargin, "cert-margin", controlapi.DefaultCertMargin,
 		"a domain is published with its certificate only while the certificate is valid for at least this long")
+	f.StringVar(&c.ACMEDirectory, "acme-directory", "",
+		"the ACME directory URL (https) of the CA that issues the certificates of domains with tls.acme; empty: no ACME (docs/tls.md)")
+	f.StringVar(&c.ACMEEmail, "acme-email", "", "the ACME account's contact email (optional)")
+	f.StringVar(&c.ACMECAFile, "acme-ca-file", "", "a PEM bundle the ACME directory's certificate is verified against (a private CA); empty: the system roots")
 	f.StringVar(&format, "log-format", "json", "log encoding: json or console (coloured on a terminal)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

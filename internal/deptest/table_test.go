@@ -68,6 +68,7 @@ var table = map[string]row{
 	"internal/floorspawn":  {tier: util}, // a command: a benchmark's floor
 	"internal/testutil":    {tier: util, tests: true},
 	"internal/testcert":    {tier: util, tests: true},
+	"internal/pebbletest":  {tier: util, tests: true},
 
 	// model: both sides import these.
 	"domain":    {tier: model},
@@ -102,6 +103,7 @@ var table = map[string]row{
 
 	// control: the server wires its parts; no part imports it.
 	"controlapi":           {tier: control, only: []string{"cmd/cellvisor-control", "cmd/cellvisor-demo"}},
+	"controlapi/acmeissue": {tier: control, only: []string{"controlapi"}},
 	"controlapi/adminapi":  {tier: control, only: []string{"controlapi", "controlapi/fleet", "controlapi/store", "cmd/cellvisor-control", "cmd/cellvisor-demo"}},
 	"controlapi/certcheck": {tier: control, only: []string{"controlapi"}},
 	"controlapi/fleet":     {tier: control, only: []string{"controlapi"}},
