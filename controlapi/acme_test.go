@@ -20,6 +20,7 @@ import (
 	"cellvisor/controlclient"
 	"cellvisor/domain"
 	"cellvisor/internal/pebbletest"
+	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 )
 
@@ -345,4 +346,64 @@ func TestACMEConfigRefusals(t *testing.T) {
 	if err != nil || o.DirectoryURL != "https://ca.example/dir" || o.Email != "ops@example.com" || o.Roots != nil {
 		t.Fatalf("%+v, %v", o, err)
 	}
+}
+
+// TestACMEKeptInTheStore: with no store of its own, what the ACME CA
+// issues is kept as the domain's certificate (acme_<domain>, shown like an
+// uploaded one) and the domain is published again with its chain.
+func TestACMEKeptInTheStore(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		const host = "kept.example.com"
+		cell := newFakeCell(t)
+		ca := pebbletest.Start(t, pebbletest.Options{HTTPPort: cell.port, Hostnames: []string{host}})
+		e = serveOn(t, e.dsn, e.sealKey, func(o *controlapi.Options) {
+			o.ACME = &controlapi.ACMEOptions{DirectoryURL: ca.DirectoryURL, Roots: ca.Roots, ApplyTimeout: time.Minute}
+		})
+		a := e.createEdge(t, "a")
+		c, id, _ := e.enroll(t, a.Token)
+		runAgent(t, c, id.EdgeID, host, cell)
+		if _, err := e.admin.Publish(ctx(t), host, adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(fmt.Sprintf(acmeConfig, host))}); err != nil {
+			t.Fatal(err)
+		}
+		var doc domain.Domain
+		testutil.Eventually(t, 60*time.Second, func() error {
+			d, err := e.st.Domain(ctx(t), host)
+			if err != nil {
+				return err
+			}
+			_, data, err := e.st.Revision(ctx(t), host, d.Revision)
+			if err != nil {
+				return err
+			}
+			if doc, err = domain.Decode(data); err != nil {
+				return err
+			}
+			if !doc.HasCertificate() {
+				return fmt.Errorf("revision %d has no certificate yet (acme: %+v)", d.Revision, e.srv.ACMEStatus())
+			}
+			return nil
+		})
+		cv, err := e.admin.Certificate(ctx(t), "acme_kept_example_com")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cv.Fingerprint != doc.TLS.Fingerprint || len(cv.Names) != 1 || cv.Names[0] != host {
+			t.Errorf("stored %+v; the domain's fingerprint %s", cv, doc.TLS.Fingerprint)
+		}
+		if len(doc.TLS.Challenges) != 0 || !doc.TLS.ACME {
+			t.Errorf("the republished document: %+v", doc.TLS)
+		}
+		// An operator's publish of the same document keeps the certificate.
+		p, err := e.admin.Publish(ctx(t), host, adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(fmt.Sprintf(acmeConfig, host))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, data, err := e.st.Revision(ctx(t), host, p.Domain.Revision)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, err := domain.Decode(data); err != nil || again.TLS.Fingerprint != doc.TLS.Fingerprint {
+			t.Errorf("republished by the operator: %v %+v", err, again.TLS)
+		}
+	})
 }
