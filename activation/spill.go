@@ -48,7 +48,14 @@ func (s *docSpill) put(d domain.Domain) (domain.Domain, error) {
 	if _, err := s.f.WriteAt(doc, off); err != nil {
 		return domain.Domain{}, fmt.Errorf("spill the document of %s: %w", d.Domain, err)
 	}
-	return domain.Domain{Domain: d.Domain, Pool: d.Pool, Revision: d.Revision, Hostnames: d.Hostnames, Cache: d.Cache}, nil
+	kept := domain.Domain{Domain: d.Domain, Pool: d.Pool, Revision: d.Revision, Hostnames: d.Hostnames, Cache: d.Cache}
+	if d.HasCertificate() {
+		// Its certificate by fingerprint alone (the release's keys file
+		// pairs the key with it), its expiry noted for the cell's status.
+		runtime.NoteCertificate(d.TLS.Fingerprint, d.TLS.Chain)
+		kept.TLS = &domain.TLS{Fingerprint: d.TLS.Fingerprint}
+	}
+	return kept, nil
 }
 
 // doc reads d's document back: runtime.PoolRuntime.Docs.

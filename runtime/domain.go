@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -189,10 +190,14 @@ func (p *PoolRuntime) caches() bool {
 func CompileSlots(pools map[string]*PoolRuntime, assign Assignments, cells map[string][]string) map[string]*PoolRuntime {
 	var docs func(*domain.Domain) ([]byte, error)
 	restricted := map[string]*domain.Domain{} // by name
+	// Every pool's opened keys, for the runtimes made here: a release's
+	// keys file holds only those of the domains its runtime serves.
+	keys := map[string][]byte{}
 	for _, p := range pools {
 		if docs == nil {
 			docs = p.Docs
 		}
+		maps.Copy(keys, p.Keys)
 		for _, d := range p.Hosts {
 			if _, ok := cells[d.Domain]; ok {
 				restricted[d.Domain] = d
@@ -217,7 +222,7 @@ func CompileSlots(pools map[string]*PoolRuntime, assign Assignments, cells map[s
 	for slot, pool := range assign {
 		p := pools[pool]
 		if p == nil {
-			p = &PoolRuntime{Pool: pool, Hosts: map[string]*domain.Domain{}, Docs: docs}
+			p = &PoolRuntime{Pool: pool, Hosts: map[string]*domain.Domain{}, Docs: docs, Keys: keys}
 			pools[pool] = p
 		}
 		var dropped []string
@@ -240,7 +245,7 @@ func CompileSlots(pools map[string]*PoolRuntime, assign Assignments, cells map[s
 			out[slot] = q
 			continue
 		}
-		q := &PoolRuntime{Pool: pool, Hosts: map[string]*domain.Domain{}, Docs: p.Docs}
+		q := &PoolRuntime{Pool: pool, Hosts: map[string]*domain.Domain{}, Docs: p.Docs, Keys: keys}
 		if q.Docs == nil {
 			q.Docs = docs
 		}

@@ -43,7 +43,9 @@ func (p *PoolRuntime) keysJSON() []byte {
 	keys := map[string]entry{}
 	if p != nil {
 		for _, d := range p.Hosts {
-			if !d.HasCertificate() {
+			// The activation keeps only the fingerprint in memory (the
+			// document, chain included, is on disk: Docs).
+			if d.TLS == nil || d.TLS.Fingerprint == "" {
 				continue
 			}
 			if k := p.Keys[d.Domain]; len(k) > 0 {
@@ -84,13 +86,22 @@ func (p *PoolRuntime) keysJSON() []byte {
 // every certificate of the slot, and most are the same as the last build's.
 var notAfters sync.Map
 
+// NoteCertificate records the expiry of a chain's leaf by its fingerprint,
+// for a release built from a domain kept without its chain (the
+// activation's, whose documents are on disk).
+func NoteCertificate(fp, chain string) { notAfter(fp, chain) }
+
 // notAfter is the expiry of chain's leaf, in Unix seconds (0 where it does
-// not parse: the document's decoding checked that it does).
+// not parse, or chain is "" and was not noted: the document's decoding
+// checked that it parses).
 func notAfter(fp, chain string) int64 {
 	if v, ok := notAfters.Load(fp); ok {
 		return v.(int64)
 	}
 	var t int64
+	if chain == "" {
+		return 0
+	}
 	if b, _ := pem.Decode([]byte(chain)); b != nil {
 		if c, err := x509.ParseCertificate(b.Bytes); err == nil {
 			t = c.NotAfter.Unix()

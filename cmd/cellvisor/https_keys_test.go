@@ -2,8 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -90,6 +96,25 @@ func TestHTTPSKeysReachTheAgentSealed(t *testing.T) {
 	a, st := startAgent(t, bin, cfgPath, cfg)
 	awaitBody(t, st.Slots[0].HTTPPort, "v1")
 	v := applied("the sealed key's manifest applied")
+	// And the cell serves the domain over HTTPS with it, verified up to
+	// the certificate's root, by HTTP/2.
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(cert.Root)
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", fmt.Sprintf("127.0.0.1:%d", st.Slots[0].HTTPSPort))
+		},
+	}}
+	resp, err := hc.Get("https://app.test/")
+	if err != nil {
+		t.Fatalf("https://app.test/ through the cell: %v", err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.TrimSpace(string(got)) != "v1" || resp.ProtoMajor != 2 {
+		t.Errorf("https://app.test/: %s %s %q", resp.Proto, resp.Status, got)
+	}
 	if v.EncryptionKeyID != keyID() {
 		t.Fatalf("edge view key %s, the agent's %s", v.EncryptionKeyID, keyID())
 	}
