@@ -64,6 +64,7 @@ type options struct {
 type env struct {
 	o        options
 	root     string
+	caFile   string // the demo CA's certificate (tls/ca.pem), once made
 	cfgPath  string
 	cfg      config.Agent
 	ep       controlapi.Endpoints
@@ -291,6 +292,19 @@ func (e *env) steps(ctx context.Context) error {
 		return fmt.Errorf("the sample domain's %s route: %q, %v", originRoute, proxied, err)
 	}
 	fmt.Fprintf(out, "$ curl -H 'Host: %s' %s%shello\n%s", demoHost, e.cellURL, strings.TrimPrefix(originRoute, "/"), proxied)
+	// And over HTTPS, with the certificate the control API sealed to
+	// this edge.
+	var secure, proto string
+	err = poll(wait, func() error {
+		var err error
+		secure, proto, err = e.getHTTPS(wait, "/")
+		return err
+	})
+	if err != nil || secure != demoBody {
+		return fmt.Errorf("the sample domain over HTTPS: %q, %v", secure, err)
+	}
+	fmt.Fprintf(out, "$ curl --cacert %s --resolve %s:%d:127.0.0.1 https://%s:%d/    # %s\n%s",
+		relPath(e.caFile), demoHost, e.spec.httpsBase, demoHost, e.spec.httpsBase, proto, secure)
 	fmt.Fprintf(out, "\ncontrol API says: edge %s %s, sequence %d, active (acked) %d\n", view.Name, view.Enrollment, view.Sequence, view.ActiveSequence)
 	if e.o.check {
 		if err := e.check(ctx); err != nil {
@@ -311,6 +325,7 @@ func (e *env) steps(ctx context.Context) error {
 	}
 	fmt.Fprintf(out, "\nTry it:   curl -H 'Host: %s' %s\n", demoHost, e.cellAddr(reservedCells[0]))
 	fmt.Fprintf(out, "          curl -H 'Host: %s' %s\n", reservedHost, e.cellAddr(reservedCells[1]))
+	fmt.Fprintf(out, "          curl --cacert %s --resolve %s:%d:127.0.0.1 https://%s:%d/\n", relPath(e.caFile), demoHost, e.spec.httpsBase, demoHost, e.spec.httpsBase)
 	fmt.Fprintf(out, "Status:   ./bin/cellvisor --config %s status -o json\n", relPath(e.cfgPath))
 	fmt.Fprintf(out, "          ./bin/cellvisor --config %s status    # %s: routes per class under egress:\n", relPath(e.edge2.cli.cfg), edge2Name)
 	fmt.Fprintf(out, "Control:  ./bin/cellvisor-control --admin %s --token-file %s edge list\n", e.ep.AdminURL, e.tokenRel)
@@ -360,6 +375,9 @@ func (e *env) enroll(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(out, "$ ./bin/cellvisor enroll --control %s --token cvt_… --ca-file %s\n%s", e.ep.EdgeURL, relPath(caFile), enrolled)
+	if err := e.uploadDemoCert(ctx); err != nil {
+		return err
+	}
 	rev, err := e.publish(ctx, demoBody)
 	if err != nil {
 		return err
@@ -384,8 +402,8 @@ func (e *env) publish(ctx context.Context, body string) (int64, error) {
 func (e *env) demoConfig(body string) json.RawMessage {
 	_, port, _ := net.SplitHostPort(e.originAddr)
 	return json.RawMessage(fmt.Sprintf(
-		`{"hostnames":[%q],"origins":[{"name":"app","url":"http://%s:%s"}],"routes":[{"prefix":"/","respond":{"status":200,"body":%q,"content_type":"text/plain"}},{"prefix":%q,"origin":"app"}]}`,
-		demoHost, originName, port, body, originRoute))
+		`{"hostnames":[%q],"origins":[{"name":"app","url":"http://%s:%s"}],"routes":[{"prefix":"/","respond":{"status":200,"body":%q,"content_type":"text/plain"}},{"prefix":%q,"origin":"app"}],"tls":{"certificate":%q}}`,
+		demoHost, originName, port, body, originRoute, demoCertName))
 }
 
 // domainConfig is a domain answering body on every path.
