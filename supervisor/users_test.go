@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"cellvisor/domain"
 	"cellvisor/internal/celluser"
 	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
@@ -50,7 +51,11 @@ func TestCellsRunAsTheirSlotsUsers(t *testing.T) {
 		"cell-01": {Name: "cellvisor-cell-01", UID: 64301, GID: 64301},
 		"cell-02": {Name: "cellvisor-cell-02", UID: 64302, GID: 64302},
 	}
-	h := newHarness(t, harnessOpts{slots: 2, assign: allAssigned(2), users: users})
+	// Domains with certificates too: each cell's keys are its own.
+	ds, keys := tlsDomains(t, testutil.NewCA(t), 1)
+	ds = append(ds, domain.Domain{Domain: testHost, Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{testHost},
+		Routes: []domain.Route{{Prefix: "/", Respond: &domain.Response{Status: 200, Body: "hello"}}}})
+	h := newHarness(t, harnessOpts{slots: 2, assign: allAssigned(2), users: users, domains: ds, keys: keys})
 	if st := h.sup.Status(); st.CellUsers != "slot" {
 		t.Errorf("status cell_users %q, want slot", st.CellUsers)
 	}
@@ -82,10 +87,16 @@ func TestCellsRunAsTheirSlotsUsers(t *testing.T) {
 	read := func(u *celluser.User, path string) error {
 		return celluser.Do(u, func() error { _, err := os.ReadFile(path); return err })
 	}
-	if err := read(users["cell-01"], one.SecretFile()); err != nil {
-		t.Errorf("cell-01's user reading its own secret: %v", err)
+	ownKeys, otherKeys := filepath.Join(one.RuntimeDir(), "current", "tls", "keys.json"), filepath.Join(two.RuntimeDir(), "current", "tls", "keys.json")
+	for _, path := range []string{one.SecretFile(), ownKeys} {
+		if err := read(users["cell-01"], path); err != nil {
+			t.Errorf("cell-01's user reading its own %s: %v", path, err)
+		}
 	}
-	for _, path := range []string{two.SecretFile(), filepath.Join(two.RunDir, "master.json"), filepath.Join(one.RunDir, "master.json")} {
+	if data, err := os.ReadFile(otherKeys); err != nil || !strings.Contains(string(data), "PRIVATE KEY") {
+		t.Fatalf("cell-02's keys file: %v (want the keys in it, for the check below to mean something)", err)
+	}
+	for _, path := range []string{two.SecretFile(), otherKeys, filepath.Join(two.RunDir, "master.json"), filepath.Join(one.RunDir, "master.json")} {
 		if err := read(users["cell-01"], path); !errors.Is(err, os.ErrPermission) {
 			t.Errorf("cell-01's user reading %s: %v, want permission denied", path, err)
 		}
