@@ -153,6 +153,16 @@ func (a *Agent) report(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	st := a.LiveStatus(rctx)
+	// The control API gets each cell's certificates summed up (how many,
+	// the one that expires first), not the list: a cell may present
+	// thousands, and a report is bounded (edgeapi.MaxStatusBytes).
+	for i, sl := range st.Slots {
+		if sl.Cell != nil && len(sl.Cell.TLS.Certificates) > 0 {
+			c := *sl.Cell
+			c.TLS.Summarize()
+			st.Slots[i].Cell = &c
+		}
+	}
 	data, err := json.Marshal(st)
 	if err != nil {
 		return

@@ -117,6 +117,27 @@ type TLS struct {
 	// BadCertificate counts handshakes refused because the domain's
 	// certificate or key did not parse (the cell's error log says which).
 	BadCertificate int64 `json:"bad_certificate"`
+	// Count and Soonest sum Certificates up (Summarize): what the agent
+	// reports to the control API, which does not get the whole list.
+	Count   int                 `json:"count,omitempty"`
+	Soonest *SoonestCertificate `json:"soonest,omitempty"`
+}
+
+// SoonestCertificate is the certificate of a cell that expires first.
+type SoonestCertificate struct {
+	Domain   string `json:"domain"`
+	NotAfter int64  `json:"not_after"`
+}
+
+// Summarize fills Count and Soonest from Certificates and drops the list.
+func (t *TLS) Summarize() {
+	t.Count, t.Soonest = len(t.Certificates), nil
+	for d, c := range t.Certificates {
+		if t.Soonest == nil || c.NotAfter < t.Soonest.NotAfter || c.NotAfter == t.Soonest.NotAfter && d < t.Soonest.Domain {
+			t.Soonest = &SoonestCertificate{Domain: d, NotAfter: c.NotAfter}
+		}
+	}
+	t.Certificates = nil
 }
 
 // Certificate is one certificate a cell presents.

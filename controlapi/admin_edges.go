@@ -181,6 +181,10 @@ func (s *Server) view(e store.Edge, assign map[string]string) adminapi.EdgeView 
 				}
 				v.SecurityEvents = append(v.SecurityEvents, sec)
 			}
+			if c.Cell != nil && c.Cell.TLS.Count > 0 && c.Cell.TLS.Soonest != nil {
+				v.Certificates = append(v.Certificates, adminapi.CellCertificates{Cell: c.Name, Count: c.Cell.TLS.Count,
+					SoonestDomain: c.Cell.TLS.Soonest.Domain, SoonestExpiry: time.Unix(c.Cell.TLS.Soonest.NotAfter, 0).UTC()})
+			}
 		}
 	}
 	return v

@@ -286,6 +286,14 @@ type Summary struct {
 				LastAt       float64 `json:"last_at"`
 				LastReason   string  `json:"last_reason"`
 			} `json:"security"`
+			// TLS is the cell's certificates, summed up.
+			TLS struct {
+				Count   int `json:"count"`
+				Soonest *struct {
+					Domain   string `json:"domain"`
+					NotAfter int64  `json:"not_after"`
+				} `json:"soonest"`
+			} `json:"tls"`
 		} `json:"cell"`
 	} `json:"slots"`
 }

@@ -123,6 +123,11 @@ func TestHTTPSKeysReachTheAgentSealed(t *testing.T) {
 			t.Fatalf("ack %+v", ack)
 		}
 	}
+	// The control API learns what the cell presents, summed up.
+	c.awaitEdge(t, created.Edge.ID, "the cell's certificate in the edge's view", func(v adminapi.EdgeView) bool {
+		return len(v.Certificates) == 1 && v.Certificates[0].Cell == "cell-01" && v.Certificates[0].Count == 1 &&
+			v.Certificates[0].SoonestDomain == "app.test" && v.Certificates[0].SoonestExpiry.After(time.Now().Add(24*time.Hour))
+	})
 	status, err := runCLI(t, bin, "--config", cfgPath, "status", "-o", "json")
 	if err != nil {
 		t.Fatalf("status: %v\n%s", err, status)

@@ -43,6 +43,9 @@ type EdgeView struct {
 	// Pools are the edge's pools and their ready cells (one edge only).
 	Pools          []PoolHealth    `json:"pools,omitempty"`
 	SecurityEvents []SecurityEvent `json:"security_events,omitempty"`
+	// Certificates are the cells' HTTPS certificates, from the last
+	// status: cells that present any.
+	Certificates []CellCertificates `json:"certificates,omitempty"`
 	// Runtime is the cells' binary, from the last status.
 	Runtime  *RuntimeView `json:"runtime,omitempty"`
 	StatusAt *time.Time   `json:"status_at,omitempty"`
@@ -90,6 +93,15 @@ type RuntimeView struct {
 }
 
 // SecurityEvent summarizes a cell's refused private calls.
+// CellCertificates is what an edge reported of a cell's HTTPS
+// certificates: how many it presents and the one that expires first.
+type CellCertificates struct {
+	Cell          string    `json:"cell"`
+	Count         int       `json:"count"`
+	SoonestDomain string    `json:"soonest_domain"`
+	SoonestExpiry time.Time `json:"soonest_expiry"`
+}
+
 type SecurityEvent struct {
 	Cell         string     `json:"cell"`
 	AuthFailures int64      `json:"auth_failures"`

@@ -166,6 +166,8 @@ func TestEdgePageShowsHTTPSKeys(t *testing.T) {
 	}{
 		{adminapi.EdgeView{Name: "a", EncryptionKeyID: strings.Repeat("ab", 32)}, "sealed to key <code>abababababababab</code>"},
 		{adminapi.EdgeView{Name: "b", HTTPSKeys: "withheld: the edge has registered no encryption key"}, "withheld: the edge has registered no encryption key"},
+		{adminapi.EdgeView{Name: "c", Certificates: []adminapi.CellCertificates{{Cell: "cell-01", Count: 3, SoonestDomain: "<b>soon.test",
+			SoonestExpiry: now.Add(72 * time.Hour)}}}, "<td>cell-01</td><td>3</td><td>&lt;b&gt;soon.test</td><td>2026-01-05T03:04:05Z</td>"},
 	} {
 		var buf bytes.Buffer
 		if err := templates.ExecuteTemplate(&buf, "edge", edgePage{Now: now, SilentAfter: SilentAfter, Edge: fleetEdge{EdgeView: tc.view}}); err != nil {
