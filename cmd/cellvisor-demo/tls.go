@@ -102,7 +102,9 @@ func (e *env) getHTTPS(ctx context.Context, path string) (string, string, error)
 	roots.AppendCertsFromPEM(pemData)
 	addr := fmt.Sprintf("127.0.0.1:%d", e.spec.httpsBase)
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, ForceAttemptHTTP2: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "tcp", addr) }}
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		}}
 	defer tr.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://%s:%d%s", demoHost, e.spec.httpsBase, path), nil)
 	if err != nil {
