@@ -33,10 +33,11 @@ func egressDefaults(o *Options) error {
 		return fmt.Errorf("controlapi: egress lease %s: want %s–%s", o.EgressLease, MinEgressLease, MaxEgressLease)
 	}
 	if o.EgressReachWindow <= 0 {
-		// Unchanged status reports are written at least every
-		// StatusRewrite (a probe's outcome changing is a change): a
-		// live edge's stored probe is never older than that.
-		o.EgressReachWindow = max(2*o.EgressLease, time.Minute, o.StatusRewrite+time.Minute)
+		// Unchanged status reports come every StatusInterval and are
+		// written when the last write is StatusRewrite old (a probe's
+		// outcome changing is a change): a live edge's stored probe is
+		// never much older than either.
+		o.EgressReachWindow = max(2*o.EgressLease, time.Minute, o.StatusRewrite+time.Minute, o.StatusInterval+time.Minute)
 	}
 	return nil
 }

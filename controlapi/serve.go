@@ -49,6 +49,9 @@ type Config struct {
 	MoveTick, MoveReadyWithin time.Duration
 	// EgressLease is Options' (zero: DefaultEgressLease).
 	EgressLease time.Duration
+	// StatusInterval and Admission are Options' (zero: their defaults).
+	StatusInterval time.Duration
+	Admission      Admission
 	// EdgeLimits bound the edge-control listener's connections (zero
 	// fields: DefaultEdgeMaxConns, DefaultEdgeMaxPending, no cap per
 	// address, DefaultEdgeHandshakeTimeout).
@@ -155,7 +158,8 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	defer st.Close()
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, MetricsToken: metricsToken, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log,
-		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease})
+		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease,
+		StatusInterval: c.StatusInterval, Admission: c.Admission})
 	cancel()
 	if err != nil {
 		return err
