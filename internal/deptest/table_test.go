@@ -69,12 +69,13 @@ var table = map[string]row{
 	"internal/testutil":    {tier: util, tests: true},
 
 	// model: both sides import these.
-	"domain":    {tier: model},
-	"edgeapi":   {tier: model},
-	"egress":    {tier: model},
-	"frontdoor": {tier: model},
-	"manifest":  {tier: model},
-	"placement": {tier: model},
+	"domain":               {tier: model},
+	"edgeapi":              {tier: model},
+	"edgeapi/statusdigest": {tier: model, only: []string{"controlapi", "controlclient"}},
+	"egress":               {tier: model},
+	"frontdoor":            {tier: model},
+	"manifest":             {tier: model},
+	"placement":            {tier: model},
 
 	// host.
 	"cgexec":        {tier: host, only: []string{"cgroup", "supervisor", "agent", "internal/floorspawn"}},
