@@ -1,6 +1,7 @@
 package controlapi_test
 
 import (
+	"bufio"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -68,20 +69,17 @@ func TestAdmissionPerRequestClass(t *testing.T) {
 			hc := e.identityClient(t, dir)
 			report, _ := json.Marshal(edgeapi.StatusReport{At: time.Now(), Status: json.RawMessage(`{"version":"t","slots":[]}`)})
 
-			// One status report in work (its body still coming) fills the
-			// class.
-			pr, pw := io.Pipe()
-			slow := make(chan int, 1)
-			go func() {
-				resp, err := hc.Post(e.edgeURL+edgeapi.PathStatus, "application/json", pr)
-				if err != nil {
-					slow <- 0
-					return
-				}
-				resp.Body.Close()
-				slow <- resp.StatusCode
-			}()
-			t.Cleanup(func() { pw.CloseWithError(io.ErrUnexpectedEOF) })
+			// One status report in work (its body still coming, on a
+			// connection of its own) fills the class.
+			conn, err := tls.Dial("tcp", strings.TrimPrefix(e.edgeURL, "https://"), hc.Transport.(*http.Transport).TLSClientConfig)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close() })
+			if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+				edgeapi.PathStatus, len(report), report[:1]); err != nil {
+				t.Fatal(err)
+			}
 			var retry int
 			testutil.Eventually(t, 10*time.Second, func() error {
 				code, ra := do(t, hc, http.MethodPost, e.edgeURL+edgeapi.PathStatus, strings.NewReader(string(report)))
@@ -112,11 +110,15 @@ func TestAdmissionPerRequestClass(t *testing.T) {
 			}
 
 			// The first report ends: the class has room again.
-			pw.Write(report)
-			pw.Close()
-			if code := <-slow; code != http.StatusNoContent {
-				t.Fatalf("the slow status report: HTTP %d, want 204", code)
+			if _, err := conn.Write(report[1:]); err != nil {
+				t.Fatal(err)
 			}
+			conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil || resp.StatusCode != http.StatusNoContent {
+				t.Fatalf("the slow status report: %v %v, want 204", resp, err)
+			}
+			resp.Body.Close()
 			if code, _ := do(t, hc, http.MethodPost, e.edgeURL+edgeapi.PathStatus, strings.NewReader(string(report))); code != http.StatusNoContent {
 				t.Fatalf("a status report once the class has room: HTTP %d, want 204", code)
 			}

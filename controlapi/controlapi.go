@@ -437,6 +437,7 @@ func (s *Server) Run(ctx context.Context) {
 				s.log.Warn("refresh edge cache", zap.Error(err))
 			}
 		case <-touch.C:
+			s.cache.seeHeld(s.o.Now())
 			s.flushSeen(ctx, s.o.LastSeenBound)
 		}
 	}

@@ -310,6 +310,8 @@ func (s *Server) hold(r *http.Request, st store.EdgeState, after int64, wait tim
 	t := time.NewTimer(wait - rand.N(wait/10+1))
 	defer t.Stop()
 	defer func() { s.cache.see(st.ID, s.o.Now()) }() // the poll is the heartbeat
+	s.cache.holding(st.ID, 1)                        // seen while held (Run)
+	defer s.cache.holding(st.ID, -1)
 	s.metrics.Held(1)
 	defer s.metrics.Held(-1)
 	for {

@@ -1,8 +1,10 @@
 package controlclient
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -80,4 +82,34 @@ func (c *Client) waitAdmitted(ctx context.Context, class string) error {
 		return nil
 	}
 	return backoff.Sleep(ctx, c.o.Clock, at.Sub(c.o.Clock.Now()))
+}
+
+// enrollTries bounds the sends of one enrollment refused 429 or 503.
+const enrollTries = 4
+
+// postEnroll sends an enrollment request, again (the same token and CSR:
+// an exact retry, which gets the same answer) after each 429 or 503 with
+// a Retry-After, waiting that long plus up to half again at random, at
+// most enrollTries times; the last answer is returned as it is.
+func postEnroll(ctx context.Context, hc *http.Client, url string, body []byte) (*http.Response, error) {
+	for try := 1; ; try++ {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		wait := retryAfter(resp)
+		if wait <= 0 || try == enrollTries {
+			return resp, nil
+		}
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		if err := backoff.Sleep(ctx, nil, wait+rand.N(wait/2+1)); err != nil {
+			return nil, err
+		}
+	}
 }

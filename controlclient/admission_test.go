@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -150,5 +152,50 @@ func TestJournalDeliversAcrossTooManyRequests(t *testing.T) {
 		if gap := tries[i].Sub(tries[i-1]); gap < time.Second {
 			t.Errorf("try %d came %s after a 429 asking for 1s", i+1, gap)
 		}
+	}
+}
+
+// An enrollment refused 429 is sent again, the same, after its
+// Retry-After; a bounded number of times.
+func TestEnrollmentWaitsOutTooManyRequests(t *testing.T) {
+	var mu sync.Mutex
+	var tries []time.Time
+	var bodies []string
+	refuse := 1
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		tries, bodies = append(tries, time.Now()), append(bodies, string(b))
+		if len(tries) <= refuse {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := postEnroll(ctx, srv.Client(), srv.URL, []byte(`{"token":"t","csr":"c"}`))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("enroll after a 429: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	if len(tries) != 2 || tries[1].Sub(tries[0]) < time.Second || bodies[0] != bodies[1] {
+		t.Fatalf("%d tries, %v apart, bodies %q: want 2, at least 1s apart, the same", len(tries), tries[len(tries)-1].Sub(tries[0]), bodies)
+	}
+	tries, refuse = nil, 100
+	mu.Unlock()
+	resp, err = postEnroll(ctx, srv.Client(), srv.URL, []byte(`{}`))
+	if err != nil || resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("enroll refused every time: %v %v, want the last 429", resp, err)
+	}
+	resp.Body.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(tries) != enrollTries {
+		t.Fatalf("%d tries, want %d", len(tries), enrollTries)
 	}
 }
