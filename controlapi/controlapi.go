@@ -118,7 +118,8 @@ type Options struct {
 	EgressLease time.Duration
 	// EgressReachWindow is how long an edge's reported probe of a
 	// destination counts; zero means twice the lease, at least a minute
-	// (agents report status every 15 s by default).
+	// and at least the StatusInterval and two minutes (an unchanged
+	// status, its probes' times with it, comes every StatusInterval).
 	EgressReachWindow time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger

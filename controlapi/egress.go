@@ -33,11 +33,12 @@ func egressDefaults(o *Options) error {
 		return fmt.Errorf("controlapi: egress lease %s: want %s–%s", o.EgressLease, MinEgressLease, MaxEgressLease)
 	}
 	if o.EgressReachWindow <= 0 {
-		// Unchanged status reports come every StatusInterval and are
-		// written when the last write is StatusRewrite old (a probe's
+		// Unchanged status reports come every StatusInterval (plus the
+		// agent's look at its status, and its probe's own interval) and
+		// are written when the last write is StatusRewrite old (a probe's
 		// outcome changing is a change): a live edge's stored probe is
-		// never much older than either.
-		o.EgressReachWindow = max(2*o.EgressLease, time.Minute, o.StatusRewrite+time.Minute, o.StatusInterval+time.Minute)
+		// never older than the interval and two minutes.
+		o.EgressReachWindow = max(2*o.EgressLease, time.Minute, o.StatusRewrite+time.Minute, o.StatusInterval+2*time.Minute)
 	}
 	return nil
 }
