@@ -136,8 +136,10 @@ func (a *Agent) runTask(ctx context.Context, t edgeapi.Task) edgeapi.TaskAck {
 	return edgeapi.TaskAck{State: edgeapi.TaskDone, Result: string(st.State)}
 }
 
-// reportLoop sends the agent's status to the control API every status
-// interval (jittered, so a fleet restarted together spreads out).
+// reportLoop looks at the agent's status every status interval (jittered,
+// so a fleet restarted together spreads out) and sends it to the control
+// API when it changed, or when the control API's status interval passed
+// (controlclient.ReportChanged): the poll is the heartbeat.
 func (a *Agent) reportLoop(ctx context.Context) {
 	d := a.cfg.Source.StatusInterval.D()
 	b := &backoff.Backoff{Initial: d, Max: d + d/2}
@@ -168,8 +170,8 @@ func (a *Agent) report(ctx context.Context) {
 		return
 	}
 	start := time.Now()
-	err = a.client.Report(rctx, edgeapi.StatusReport{At: start.UTC(), Status: data, Gateways: a.gateways(st)})
-	if err == nil {
+	sent, err := a.client.ReportChanged(rctx, edgeapi.StatusReport{At: start.UTC(), Status: data, Gateways: a.gateways(st)})
+	if sent && err == nil {
 		a.rtt.Store(time.Since(start).Microseconds())
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {

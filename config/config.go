@@ -161,8 +161,9 @@ type Source struct {
 	// PollTimeout bounds everything one poll fetches together: every page,
 	// every artifact and the recovery snapshot.
 	PollTimeout Duration `yaml:"poll_timeout"`
-	// StatusInterval is how often an enrolled agent reports its status to
-	// the control API.
+	// StatusInterval is how often an enrolled agent looks at its status:
+	// it sends it to the control API when it changed, and otherwise at
+	// the (longer) interval the control API assigns.
 	StatusInterval Duration `yaml:"status_interval"`
 }
 

@@ -40,6 +40,9 @@ type cached struct {
 	seen    atomic.Int64
 	written atomic.Int64
 	status  atomic.Pointer[statusMemo]
+	// held counts the polls this replica holds for the edge: an edge with
+	// a poll held is connected, so it is seen while held (seeHeld).
+	held atomic.Int32
 }
 
 // statusMemo is a status report written: its digest and when.
@@ -215,6 +218,27 @@ func (c *cache) see(id string, at time.Time) {
 	defer c.mu.RUnlock()
 	if e := c.edges[id]; e != nil {
 		e.seen.Store(at.UnixMilli())
+	}
+}
+
+// holding counts a poll held for the edge (delta 1) or ended (-1).
+func (c *cache) holding(id string, delta int32) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if e := c.edges[id]; e != nil {
+		e.held.Add(delta)
+	}
+}
+
+// seeHeld marks every edge with a poll held here seen at now: the poll is
+// the heartbeat, and a held one is one in progress.
+func (c *cache) seeHeld(now time.Time) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, e := range c.edges {
+		if e.held.Load() > 0 {
+			e.seen.Store(now.UnixMilli())
+		}
 	}
 }
 

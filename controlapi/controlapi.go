@@ -37,6 +37,7 @@ import (
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/snapcache"
 	"cellvisor/controlapi/store"
+	"cellvisor/edgeapi"
 )
 
 // Options configure a Server.
@@ -66,10 +67,21 @@ type Options struct {
 	// times lag by at most LastSeenBound + TouchInterval (this replica's
 	// own view, in edge show and the metrics, not at all).
 	LastSeenBound time.Duration
+	// StatusInterval is the longest an agent goes without sending its
+	// status while nothing in it changed (edgeapi.HeaderStatusInterval on
+	// every poll answer); zero means edgeapi.DefaultStatusInterval, else
+	// edgeapi.MinStatusInterval–edgeapi.MaxStatusInterval. The poll is
+	// the heartbeat: this does not make an edge silent sooner or later.
+	StatusInterval time.Duration
 	// StatusRewrite is how long a status report that changes nothing but
 	// its measurements (see statusDigest) is not written again; zero means
-	// 5 minutes.
+	// half the StatusInterval, so that every report an agent sends on its
+	// interval refreshes the stored one.
 	StatusRewrite time.Duration
+	// Admission bounds each request class's requests in work at once on
+	// the edge-control listener (a class at its bound answers 429 with
+	// Retry-After); a class missing or zero means DefaultAdmission's.
+	Admission Admission
 	// MetricsToken is a bearer token that reads /metrics on the admin
 	// listener and nothing else (the admin token reads it too); empty
 	// means the admin token only.
@@ -107,7 +119,8 @@ type Options struct {
 	EgressLease time.Duration
 	// EgressReachWindow is how long an edge's reported probe of a
 	// destination counts; zero means twice the lease, at least a minute
-	// (agents report status every 15 s by default).
+	// and at least the StatusInterval and two minutes (an unchanged
+	// status, its probes' times with it, comes every StatusInterval).
 	EgressReachWindow time.Duration
 	// CertMargin is how long a domain's certificate must still be valid
 	// for the domain to be published with it; zero means
@@ -137,6 +150,8 @@ type Server struct {
 	metrics *metrics.Metrics
 	fleet   *fleet.Pages
 	leases  *lease.Service
+	// admission bounds the edge-control API's request classes.
+	admission *admitter
 
 	keyMu sync.Mutex // guards the following fields
 	// keys caches opened signing keys by their sealed form: the current
@@ -189,8 +204,18 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if o.LastSeenBound <= 0 {
 		o.LastSeenBound = time.Minute
 	}
+	if o.StatusInterval == 0 {
+		o.StatusInterval = edgeapi.DefaultStatusInterval
+	}
+	if o.StatusInterval < edgeapi.MinStatusInterval || o.StatusInterval > edgeapi.MaxStatusInterval {
+		return nil, fmt.Errorf("controlapi: status interval %s: want %s–%s", o.StatusInterval, edgeapi.MinStatusInterval, edgeapi.MaxStatusInterval)
+	}
 	if o.StatusRewrite <= 0 {
-		o.StatusRewrite = 5 * time.Minute
+		o.StatusRewrite = o.StatusInterval / 2
+	}
+	admission, err := newAdmitter(o.Admission)
+	if err != nil {
+		return nil, err
 	}
 	if o.ClientCertTTL <= 0 {
 		o.ClientCertTTL = pki.ClientValidity
@@ -222,8 +247,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 	if err := egressDefaults(&o); err != nil {
 		return nil, err
 	}
-	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, moveNudge: make(chan struct{}, 1), holds: make(chan struct{})}
-	var err error
+	s := &Server{o: o, log: o.Logger.Named("control"), st: o.Store, admission: admission, moveNudge: make(chan struct{}, 1), holds: make(chan struct{})}
 	if o.SnapshotPerOrg <= 0 {
 		o.SnapshotPerOrg = DefaultSnapshotPerOrg(o.SnapshotDownloads)
 	}
@@ -235,6 +259,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = metrics.New(metrics.Options{Fleet: s.fleetSeen, Leases: s.metricLeases, Pools: s.poolsReader(), Now: o.Now, Logger: s.log})
+	s.metrics.Classes(Classes)
 	// The store is this server's: it reports its writes and placements here.
 	s.st.Hooks = store.Hooks{Wrote: s.metrics.Write, Placed: s.metrics.Placement, Batch: s.metrics.Batch, Retried: func(err error) {
 		s.metrics.Retry()
@@ -446,6 +471,7 @@ func (s *Server) Run(ctx context.Context) {
 				s.log.Warn("refresh edge cache", zap.Error(err))
 			}
 		case <-touch.C:
+			s.cache.seeHeld(s.o.Now())
 			s.flushSeen(ctx, s.o.LastSeenBound)
 		}
 	}

@@ -27,19 +27,19 @@ import (
 // EdgeHandler serves the edge-control API. Serve it on ListenEdge's listener.
 func (s *Server) EdgeHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+edgeapi.PathEnroll, s.handle(s.enroll))
-	mux.HandleFunc("POST "+edgeapi.PathRenew, s.edge(s.renew))
-	mux.HandleFunc("GET "+edgeapi.PathManifest, s.edge(s.manifest))
-	mux.HandleFunc("GET "+edgeapi.PathArtifacts+"{sha}", s.edge(s.artifact))
-	mux.HandleFunc("GET "+edgeapi.PathSnapshot, s.edge(s.snapshot))
-	mux.HandleFunc("POST "+edgeapi.PathAcks, s.edge(s.ack))
-	mux.HandleFunc("POST "+edgeapi.PathStatus, s.edge(s.status))
-	mux.HandleFunc("PUT "+edgeapi.PathEncryptionKey, s.edge(s.putEncryptionKey))
-	mux.HandleFunc("GET "+edgeapi.PathTasks, s.edge(s.tasks))
-	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.edge(s.taskAck))
-	mux.HandleFunc("POST "+edgeapi.PathEgressElect, s.edge(s.limited(newEdgeLimiter(electBurst, electRate), s.elect)))
-	mux.HandleFunc("POST "+edgeapi.PathEgressFence, s.edge(s.fence))
-	mux.HandleFunc("GET "+edgeapi.PathFrontDoors, s.edge(s.edgeFrontDoors))
+	mux.HandleFunc("POST "+edgeapi.PathEnroll, s.admit(class(ClassEnroll), s.handle(s.enroll)))
+	mux.HandleFunc("POST "+edgeapi.PathRenew, s.admit(class(ClassRenew), s.edge(s.renew)))
+	mux.HandleFunc("GET "+edgeapi.PathManifest, s.admit(pollClass, s.edge(s.manifest)))
+	mux.HandleFunc("GET "+edgeapi.PathArtifacts+"{sha}", s.admit(class(ClassFetch), s.edge(s.artifact)))
+	mux.HandleFunc("GET "+edgeapi.PathSnapshot, s.admit(class(ClassFetch), s.edge(s.snapshot)))
+	mux.HandleFunc("POST "+edgeapi.PathAcks, s.admit(class(ClassAck), s.edge(s.ack)))
+	mux.HandleFunc("POST "+edgeapi.PathStatus, s.admit(class(ClassStatus), s.edge(s.status)))
+	mux.HandleFunc("PUT "+edgeapi.PathEncryptionKey, s.admit(class(ClassRenew), s.edge(s.putEncryptionKey)))
+	mux.HandleFunc("GET "+edgeapi.PathTasks, s.admit(class(ClassTasks), s.edge(s.tasks)))
+	mux.HandleFunc("POST "+edgeapi.PathTasks+"{id}/ack", s.admit(class(ClassAck), s.edge(s.taskAck)))
+	mux.HandleFunc("POST "+edgeapi.PathEgressElect, s.admit(class(ClassElect), s.edge(s.limited(ClassElect, newEdgeLimiter(electBurst, electRate), s.elect))))
+	mux.HandleFunc("POST "+edgeapi.PathEgressFence, s.admit(class(ClassElect), s.edge(s.fence)))
+	mux.HandleFunc("GET "+edgeapi.PathFrontDoors, s.admit(class(ClassFetch), s.edge(s.edgeFrontDoors)))
 	return s.instrument(metrics.Edge, mux, mux)
 }
 
@@ -238,14 +238,19 @@ func (s *Server) manifest(w http.ResponseWriter, r *http.Request, st store.EdgeS
 		}
 		if st.Sequence <= after && st.PendingTasks == 0 && wait > 0 && r.Header.Get("If-None-Match") != "" {
 			start := time.Now()
+			unheld(r) // a hold is a wait, not work: its class's slot is free meanwhile
 			st, err = s.hold(r, st, after, wait)
 			heldFor(w, time.Since(start))
 			if err != nil {
 				return err
 			}
+			if st.Sequence > after && !s.reheld(w, r) {
+				return nil // a page to build and send: work again, admitted again
+			}
 		}
 	}
 	w.Header().Set(edgeapi.HeaderTasks, strconv.Itoa(st.PendingTasks))
+	w.Header().Set(edgeapi.HeaderStatusInterval, strconv.Itoa(int(s.o.StatusInterval/time.Second)))
 	if cursor == "" && st.Sequence <= after {
 		w.Header().Set("ETag", etag(after))
 		if r.Header.Get("If-None-Match") != "" {
@@ -317,6 +322,8 @@ func (s *Server) hold(r *http.Request, st store.EdgeState, after int64, wait tim
 	t := time.NewTimer(wait - rand.N(wait/10+1))
 	defer t.Stop()
 	defer func() { s.cache.see(st.ID, s.o.Now()) }() // the poll is the heartbeat
+	s.cache.holding(st.ID, 1)                        // seen while held (Run)
+	defer s.cache.holding(st.ID, -1)
 	s.metrics.Held(1)
 	defer s.metrics.Held(-1)
 	for {

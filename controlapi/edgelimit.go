@@ -1,8 +1,8 @@
 package controlapi
 
 import (
+	"fmt"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
@@ -76,16 +76,15 @@ func (l *edgeLimiter) prune(now time.Time) {
 	}
 }
 
-// limited serves h to an edge within its bucket; beyond it, 429 with
-// Retry-After, logged (at most the refused call itself: no write).
-func (s *Server) limited(l *edgeLimiter, h edgeFunc) edgeFunc {
+// limited serves h to an edge within its bucket; beyond it, 429 with a
+// random Retry-After (see refuse), counted as its class's edge_rate and
+// logged (at most the refused call itself: no write).
+func (s *Server) limited(class string, l *edgeLimiter, h edgeFunc) edgeFunc {
 	return func(w http.ResponseWriter, r *http.Request, st store.EdgeState) error {
-		ok, wait := l.allow(st.ID)
-		if !ok {
-			secs := int(wait/time.Second) + 1
-			w.Header().Set("Retry-After", strconv.Itoa(secs))
+		if ok, _ := l.allow(st.ID); !ok {
 			s.log.Warn("security: edge over its rate of calls", zap.String("edge", st.ID), zap.String("path", r.URL.Path))
-			return errorf(http.StatusTooManyRequests, "more than %d calls at once, %d a second, to %s: retry in %ds", electBurst, electRate, r.URL.Path, secs)
+			s.refuse(w, r, class, "edge_rate", fmt.Sprintf("more than %d calls at once, %d a second, to %s", electBurst, electRate, r.URL.Path))
+			return nil
 		}
 		return h(w, r, st)
 	}

@@ -33,10 +33,12 @@ func egressDefaults(o *Options) error {
 		return fmt.Errorf("controlapi: egress lease %s: want %s–%s", o.EgressLease, MinEgressLease, MaxEgressLease)
 	}
 	if o.EgressReachWindow <= 0 {
-		// Unchanged status reports are written at least every
-		// StatusRewrite (a probe's outcome changing is a change): a
-		// live edge's stored probe is never older than that.
-		o.EgressReachWindow = max(2*o.EgressLease, time.Minute, o.StatusRewrite+time.Minute)
+		// Unchanged status reports come every StatusInterval (plus the
+		// agent's look at its status, and its probe's own interval) and
+		// are written when the last write is StatusRewrite old (a probe's
+		// outcome changing is a change): a live edge's stored probe is
+		// never older than the interval and two minutes.
+		o.EgressReachWindow = max(2*o.EgressLease, time.Minute, o.StatusRewrite+time.Minute, o.StatusInterval+2*time.Minute)
 	}
 	return nil
 }

@@ -51,6 +51,9 @@ type Config struct {
 	EgressLease time.Duration
 	// CertMargin is Options' (zero: DefaultCertMargin).
 	CertMargin time.Duration
+	// StatusInterval and Admission are Options' (zero: their defaults).
+	StatusInterval time.Duration
+	Admission      Admission
 	// EdgeLimits bound the edge-control listener's connections (zero
 	// fields: DefaultEdgeMaxConns, DefaultEdgeMaxPending, no cap per
 	// address, DefaultEdgeHandshakeTimeout).
@@ -166,7 +169,8 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, MetricsToken: metricsToken, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log,
-		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease, CertMargin: c.CertMargin, ACME: acme})
+		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease, CertMargin: c.CertMargin, ACME: acme,
+		StatusInterval: c.StatusInterval, Admission: c.Admission})
 	cancel()
 	if err != nil {
 		return err

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/edgeapi"
+	"cellvisor/internal/clock"
 	"cellvisor/manifest"
 )
 
@@ -37,6 +38,10 @@ const (
 type HTTPError struct {
 	Status  int
 	Message string
+	// RetryAfter is the wait a 429 or 503 asked for (Retry-After), within
+	// edgeapi.MaxRetryAfter; edgeapi.DefaultRetryAfter for a 429 that
+	// named none; zero otherwise.
+	RetryAfter time.Duration
 }
 
 func (e *HTTPError) Error() string {
@@ -71,6 +76,9 @@ type Options struct {
 	LongPoll time.Duration
 	// Logger, or nil for none.
 	Logger *zap.Logger
+	// Clock times the waits a refusal asks for (Retry-After) and the
+	// status interval, or nil for the real clock.
+	Clock clock.Clock
 }
 
 // Client is the agent's mutual-TLS client of the edge-control API: a
@@ -94,6 +102,10 @@ type Client struct {
 	lastOK    time.Time
 	lastFail  error
 	renewal   renewState
+	// notBefore is, per request class (see classOf), when the control
+	// API's Retry-After lets it be sent again.
+	notBefore map[string]time.Time
+	status    statusMemo
 }
 
 var _ manifest.Source = (*Client)(nil)
@@ -114,7 +126,8 @@ func New(o Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{o: o, base: base, roots: roots, log: o.Logger.Named("control"), tasks: make(chan struct{}, 1)}
+	o.Clock = clock.Or(o.Clock)
+	c := &Client{o: o, base: base, roots: roots, log: o.Logger.Named("control"), tasks: make(chan struct{}, 1), notBefore: map[string]time.Time{}}
 	if _, err := c.clientCert(nil); err != nil {
 		return nil, err
 	}
@@ -235,6 +248,10 @@ func (c *Client) do(ctx context.Context, timeout time.Duration, method, path str
 			return nil, err
 		}
 	}
+	class := classOf(path)
+	if err := c.waitAdmitted(ctx, class); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
 	resp, retry, err := c.send(ctx, timeout, method, u.String(), header, data)
 	if retry {
 		// Refused with the certificate a renewal replaced while the request
@@ -251,6 +268,7 @@ func (c *Client) do(ctx context.Context, timeout time.Duration, method, path str
 	if resp.StatusCode >= 300 && resp.StatusCode != http.StatusNotModified {
 		err := readError(resp)
 		resp.Body.Close()
+		c.refused(class, err)
 		if resp.StatusCode == http.StatusUnauthorized {
 			// Refused identity (rotated): the next request handshakes again,
 			// with the certificate a re-enrollment may have written meanwhile.
@@ -308,7 +326,7 @@ func readError(resp *http.Response) error {
 	if json.Unmarshal(data, &e) != nil || e.Error == "" {
 		e.Error = strings.TrimSpace(string(data))
 	}
-	return &HTTPError{Status: resp.StatusCode, Message: manifest.CutReason(e.Error)}
+	return &HTTPError{Status: resp.StatusCode, Message: manifest.CutReason(e.Error), RetryAfter: retryAfter(resp)}
 }
 
 // Page asks for a page of the newest manifest after sequence after: a
@@ -332,6 +350,7 @@ func (c *Client) Page(ctx context.Context, after int64, cursor string) (manifest
 		return manifest.Page{}, err
 	}
 	defer resp.Body.Close()
+	c.assignStatusInterval(resp.Header.Get(edgeapi.HeaderStatusInterval))
 	if n, _ := strconv.Atoi(resp.Header.Get(edgeapi.HeaderTasks)); n > 0 {
 		select {
 		case c.tasks <- struct{}{}:

@@ -1,7 +1,6 @@
 package controlclient
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -121,12 +120,7 @@ func Enroll(ctx context.Context, o EnrollOptions) (Identity, error) {
 		hc = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}}}
 	}
 	body, _ := json.Marshal(edgeapi.EnrollRequest{Token: o.Token, CSR: string(csrPEM), EncryptionKey: tlsseal.EncodePublic(encKey.PublicKey())})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(o.URL, "/")+edgeapi.PathEnroll, bytes.NewReader(body))
-	if err != nil {
-		return Identity{}, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
+	resp, err := postEnroll(ctx, hc, strings.TrimRight(o.URL, "/")+edgeapi.PathEnroll, body)
 	if err != nil {
 		return Identity{}, fmt.Errorf("enroll: %w", err)
 	}

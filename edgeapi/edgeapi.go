@@ -79,6 +79,31 @@ const (
 	// control tasks pending for the edge, so that the agent asks for tasks
 	// only when there are some.
 	HeaderTasks = "X-Cellvisor-Tasks"
+	// HeaderStatusInterval, on manifest answers (304s included), is the
+	// longest in seconds the agent goes without sending its status while
+	// nothing in it changed (a change is sent at once). The agent keeps
+	// it within MinStatusInterval–MaxStatusInterval, and uses
+	// DefaultStatusInterval until a control API assigns one.
+	HeaderStatusInterval = "X-Cellvisor-Status-Interval"
+)
+
+// Status reports: the poll is the heartbeat (last seen), and the status
+// is sent when it changes and otherwise every status interval.
+const (
+	DefaultStatusInterval = 5 * time.Minute
+	MinStatusInterval     = 30 * time.Second
+	MaxStatusInterval     = 30 * time.Minute
+)
+
+// Admission: a request class the control API is serving its limit of
+// answers 429 Too Many Requests with a Retry-After in seconds (1–5,
+// chosen at random); a replica stopping answers 503 with one. The agent
+// waits at least that long, plus jitter, before it sends that class
+// again, and at most MaxRetryAfter; DefaultRetryAfter when a 429 names
+// none.
+const (
+	DefaultRetryAfter = 5 * time.Second
+	MaxRetryAfter     = 5 * time.Minute
 )
 
 // Long polls.

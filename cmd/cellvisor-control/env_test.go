@@ -49,6 +49,21 @@ func TestServeFlagsFromEnvironment(t *testing.T) {
 			env:     map[string]string{"CELLVISOR_CONTROL_ADMIN_TLS": "perhaps"},
 			wantErr: `CELLVISOR_CONTROL_ADMIN_TLS="perhaps"`,
 		},
+		{
+			name: "request class limits and the status interval",
+			env:  map[string]string{"CELLVISOR_CONTROL_EDGE_ADMISSION": "status=256, ack=2048", "CELLVISOR_CONTROL_STATUS_INTERVAL": "10m"},
+			want: map[string]string{"edge-admission": "ack=2048,status=256", "status-interval": "10m0s"},
+		},
+		{
+			name:    "an unknown request class is refused naming it",
+			env:     map[string]string{"CELLVISOR_CONTROL_EDGE_ADMISSION": "polls=5"},
+			wantErr: `unknown request class "polls"`,
+		},
+		{
+			name:    "a request class limit out of bounds is refused naming them",
+			env:     map[string]string{"CELLVISOR_CONTROL_EDGE_ADMISSION": "ack=0x10"},
+			wantErr: "want class=N",
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/controlapi"
+	"cellvisor/edgeapi"
 	"cellvisor/internal/cli"
 	"cellvisor/systemd"
 )
@@ -34,6 +35,27 @@ func (l *listFlag) Set(s string) error {
 }
 
 func (l *listFlag) Type() string { return "string" }
+
+// admissionFlag is --edge-admission: class=N pairs, added to on each use.
+type admissionFlag controlapi.Admission
+
+func (a *admissionFlag) String() string { return controlapi.Admission(*a).String() }
+
+func (a *admissionFlag) Set(s string) error {
+	parsed, err := controlapi.ParseAdmission(s)
+	if err != nil {
+		return err
+	}
+	if *a == nil {
+		*a = admissionFlag{}
+	}
+	for k, n := range parsed {
+		(*a)[k] = n
+	}
+	return nil
+}
+
+func (a *admissionFlag) Type() string { return "class=N,..." }
 
 func serveCmd() *cobra.Command {
 	var c controlapi.Config
@@ -109,6 +131,10 @@ its variable. The systemd unit reads them from /etc/cellvisor/control.env.`,
 		"the ACME directory URL (https) of the CA that issues the certificates of domains with tls.acme; empty: no ACME (docs/tls.md)")
 	f.StringVar(&c.ACMEEmail, "acme-email", "", "the ACME account's contact email (optional)")
 	f.StringVar(&c.ACMECAFile, "acme-ca-file", "", "a PEM bundle the ACME directory's certificate is verified against (a private CA); empty: the system roots")
+	f.DurationVar(&c.StatusInterval, "status-interval", edgeapi.DefaultStatusInterval,
+		fmt.Sprintf("the longest an agent goes without sending an unchanged status (changes are sent at once; the poll is the heartbeat), %s–%s", edgeapi.MinStatusInterval, edgeapi.MaxStatusInterval))
+	f.Var((*admissionFlag)(&c.Admission), "edge-admission",
+		fmt.Sprintf("requests in work at once per request class on the edge-control listener, beyond which 429 (class=N,...; 1–%d each; default %s)", controlapi.MaxAdmission, controlapi.DefaultAdmission))
 	f.StringVar(&format, "log-format", "json", "log encoding: json or console (coloured on a terminal)")
 	f.StringVar(&level, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd

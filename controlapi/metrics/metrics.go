@@ -121,6 +121,7 @@ type Metrics struct {
 	writes      *prometheus.CounterVec
 	retries     prometheus.Counter
 	seenRows    prometheus.Counter
+	refused     *prometheus.CounterVec
 
 	mu        sync.Mutex // guards listeners
 	listeners map[string]func() connlimit.Stats
@@ -197,9 +198,24 @@ func New(o Options) *Metrics {
 		Name: "cellvisor_control_last_seen_rows_written_total",
 		Help: "Edges' last-seen times written to the database by the batched flushes (one row each).",
 	})
-	m.reg.MustRegister(m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.builds, m.batches, m.held, m.placement, m.writes, m.retries, m.seenRows,
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "cellvisor_control_edge_requests_refused_total",
+		Help: "Edge-control requests answered 429 with Retry-After, by request class and reason: class_full (the class's requests in work at their bound) or edge_rate (one edge over its rate of elections).",
+	}, []string{"class", "reason"})
+	m.reg.MustRegister(m.refused, m.requests, m.polls, m.enrollments, m.acks, m.statuses, m.publish, m.builds, m.batches, m.held, m.placement, m.writes, m.retries, m.seenRows,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), &fleet{m: m}, &listenerCollector{m: m})
 	return m
+}
+
+// Refused counts a request refused 429 by its class and reason.
+func (m *Metrics) Refused(class, reason string) { m.refused.WithLabelValues(class, reason).Inc() }
+
+// Classes exports every request class's class_full refusals from zero,
+// so that a class never refused shows as such.
+func (m *Metrics) Classes(classes []string) {
+	for _, c := range classes {
+		m.refused.WithLabelValues(c, "class_full")
+	}
 }
 
 // Listener exports a bounded listener's connection counts under name

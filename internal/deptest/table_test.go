@@ -71,13 +71,14 @@ var table = map[string]row{
 	"internal/pebbletest":  {tier: util, tests: true},
 
 	// model: both sides import these.
-	"domain":    {tier: model},
-	"edgeapi":   {tier: model},
-	"egress":    {tier: model},
-	"frontdoor": {tier: model},
-	"manifest":  {tier: model},
-	"placement": {tier: model},
-	"tlsseal":   {tier: model, only: []string{"controlapi", "controlclient", "activation", "agent"}},
+	"domain":               {tier: model},
+	"edgeapi":              {tier: model},
+	"edgeapi/statusdigest": {tier: model, only: []string{"controlapi", "controlclient"}},
+	"egress":               {tier: model},
+	"frontdoor":            {tier: model},
+	"manifest":             {tier: model},
+	"placement":            {tier: model},
+	"tlsseal":              {tier: model, only: []string{"controlapi", "controlclient", "activation", "agent"}},
 
 	// host.
 	"cgexec":        {tier: host, only: []string{"cgroup", "supervisor", "agent", "internal/floorspawn"}},
