@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"regexp"
@@ -14,6 +15,7 @@ import (
 	"cellvisor/agent"
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
+	"cellvisor/internal/testcert"
 	"cellvisor/internal/testutil"
 )
 
@@ -59,7 +61,15 @@ func TestEnrolledAgentMetricsMatchTheDocs(t *testing.T) {
 	}
 	frontEgress(t, c, cfg, id, intake)
 
-	c.publish(t, "v1")
+	// With a certificate, for the cell's certificate series.
+	cert := testcert.New(t, testcert.Options{Names: []string{"app.test"}})
+	if _, err := c.admin.PutCertificate(ctxT(t), "app", adminapi.CertificateRequest{Chain: string(cert.PEM()), Key: string(cert.Key)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.admin.Publish(ctxT(t), "app.test", adminapi.DomainRequest{Pool: "shared-default", Config: json.RawMessage(
+		`{"hostnames":["app.test"],"routes":[{"prefix":"/","respond":{"status":200,"body":"v1"}}],"tls":{"certificate":"app"}}`)}); err != nil {
+		t.Fatal(err)
+	}
 	_, st := startAgent(t, bin, cfgPath, cfg)
 	awaitBody(t, st.Slots[0].HTTPPort, "v1")
 	awaitEgressRoute(t, cfg, "metering", edgeapi.RouteDirect)

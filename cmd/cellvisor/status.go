@@ -14,7 +14,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"cellvisor/agent"
-	"cellvisor/cellapi"
 	"cellvisor/config"
 	"cellvisor/edgeapi"
 	"cellvisor/internal/cli"
@@ -135,7 +134,11 @@ func printStatus(w io.Writer, st supervisor.Status) {
 			if c.Security.AuthFailures > 0 {
 				s.Reason = strings.TrimSpace(fmt.Sprintf("%s %d refused private calls", s.Reason, c.Security.AuthFailures))
 			}
-			if note := expiringNote(c.TLS.Certificates, time.Now()); note != "" {
+			expiry := make(map[string]int64, len(c.TLS.Certificates))
+			for d, cert := range c.TLS.Certificates {
+				expiry[d] = cert.NotAfter
+			}
+			if note := expiringNote(expiry, time.Now()); note != "" {
 				s.Reason = strings.TrimSpace(s.Reason + " " + note)
 			}
 		}
@@ -289,15 +292,16 @@ func share(b supervisor.DiskBudget) string {
 }
 
 // expiringNote names the certificates a cell presents that expire within
-// 14 days (the sample alert's threshold), soonest first; "" when none.
-func expiringNote(certs map[string]cellapi.Certificate, now time.Time) string {
+// 14 days (the sample alert's threshold), soonest first, from their expiry
+// (Unix seconds) by domain; "" when none.
+func expiringNote(certs map[string]int64, now time.Time) string {
 	type soon struct {
 		domain string
 		left   time.Duration
 	}
 	var list []soon
 	for d, c := range certs {
-		if left := time.Unix(c.NotAfter, 0).Sub(now); left < 14*24*time.Hour {
+		if left := time.Unix(c, 0).Sub(now); left < 14*24*time.Hour {
 			list = append(list, soon{d, left})
 		}
 	}
