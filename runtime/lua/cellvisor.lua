@@ -102,8 +102,9 @@ end
 
 -- read_certs pairs the keys of release dir (tls/keys.json: "domain":
 -- ["fingerprint","PEM key",not_after]) with the chains of its domains'
--- documents: host → { fp, domain, not_after, pem = { chain, key } }. The
--- PEM is parsed at the domain's first handshake (certificate below), not
+-- documents: host → { fp, domain, not_after, parsed = { chain_pem,
+-- key_pem, and once parsed chain and key } }. The PEM is parsed at the
+-- domain's first handshake (certificate below), not
 -- here: OpenSSL 3 takes about 0.6 ms to parse a certificate and its key,
 -- 0.6 s for a thousand at every start and load. What the served state
 -- parsed (by fingerprint) is kept. nil and why where the keys file cannot
@@ -764,7 +765,8 @@ end
 -- certificate runs in the TLS handshake (ssl_certificate_by_lua): it
 -- presents the certificate of the domain the client's SNI names, and
 -- refuses the handshake for a name the cell has no certificate for, or
--- none. A resumed session does not come here.
+-- none. A TLS 1.2 session resumed from the cache does not come here (1.3
+-- resumptions do: OpenSSL asks for the certificate before it knows).
 function _M.certificate()
     local name = ssl.server_name()
     local c = name and lookup(state.certs, name)
