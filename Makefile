@@ -282,7 +282,9 @@ units-check: ## systemd-analyze verify both units, and fail if their security ex
 bench: bench-deps ## run the benchmarks (PostgreSQL ones on a server started for the run) into bench/latest.txt; compare with bench/base.txt when there is one
 	@mkdir -p bench
 	@$(WITH_PG) \
-	$(GO) test -run '^$$' -bench . -skip 'PublishServed|DataLoad' -benchtime 20x -count 5 ./supervisor/ | tee bench/latest.txt; \
+	$(GO) test -run '^$$' -bench . -skip 'PublishServed|DataLoad|BenchmarkTLS' -benchtime 20x -count 5 ./supervisor/ | tee bench/latest.txt; \
+	$(GO) test -run '^$$' -bench 'BenchmarkTLS/handshake' -benchtime 3000x -count 3 ./supervisor/ | tee -a bench/latest.txt; \
+	$(GO) test -run '^$$' -bench 'BenchmarkTLS/(load|reload)' -benchtime 5x -count 1 ./supervisor/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench PublishServed -benchtime 1000x -count 1 -timeout 30m ./supervisor/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench DataLoad -benchtime 5x -count 3 ./supervisor/ | tee -a bench/latest.txt; \
 	$(GO) test -run '^$$' -bench AgentRSS -benchtime 20x -count 5 ./cmd/cellvisor/ | tee -a bench/latest.txt; \

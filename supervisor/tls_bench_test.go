@@ -283,6 +283,6 @@ func workerRSS(b *testing.B, pid int) int64 {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pages, _ := strconv.ParseInt(f[23], 10, 64)
+	pages, _ := strconv.ParseInt(f[21], 10, 64) // rss, field 24 (Fields starts at field 3)
 	return pages * int64(os.Getpagesize())
 }
