@@ -165,7 +165,7 @@ func compact(d domain.Domain) domain.Domain {
 	if d.Canonical() != nil {
 		// The cache policy stays: the release renders a cached origin
 		// location for each TTL.
-		d.Origins, d.Routes = nil, nil
+		d.Origins, d.Routes = checkedOrigins(d.Origins), nil
 	}
 	return d
 }

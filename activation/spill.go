@@ -48,7 +48,8 @@ func (s *docSpill) put(d domain.Domain) (domain.Domain, error) {
 	if _, err := s.f.WriteAt(doc, off); err != nil {
 		return domain.Domain{}, fmt.Errorf("spill the document of %s: %w", d.Domain, err)
 	}
-	kept := domain.Domain{Domain: d.Domain, Pool: d.Pool, Revision: d.Revision, Hostnames: d.Hostnames, Cache: d.Cache}
+	kept := domain.Domain{Domain: d.Domain, Pool: d.Pool, Revision: d.Revision, Hostnames: d.Hostnames, Cache: d.Cache,
+		Origins: checkedOrigins(d.Origins)}
 	if d.HasCertificate() {
 		// Its certificate by fingerprint alone (the release's keys file
 		// pairs the key with it), its expiry noted for the cell's status.
@@ -86,4 +87,16 @@ func (s *docSpill) close() {
 	if s != nil {
 		s.f.Close()
 	}
+}
+
+// checkedOrigins are the origins with an active health check (the release
+// renders what their checks need), or nil.
+func checkedOrigins(os []domain.Origin) []domain.Origin {
+	var out []domain.Origin
+	for _, o := range os {
+		if o.HealthCheck != nil {
+			out = append(out, o)
+		}
+	}
+	return out
 }

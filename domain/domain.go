@@ -143,6 +143,20 @@ const (
 	MaxSendReadMs      = 600_000
 )
 
+// ChecksTLS reports whether the origin has an active health check of https
+// servers (the cells then load their CA bundle for the checks too).
+func (o Origin) ChecksTLS() bool {
+	if o.HealthCheck == nil {
+		return false
+	}
+	for _, u := range o.URLs() {
+		if strings.HasPrefix(u, "https://") {
+			return true
+		}
+	}
+	return false
+}
+
 // Verified reports whether an https origin's certificate is verified.
 func (o Origin) Verified() bool { return o.TLSVerify == nil || *o.TLSVerify }
 

@@ -228,6 +228,7 @@ func prepare(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Ren
 		r.pool, r.poolFile = pool, "pools/"+p.Pool+".json"
 		hashes[r.poolFile] = sum
 		p.Cache = pool.caches()
+		p.ChecksTLS = pool.checksTLS()
 	}
 	return r, hashes, p, nil
 }

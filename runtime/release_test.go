@@ -525,3 +525,39 @@ func TestShapeSeparatesDataFromConfiguration(t *testing.T) {
 		t.Errorf("data over the cell's bound: %v, want ErrTooBig with the sizes", err)
 	}
 }
+
+// The cell loads its CA bundle for its Lua only where a domain has an
+// active health check of https servers: each location parses the bundle
+// again (a quarter of a second at every start and reload).
+func TestCABundleForChecksOnlyWhereNeeded(t *testing.T) {
+	s := slotFor(t)
+	build := func(o domain.Origin) string {
+		t.Helper()
+		d := domain.Domain{Domain: "a.test", Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{"a.test"},
+			Origins: []domain.Origin{o}, Routes: []domain.Route{{Prefix: "/", Origin: o.Name}}}
+		pools, err := CompilePools([]domain.Domain{d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := testParams(s, 1)
+		p.OriginCAFile = "/etc/ssl/certs/ca-certificates.crt"
+		r, err := BuildRelease(p, pools[domain.PoolSharedDefault])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(r.Files["nginx.conf"])
+	}
+	hc := &domain.HealthCheck{Path: "/healthz"}
+	for _, tc := range []struct {
+		o    domain.Origin
+		want bool
+	}{
+		{domain.Origin{Name: "o", URL: "https://app.test", HealthCheck: hc}, true},
+		{domain.Origin{Name: "o", URL: "http://127.0.0.1:9", HealthCheck: hc}, false},
+		{domain.Origin{Name: "o", URL: "https://app.test"}, false},
+	} {
+		if got := strings.Contains(build(tc.o), "lua_ssl_trusted_certificate"); got != tc.want {
+			t.Errorf("%s with a check %v: lua_ssl_trusted_certificate %v, want %v", tc.o.URL, tc.o.HealthCheck != nil, got, tc.want)
+		}
+	}
+}

@@ -141,6 +141,10 @@ type RenderParams struct {
 	// Limits are the slot's pool limits the cell enforces; zero values
 	// mean none.
 	Limits PoolLimits
+	// ChecksTLS loads OriginCAFile for the Lua's active health checks of
+	// https origins too: where one of the slot's domains has one
+	// (BuildRelease sets it from the pool runtime).
+	ChecksTLS bool
 	// Cache renders the cache zone and the cached origin location: where
 	// one of the slot's domains has a cache TTL (BuildRelease sets it from
 	// the pool runtime). The TTLs themselves are data.

@@ -84,6 +84,10 @@ type Test struct {
 	// Credential runs the test as the cell's user (its files are
 	// readable and writable as that user); nil for the caller's.
 	Credential *syscall.Credential
+	// As, where set, signals the test's processes as their user (an agent
+	// that may switch to the cell's user but has no CAP_KILL cannot signal
+	// another user's processes as itself).
+	As func(func() error) error
 }
 
 // ErrTest marks a configuration the binary refused.
@@ -94,7 +98,7 @@ func (t Test) Run(ctx context.Context) error {
 	cmd := exec.CommandContext(ctx, t.Binary, "-t", "-q", "-p", t.Prefix, "-c", t.Conf, "-e", t.ErrorLog)
 	cmd.Dir = t.Prefix
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: t.Credential}
-	out, err := run(ctx, cmd)
+	out, err := runAs(ctx, cmd, t.As)
 	if err == nil {
 		return nil
 	}
@@ -108,15 +112,24 @@ func (t Test) Run(ctx context.Context) error {
 // run runs cmd and returns its output (stdout and stderr, bounded); ctx
 // ends it (the whole process group, where it has one) and WaitDelay bounds
 // the wait for its output after that.
-func run(ctx context.Context, cmd *exec.Cmd) (string, error) {
+func run(ctx context.Context, cmd *exec.Cmd) (string, error) { return runAs(ctx, cmd, nil) }
+
+// runAs is run, ending cmd through as where set.
+func runAs(ctx context.Context, cmd *exec.Cmd, as func(func() error) error) (string, error) {
 	var buf limited
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	cmd.WaitDelay = 2 * time.Second
 	cmd.Cancel = func() error {
-		if cmd.SysProcAttr != nil && cmd.SysProcAttr.Setpgid {
-			return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		kill := func() error {
+			if cmd.SysProcAttr != nil && cmd.SysProcAttr.Setpgid {
+				return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			}
+			return cmd.Process.Kill()
 		}
-		return cmd.Process.Kill()
+		if as != nil {
+			return as(kill)
+		}
+		return kill()
 	}
 	err := cmd.Run()
 	if err != nil && ctx.Err() != nil {

@@ -120,6 +120,7 @@ func (s *Supervisor) verify(ctx context.Context) error {
 			ErrorLog: filepath.Join(c.spec.LogsDir(), "error.log")}
 		if u := c.user(); u != nil {
 			t.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, NoSetGroups: true}
+			t.As = c.asCell
 		}
 		vctx, cancel := context.WithTimeout(ctx, verifyTimeout)
 		err := t.Run(vctx)

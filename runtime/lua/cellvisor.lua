@@ -698,40 +698,57 @@ end
 -- a retry where the origin has several).
 local function to_origin(d, o, uri)
     local t = target(o)
-    local name = d.domain .. "/" .. o.name
-    local first = pick(t, name)
-    local second = pick(t, name, first)
-    local peers, tried = {}, {}
-    for _, i in ipairs({ first, second }) do
-        local sv = t.servers[i]
-        local addr, err = sv.ip, nil
-        if not addr then
-            addr, err = cvdns.resolve(sv.host)
+    local name = o._key
+    if not name then
+        name = d.domain .. "/" .. o.name
+        o._key = name
+    end
+    local target_str, servers_str
+    local sv1 = t.servers[1]
+    if #t.servers == 1 and sv1.ip then
+        -- One server by address (the common origin): what the balancer
+        -- needs is the same on every request, made once.
+        target_str, servers_str = t.fixed, sv1.url
+        if not target_str then
+            target_str = t.timeouts .. " " .. sv1.ip .. " " .. sv1.port
+            t.fixed = target_str
         end
-        if addr then
-            peers[#peers + 1] = addr .. " " .. sv.port
-            tried[#tried + 1] = sv.url
-        elseif #peers == 0 and i == first and not second then
-            -- No upstream was tried: recorded here, not by log().
-            note_failure(name, 502, "resolve: " .. tostring(err))
+    else
+        local first = pick(t, name)
+        local second = pick(t, name, first)
+        local peers, tried = {}, {}
+        for _, i in ipairs({ first, second }) do
+            local sv = t.servers[i]
+            local addr, err = sv.ip, nil
+            if not addr then
+                addr, err = cvdns.resolve(sv.host)
+            end
+            if addr then
+                peers[#peers + 1] = addr .. " " .. sv.port
+                tried[#tried + 1] = sv.url
+            elseif #peers == 0 and i == first and not second then
+                -- No upstream was tried: recorded here, not by log().
+                note_failure(name, 502, "resolve: " .. tostring(err))
+                return ngx.exit(502)
+            end
+        end
+        if #peers == 0 then
+            note_failure(name, 502, "resolve: no server of the origin resolves")
             return ngx.exit(502)
         end
-    end
-    if #peers == 0 then
-        note_failure(name, 502, "resolve: no server of the origin resolves")
-        return ngx.exit(502)
+        target_str, servers_str = t.timeouts .. " " .. table.concat(peers, " "), table.concat(tried, " ")
     end
     local v = ngx.var
     -- In variables, not ngx.ctx: an error page's redirect (the origin's
     -- 502) and the one to @origin_insecure clear ngx.ctx.
     v.cv_origin_name = name
-    v.cv_servers = table.concat(tried, " ")
+    v.cv_servers = servers_str
     if d.trust_forwarded then
         local xff, xfp = v.http_x_forwarded_for, v.http_x_forwarded_proto
         if xff and xff ~= "" then v.cv_xff = xff .. ", " .. v.remote_addr end
         if xfp == "http" or xfp == "https" then v.cv_xfp = xfp end
     end
-    v.cv_target = t.timeouts .. " " .. table.concat(peers, " ")
+    v.cv_target = target_str
     if d.raw_path then
         -- The path as the client sent it (the query goes on as $args).
         v.cv_path = string.match(v.request_uri, "^[^?]*")
@@ -926,11 +943,23 @@ function _M.log()
     local us = ngx.var.upstream_status or ""
     local servers = ngx.var.cv_servers
     if servers and servers ~= "" and us ~= "" then
+        local b = string.byte(us, 1)
+        if b and b < 53 and not string.find(us, "[ ,:]") then
+            -- One try, answered below 500 (most requests): all there is to
+            -- note is a server that had failed answering again.
+            -- (cv_servers names the retry's server too, after the first.)
+            local sp = string.find(servers, " ", 1, true)
+            local h = health[origin .. " " .. (sp and string.sub(servers, 1, sp - 1) or servers)]
+            if h and (h.fails ~= 0 or h.down_until ~= 0) then
+                h.fails, h.down_until = 0, 0
+            end
+            return
+        end
         local tried = {}
         for url in string.gmatch(servers, "%S+") do tried[#tried + 1] = url end
         note_servers(origin, tried, us)
     end
-    local reason, status = _M.origin_fault()
+    local reason, status = _M.origin_fault(us)
     if not reason then return end
     note_failure(origin, status, reason)
 end
@@ -1173,8 +1202,8 @@ end
 -- below 500, or the client's doing (a body over the limit or cut short
 -- before any origin was tried, a client gone before the origin answered:
 -- "-").
-function _M.origin_fault()
-    local us = ngx.var.upstream_status or ""
+function _M.origin_fault(us)
+    us = us or ngx.var.upstream_status or ""
     if us == "" then
         -- No origin server was tried: nginx answers 502 only when the
         -- origin's name did not resolve.
