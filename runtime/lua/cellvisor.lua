@@ -648,11 +648,14 @@ function _M.balance()
     balancer.set_timeouts(tonumber(c), tonumber(s), tonumber(r))
 end
 
--- cache_key is the key of fills for this request: the MD5 of the cache's
--- own key (proxy_cache_key in nginx.conf).
-local function cache_key()
-    local v = ngx.var
-    return ngx.md5_bin(v.scheme .. v.host .. v.cv_path .. v.is_args .. (v.args or ""))
+-- cache_key is the key of fills for a request: the MD5 of the cache's own
+-- key (proxy_cache_key in nginx.conf: $scheme$host$cv_path$is_args$args),
+-- from those values (serve has host and path at hand already).
+local function cache_key(scheme, host, path, args)
+    if args then
+        return ngx.md5_bin(scheme .. host .. path .. "?" .. args)
+    end
+    return ngx.md5_bin(scheme .. host .. path)
 end
 
 -- stored_statuses are the statuses the cached location keeps
@@ -663,18 +666,17 @@ local stored_statuses = { [200] = true, [301] = true, [404] = true }
 -- stored a fresh answer now (fetched, not served from the cache, of a
 -- status it keeps, and nothing kept it out): it is served from the cache
 -- for its domain's TTL from now.
-local function note_fill()
+local function note_fill(cs)
+    if cs ~= "MISS" and cs ~= "EXPIRED" and cs ~= "BYPASS" then return end
     local v = ngx.var
     local ttl = tonumber(v.cv_ttl)
     if not fills or not ttl or ttl <= 0 then return end
-    local cs = v.upstream_cache_status
-    if cs ~= "MISS" and cs ~= "EXPIRED" and cs ~= "BYPASS" then return end
     if not stored_statuses[ngx.status] or v.cv_no_store ~= "" or v.cv_private ~= ""
         or v.http_authorization or (v.cv_cookie or "") ~= "" then
         return
     end
     -- Forgotten once no TTL would keep it (the longest a domain may have).
-    fills:set(cache_key(), ngx.now(), 31536000)
+    fills:set(cache_key(v.scheme, v.host, v.cv_path, v.args), ngx.now(), 31536000)
 end
 
 -- only_ignored reports whether every cookie of a Cookie header is one the
@@ -696,7 +698,7 @@ end
 -- proxy_pass takes it on once the access phase ends, through the upstream
 -- block whose balancer sets the servers chosen here (one, and another for
 -- a retry where the origin has several).
-local function to_origin(d, o, uri)
+local function to_origin(d, o, uri, host)
     local t = target(o)
     local name = o._key
     if not name then
@@ -749,12 +751,14 @@ local function to_origin(d, o, uri)
         if xfp == "http" or xfp == "https" then v.cv_xfp = xfp end
     end
     v.cv_target = target_str
+    local path
     if d.raw_path then
         -- The path as the client sent it (the query goes on as $args).
-        v.cv_path = string.match(v.request_uri, "^[^?]*")
+        path = string.match(v.request_uri, "^[^?]*")
     else
-        v.cv_path = escape_path(uri)
+        path = escape_path(uri)
     end
+    v.cv_path = path
     v.cv_upstream = t.upstream
     if t.sni ~= "" then v.cv_sni = t.sni end
     -- A domain with a cache TTL has its answers cached; one stored longer
@@ -766,8 +770,13 @@ local function to_origin(d, o, uri)
         if d.cache.ignore_cookies and v.http_cookie and only_ignored(d.cache, v.http_cookie) then
             v.cv_cookie = "" -- cookies that personalise nothing: cached
         end
-        v.cv_ttl = string.format("%d", ttl)
-        local stored = fills:get(cache_key())
+        local ttls = d.cache._ttl
+        if not ttls then
+            ttls = string.format("%d", ttl)
+            d.cache._ttl = ttls
+        end
+        v.cv_ttl = ttls
+        local stored = fills:get(cache_key(v.scheme, host, path, v.args))
         if not stored then
             v.cv_refresh = "miss"
         elseif ngx.now() - stored >= ttl then
@@ -897,7 +906,7 @@ function _M.serve()
     end
     for _, o in ipairs(d.origins or {}) do
         if o.name == best.origin then
-            return to_origin(d, o, uri)
+            return to_origin(d, o, uri, host)
         end
     end
     return ngx.exit(502)
@@ -932,7 +941,7 @@ function _M.log()
     if origin == nil or origin == "" then return end
     local cs = ngx.var.upstream_cache_status
     if cs and cs ~= "" then
-        note_fill()
+        note_fill(cs)
         -- A fetch past the domain's TTL (or of an answer this cell did not
         -- store) is the cache's expiry (or miss), not a client's bypass.
         local refresh = ngx.var.cv_refresh
