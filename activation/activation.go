@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -120,6 +121,15 @@ type Activator struct {
 	// poll began.
 	stats     Stats
 	pollStart time.Time
+
+	// opened are the certificate keys the last verified manifest opened,
+	// by their seal (openedKey): a manifest that carries the same seals
+	// (most of a fleet's entries, manifest after manifest) takes them as
+	// they are, rather than opening and checking every one again.
+	openedMu sync.Mutex
+	opened   map[string][]byte
+	// opens counts seals actually opened (tests).
+	opens atomic.Int64
 }
 
 type activeFile struct {

@@ -107,6 +107,48 @@ func TestSealedKeyOpensIntoThePoolRuntime(t *testing.T) {
 	}
 }
 
+// A manifest that carries the seals the last one did takes their keys as
+// they are: none is opened again; a new seal is.
+func TestSealsOpenedOnce(t *testing.T) {
+	var logs bytes.Buffer
+	r, k := keyedRig(t, &logs)
+	c := testcert.New(t, testcert.Options{Names: []string{tlsDomain}})
+	var seal manifest.SealedKey
+	r.publishTLS(t, 1, c, func(fp string) manifest.SealedKey {
+		seal = mustSeal(t, k.PublicKey(), edge, tlsDomain, fp, c.Key)
+		return seal
+	})
+	verify := func() []byte {
+		t.Helper()
+		m, err := manifest.Collect(context.Background(), r.src.Page, edge, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pl, done, err := r.a.verify(context.Background(), m, r.src.Artifact)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer done()
+		for _, p := range pl.slots {
+			if p != nil && p.Keys[tlsDomain] != nil {
+				return p.Keys[tlsDomain]
+			}
+		}
+		return nil
+	}
+	if got := verify(); !bytes.Equal(got, c.Key) || r.a.opens.Load() != 1 {
+		t.Fatalf("first: key %v, %d opened", got != nil, r.a.opens.Load())
+	}
+	if got := verify(); !bytes.Equal(got, c.Key) || r.a.opens.Load() != 1 {
+		t.Fatalf("the same seal again: key %v, %d opened in all, want 1", got != nil, r.a.opens.Load())
+	}
+	// The same key sealed anew (another blob): opened.
+	r.publishTLS(t, 1, c, func(fp string) manifest.SealedKey { return mustSeal(t, k.PublicKey(), edge, tlsDomain, fp, c.Key) })
+	if got := verify(); !bytes.Equal(got, c.Key) || r.a.opens.Load() != 2 {
+		t.Fatalf("a new seal: key %v, %d opened in all, want 2", got != nil, r.a.opens.Load())
+	}
+}
+
 // A tampered seal, a seal for another edge, domain or encryption key, or
 // a key that is not the leaf's refuses the manifest with its reason:
 // nothing is activated.

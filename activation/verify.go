@@ -40,6 +40,7 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 	}
 	domains := make([]domain.Domain, len(m.Entries))
 	keys := make([][]byte, len(m.Entries)) // opened certificate keys, by entry
+	opened := &openedKeys{keys: map[string][]byte{}}
 	errs := make([]error, len(m.Entries))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -56,7 +57,7 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 				}
 				domains[i], errs[i] = a.verifyEntry(ctx, m.Entries[i], fetch)
 				if errs[i] == nil {
-					keys[i], errs[i] = a.openKey(encKeys, m.Entries[i], &domains[i])
+					keys[i], errs[i] = a.openKey(encKeys, m.Entries[i], &domains[i], opened)
 				}
 				if errs[i] == nil {
 					domains[i], errs[i] = spill.put(domains[i])
@@ -98,6 +99,7 @@ func (a *Activator) verify(ctx context.Context, m manifest.Manifest, fetch func(
 		}
 	}
 	pl.slots = runtime.CompileSlots(pools, pl.assign, cells)
+	a.keep(opened)
 	return pl, spill.close, nil
 }
 
