@@ -259,6 +259,19 @@ func (c *collector) collectCell(emit func(sample), s supervisor.SlotStatus) {
 	gauge(emit, cellLuaHeap, float64(r.LuaKB)*1024, cell, pool)
 	gauge(emit, cellBodiesHeld, float64(r.Bodies.Held), cell, pool)
 	counter(emit, cellBodiesRefused, float64(r.Bodies.Refused), cell, pool)
+	var down, retries, checks, checkFailures int64
+	for _, sv := range r.OriginServers {
+		if !sv.Up {
+			down++
+		}
+		retries += sv.Retries
+		checks += sv.Checks
+		checkFailures += sv.CheckFailures
+	}
+	gauge(emit, cellOriginDown, float64(down), cell, pool)
+	counter(emit, cellOriginRetries, float64(retries), cell, pool)
+	counter(emit, cellOriginChecks, float64(checks-checkFailures), cell, pool, "passed")
+	counter(emit, cellOriginChecks, float64(checkFailures), cell, pool, "failed")
 	gauge(emit, cellCerts, float64(len(r.TLS.Certificates)), cell, pool)
 	soonest := int64(0)
 	for _, c := range r.TLS.Certificates {

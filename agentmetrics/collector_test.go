@@ -32,6 +32,8 @@ func fakeStatus(context.Context) supervisor.Status {
 				Cell: &cellapi.Status{Requests: 9, Connections: cellapi.Connections{Active: 4},
 					Origins: map[string]cellapi.Origin{"a.test/o1": {Failures: 2, Reasons: map[string]int64{"reset": 2}},
 						"b.test/o2": {Failures: 5, Reasons: map[string]int64{"http_5xx": 3, "reset": 1}}},
+					OriginServers: map[string]cellapi.OriginServer{"a.test/o1 http://192.0.2.1": {Up: false, Retries: 2, Checks: 5, CheckFailures: 3},
+						"a.test/o1 http://192.0.2.2": {Up: true, Retries: 1}},
 					Security: cellapi.Security{AuthFailures: 6}, Bodies: cellapi.Bodies{Held: 1024, Refused: 8}},
 				Disk: &supervisor.DiskUse{Cache: supervisor.DiskBudget{Bytes: 3 << 20, Budget: 256 << 20},
 					RequestTmp: supervisor.DiskBudget{Bytes: 2 << 20, Unlinked: 2 << 20, Budget: 64 << 20},
@@ -118,13 +120,24 @@ cellvisor_frontdoor_fetch_failing 1
 # HELP cellvisor_frontdoor_last_fetch_timestamp_seconds When the control API last confirmed or changed the front doors, as a Unix timestamp.
 # TYPE cellvisor_frontdoor_last_fetch_timestamp_seconds gauge
 cellvisor_frontdoor_last_fetch_timestamp_seconds 1500
+# HELP cellvisor_cell_origin_servers_down Origin servers the cell skips now (their requests kept failing, or their active health check fails), over every origin (which: cellvisor status, origin_servers).
+# TYPE cellvisor_cell_origin_servers_down gauge
+cellvisor_cell_origin_servers_down{cell="cell-01",pool="shared-default"} 1
+# HELP cellvisor_cell_origin_retries_total Requests the cell tried again on another server of their origin, over every origin.
+# TYPE cellvisor_cell_origin_retries_total counter
+cellvisor_cell_origin_retries_total{cell="cell-01",pool="shared-default"} 3
+# HELP cellvisor_cell_origin_health_checks_total Active health checks of origin servers the cell made, by result: passed, failed.
+# TYPE cellvisor_cell_origin_health_checks_total counter
+cellvisor_cell_origin_health_checks_total{cell="cell-01",pool="shared-default",result="failed"} 3
+cellvisor_cell_origin_health_checks_total{cell="cell-01",pool="shared-default",result="passed"} 2
 # HELP cellvisor_activation_last_duration_seconds How long the last activation took, from the start of the poll that found it to its ack in the journal.
 # TYPE cellvisor_activation_last_duration_seconds gauge
 cellvisor_activation_last_duration_seconds 1.5
 `
 	names := []string{"cellvisor_cell_disk_unlinked_bytes", "cellvisor_cell_cache_manager_wakes_total", "cellvisor_cell_request_bodies_refused_total", "cellvisor_cell_restarts_total", "cellvisor_cell_origin_failures_total", "cellvisor_cell_cpu_seconds_total",
 		"cellvisor_cell_drained", "cellvisor_agent_enrollment_state", "cellvisor_activation_last_outcome", "cellvisor_activation_last_duration_seconds",
-		"cellvisor_frontdoor_rows", "cellvisor_frontdoor_fetch_failing", "cellvisor_frontdoor_last_fetch_timestamp_seconds"}
+		"cellvisor_frontdoor_rows", "cellvisor_frontdoor_fetch_failing", "cellvisor_frontdoor_last_fetch_timestamp_seconds",
+		"cellvisor_cell_origin_servers_down", "cellvisor_cell_origin_retries_total", "cellvisor_cell_origin_health_checks_total"}
 	if err := promtest.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}

@@ -68,6 +68,9 @@ var (
 	cellReloads          = desc("cell_reloads_total", "Graceful reloads the agent sent the cell (a new worker generation each), since the agent started.", cellLabels...)
 	cellCut              = desc("cell_requests_cut_total", "Requests the cell's workers ended unfinished when their shutdown grace ran out (after a reload, or at a stop), since its master started.", cellLabels...)
 	cellLuaHeap          = desc("cell_lua_heap_bytes", "The answering worker's Lua heap: mostly the data it serves.", cellLabels...)
+	cellOriginDown       = desc("cell_origin_servers_down", "Origin servers the cell skips now (their requests kept failing, or their active health check fails), over every origin (which: cellvisor status, origin_servers).", cellLabels...)
+	cellOriginRetries    = desc("cell_origin_retries_total", "Requests the cell tried again on another server of their origin, over every origin.", cellLabels...)
+	cellOriginChecks     = desc("cell_origin_health_checks_total", "Active health checks of origin servers the cell made, by result: passed, failed.", "cell", "pool", "result")
 	cellCerts            = desc("cell_tls_certificates", "Certificates the cell presents on its HTTPS port (one a domain; `cellvisor status` lists them with their expiry).", cellLabels...)
 	cellCertExpiry       = desc("cell_tls_certificate_expiry_min_timestamp_seconds", "The soonest expiry (Unix seconds) among the certificates the cell presents; absent where it presents none.", cellLabels...)
 	cellTLSRefused       = desc("cell_tls_handshakes_refused_total", "TLS handshakes the cell refused, by reason: unknown_name (SNI of a host it has no certificate for), no_name (no SNI), bad_certificate (the domain's certificate or key did not parse).", "cell", "pool", "reason")
@@ -80,6 +83,7 @@ var (
 		cellCPU, cellCPULimit, cellThrottled, cellThrottledPeriods, cellPIDs, cellPIDsLimit, cellPIDsRefused, cellOOM,
 		cellLogBytes, cellDisk, cellDiskUnlinked, cellDiskBudget, cellCacheWakes, cellBodiesHeld, cellBodiesRefused, cellReportOK, cellConns, cellRequests, cellLimited, cellOriginFailures, cellSecurity, cellOverloaded, cellOverloads,
 		cellLoads, cellLoadFailures, cellReloads, cellCut, cellLuaHeap, cellCerts, cellCertExpiry, cellTLSRefused,
+		cellOriginDown, cellOriginRetries, cellOriginChecks,
 		runtimeInfo, cellRuntimeInfo, cellSuperseded,
 	}
 )
