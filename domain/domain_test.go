@@ -1,10 +1,13 @@
 package domain
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+
+	"cellvisor/internal/testcert"
 )
 
 const goodDomain = `{"domain":"shop.example.com","pool":"shared-default","revision":3,
@@ -196,4 +199,50 @@ func manyCookies(n int) string {
 		cs[i] = fmt.Sprintf(`"c%d"`, i)
 	}
 	return strings.Join(cs, ",")
+}
+
+// A domain's tls and an origin's health check refuse what the cells could
+// not serve, naming the rule; at their bounds they are accepted.
+func TestTLSAndHealthCheckRefusals(t *testing.T) {
+	chain := string(testcert.New(t, testcert.Options{Names: []string{"a.example"}}).Leaf)
+	fp, err := ChainFingerprint(chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withTLS := func(tl string) string {
+		return strings.Replace(goodDomain, `"revision":3`, `"revision":3,"tls":`+tl, 1)
+	}
+	check := func(hc string) string {
+		return strings.Replace(goodDomain, `{"name":"app","url":"http://127.0.0.1:9000"}`, `{"name":"app","url":"http://127.0.0.1:9000","health_check":`+hc+`}`, 1)
+	}
+	quoted, _ := json.Marshal(chain)
+	for name, c := range map[string]struct{ doc, rule string }{
+		"both":              {withTLS(`{"certificate":"c","acme":true}`), "certificate and acme are exclusive"},
+		"neither":           {withTLS(`{"redirect_http":true}`), "name a certificate or set acme"},
+		"bad name":          {withTLS(`{"certificate":"a.b"}`), "must be 1–64 of lowercase"},
+		"hsts too long":     {withTLS(`{"acme":true,"hsts":{"max_age_seconds":63072001}}`), "max_age_seconds must be 0–63072000"},
+		"chain alone":       {withTLS(`{"certificate":"c","chain":` + string(quoted) + `}`), "chain and fingerprint come together"},
+		"wrong fingerprint": {withTLS(`{"certificate":"c","chain":` + string(quoted) + `,"fingerprint":"` + strings.Repeat("0", 64) + `"}`), "is not the chain's leaf"},
+		"not a chain":       {withTLS(`{"certificate":"c","chain":"junk","fingerprint":"` + fp + `"}`), "not a PEM certificate chain"},
+		"key in the chain":  {withTLS(`{"certificate":"c","chain":"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n","fingerprint":"` + fp + `"}`), "only certificates"},
+		"bad token":         {withTLS(`{"acme":true,"acme_challenges":[{"token":"a/b","key_authorization":"a/b.x"}]}`), "base64url"},
+		"foreign key auth":  {withTLS(`{"acme":true,"acme_challenges":[{"token":"tok","key_authorization":"other.x"}]}`), "token.thumbprint"},
+		"check path":        {check(`{"path":"healthz"}`), "health_check.path must start with /"},
+		"check interval 1":  {check(`{"path":"/h","interval_seconds":1}`), "interval_seconds must be 2–300"},
+		"check timeout 20s": {check(`{"path":"/h","timeout_ms":20000}`), "timeout_ms must be 100–10000"},
+	} {
+		_, err := Decode([]byte(c.doc))
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.rule) {
+			t.Errorf("%s: %v, want ErrInvalid saying %q", name, err, c.rule)
+		}
+	}
+	for name, doc := range map[string]string{
+		"certificate with its chain": withTLS(`{"certificate":"c","chain":` + string(quoted) + `,"fingerprint":"` + fp + `","redirect_http":true,"hsts":{"max_age_seconds":63072000,"include_subdomains":true,"preload":true}}`),
+		"acme with a challenge":      withTLS(`{"acme":true,"acme_challenges":[{"token":"tok-1_A","key_authorization":"tok-1_A.thumb"}]}`),
+		"check at its bounds":        check(`{"path":"/h?x=1","interval_seconds":300,"timeout_ms":10000}`),
+	} {
+		if _, err := Decode([]byte(doc)); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
 }
