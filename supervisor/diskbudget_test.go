@@ -163,17 +163,20 @@ func startUpload(t *testing.T, port, size int, finish <-chan struct{}) *upload {
 		case <-gone:
 		}
 	})
-	go func() {
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			u.status <- 0
-			return
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		u.status <- resp.StatusCode
-	}()
+	go u.answer(c)
 	return u
+}
+
+// answer reads the cell's answer on c into u.status (0 when none came).
+func (u *upload) answer(c net.Conn) {
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		u.status <- 0
+		return
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	u.status <- resp.StatusCode
 }
 
 // Slow concurrent uploads hold no more on disk than the cell's request
@@ -389,16 +392,7 @@ func TestChunkedBodiesHoldTheCellBudget(t *testing.T) {
 			case <-gone:
 			}
 		})
-		go func() {
-			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-			if err != nil {
-				u.status <- 0
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			u.status <- resp.StatusCode
-		}()
+		go u.answer(c)
 		return u
 	}
 	first := chunked()

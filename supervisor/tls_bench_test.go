@@ -18,13 +18,14 @@ import (
 
 	"cellvisor/domain"
 	"cellvisor/internal/procstat"
+	"cellvisor/internal/testcert"
 	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 )
 
 // certDomains are n domains d<i>.tls.test of shared-default, each with its
 // own certificate (ECDSA P-256, from ca), answering "rev <rev>".
-func certDomains(b testing.TB, ca *testutil.CA, n int, rev int64) ([]domain.Domain, map[string][]byte) {
+func certDomains(b testing.TB, ca *testcert.CA, n int, rev int64) ([]domain.Domain, map[string][]byte) {
 	ds := make([]domain.Domain, 0, n)
 	keys := make(map[string][]byte, n)
 	for i := 0; i < n; i++ {
@@ -52,7 +53,7 @@ func certDomains(b testing.TB, ca *testutil.CA, n int, rev int64) ([]domain.Doma
 // own load time, its worker's Lua heap) and a reload with them (the time
 // until the new worker generation serves, its worker's resident memory).
 func BenchmarkTLS(b *testing.B) {
-	ca := testutil.NewCA(b)
+	ca := testcert.NewCA(b)
 	const n = 1000
 	ds, keys := certDomains(b, ca, n, 1)
 	h := newHarness(b, harnessOpts{slots: 1, domains: ds, keys: keys})

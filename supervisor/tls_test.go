@@ -17,13 +17,13 @@ import (
 	"time"
 
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
+	"cellvisor/internal/testcert"
 )
 
 // tlsDomains are three domains of shared-default: secure.test with its
 // certificate (redirect to https, HSTS, an ACME challenge pending),
 // *.wild.test with a wildcard one, and plain.test with none.
-func tlsDomains(t *testing.T, ca *testutil.CA, rev int64) ([]domain.Domain, map[string][]byte) {
+func tlsDomains(t *testing.T, ca *testcert.CA, rev int64) ([]domain.Domain, map[string][]byte) {
 	t.Helper()
 	keys := map[string][]byte{}
 	withCert := func(d domain.Domain, names ...string) domain.Domain {
@@ -84,7 +84,7 @@ func handshake(port int, sni string, cfg *tls.Config) (tls.ConnectionState, erro
 // HTTP/2, resumes sessions, redirects plain HTTP where the domain asks,
 // adds HSTS, and answers a pending ACME challenge on the HTTP port.
 func TestCellServesHTTPSBySNI(t *testing.T) {
-	ca := testutil.NewCA(t)
+	ca := testcert.NewCA(t)
 	ds, keys := tlsDomains(t, ca, 1)
 	h := newHarness(t, harnessOpts{slots: 1, domains: ds, keys: keys})
 	st := h.waitReady("cell-01", 0)
@@ -210,7 +210,7 @@ func TestCellServesHTTPSBySNI(t *testing.T) {
 // handshake during the swap succeeds, and each presents either the old
 // certificate or the new one, the new one once the load is answered.
 func TestCertificateSwapWithoutFailedHandshakes(t *testing.T) {
-	ca := testutil.NewCA(t)
+	ca := testcert.NewCA(t)
 	ds, keys := tlsDomains(t, ca, 1)
 	h := newHarness(t, harnessOpts{slots: 1, domains: ds, keys: keys})
 	st := h.waitReady("cell-01", 0)
@@ -286,7 +286,7 @@ func waitCount(t *testing.T, n *atomic.Int64, want int64) {
 // A domain whose key does not match what the cell can parse is left out,
 // and the rest are served: the cell never fails its load over one key.
 func TestBadKeyRefusesOnlyItsDomain(t *testing.T) {
-	ca := testutil.NewCA(t)
+	ca := testcert.NewCA(t)
 	ds, keys := tlsDomains(t, ca, 1)
 	keys["secure.test"] = pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: []byte("not a key")})
 	h := newHarness(t, harnessOpts{slots: 1, domains: ds, keys: keys})

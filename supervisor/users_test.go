@@ -12,6 +12,7 @@ import (
 
 	"cellvisor/domain"
 	"cellvisor/internal/celluser"
+	"cellvisor/internal/testcert"
 	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
 )
@@ -52,7 +53,7 @@ func TestCellsRunAsTheirSlotsUsers(t *testing.T) {
 		"cell-02": {Name: "cellvisor-cell-02", UID: 64302, GID: 64302},
 	}
 	// Domains with certificates too: each cell's keys are its own.
-	ds, keys := tlsDomains(t, testutil.NewCA(t), 1)
+	ds, keys := tlsDomains(t, testcert.NewCA(t), 1)
 	ds = append(ds, domain.Domain{Domain: testHost, Pool: domain.PoolSharedDefault, Revision: 1, Hostnames: []string{testHost},
 		Routes: []domain.Route{{Prefix: "/", Respond: &domain.Response{Status: 200, Body: "hello"}}}})
 	h := newHarness(t, harnessOpts{slots: 2, assign: allAssigned(2), users: users, domains: ds, keys: keys})

@@ -1,6 +1,7 @@
 // Package testcert makes real X.509 certificate chains and keys for the
 // tests of HTTPS certificates: a root, an intermediate and a leaf for
-// given names, key type and validity. Only tests import it.
+// given names, key type and validity (New), or one root that issues many
+// leaves (NewCA). Only tests import it.
 package testcert
 
 import (

@@ -831,23 +831,27 @@ end
 local acme_prefix = "/.well-known/acme-challenge/"
 
 local function tls_first(t, host)
-    local uri = ngx.var.uri
-    if t.acme_challenges and string.sub(uri, 1, #acme_prefix) == acme_prefix then
-        local token = string.sub(uri, #acme_prefix + 1)
-        for _, c in ipairs(t.acme_challenges) do
-            if c.token == token then
-                ngx.header["Content-Type"] = "text/plain"
-                ngx.print(c.key_authorization)
-                return ngx.exit(ngx.HTTP_OK)
+    if t.acme_challenges then
+        local uri = ngx.var.uri
+        if string.sub(uri, 1, #acme_prefix) == acme_prefix then
+            local token = string.sub(uri, #acme_prefix + 1)
+            for _, c in ipairs(t.acme_challenges) do
+                if c.token == token then
+                    ngx.header["Content-Type"] = "text/plain"
+                    ngx.print(c.key_authorization)
+                    return ngx.exit(ngx.HTTP_OK)
+                end
             end
         end
     end
-    if t.redirect_http and ngx.var.https ~= "on" and lookup(state.certs, host) then
+    local h = t.hsts
+    if not t.redirect_http and not h then return end
+    local https = ngx.var.https == "on"
+    if t.redirect_http and not https and lookup(state.certs, host) then
         -- The public face of the cell's ports is 80 and 443: no port.
         return ngx.redirect("https://" .. string.lower(host) .. ngx.var.request_uri, 301)
     end
-    local h = t.hsts
-    if h and ngx.var.https == "on" then
+    if h and https then
         -- Added by the header filter, to the origin's answers too.
         local v = h._value
         if not v then
