@@ -338,3 +338,54 @@ func TestOriginActiveHealthCheck(t *testing.T) {
 		return nil
 	})
 }
+
+// A server that takes the check's connection and never answers fails the
+// check at its timeout and is skipped; the cell is not held by it.
+func TestOriginActiveHealthCheckThatHangs(t *testing.T) {
+	a, _ := countingOrigin(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held sync.WaitGroup
+	conns := make(chan net.Conn, 64)
+	t.Cleanup(func() {
+		ln.Close()
+		held.Wait()
+		close(conns)
+		for c := range conns {
+			c.Close()
+		}
+	})
+	held.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case conns <- c: // held open, never answered
+			default:
+				c.Close()
+			}
+		}
+	})
+	hung := "http://" + ln.Addr().String()
+	doms := originDomain("")
+	doms[0].Origins[0] = domain.Origin{Name: "app", Servers: []domain.OriginServer{{URL: a.URL}, {URL: hung}},
+		HealthCheck: &domain.HealthCheck{Path: "/healthz", IntervalSeconds: 2, TimeoutMs: 200}}
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	api := privateClient(t, h, "cell-01", nil)
+	testutil.Eventually(t, 20*time.Second, func() error {
+		if s := cellStatus(t, api).OriginServers[testHost+"/app "+hung]; s.Up || s.CheckFailures == 0 || !strings.Contains(s.LastCheckError, "timeout") {
+			return fmt.Errorf("the hung server: %+v", s)
+		}
+		return nil
+	})
+	for i := 0; i < 10; i++ {
+		if code, body, err := get(port, "/x"); err != nil || code != 200 || !strings.HasPrefix(body, "origin ") {
+			t.Fatalf("request %d with a hung server: %d %q %v", i, code, body, err)
+		}
+	}
+}

@@ -571,12 +571,15 @@ local function check_server(premature, key, sv, path, timeout, host, sni, verify
                 ok, err = sock:send("GET " .. path .. " HTTP/1.1\r\nHost: " .. host ..
                     "\r\nUser-Agent: cellvisor-health-check\r\nConnection: close\r\n\r\n")
             end
+            -- The status line's first 12 bytes ("HTTP/1.1 200") and no
+            -- more: a server that trickles an endless line is not waited on
+            -- past them (each read has the timeout).
             local line
-            if ok then line, err = sock:receive("*l") end
+            if ok then line, err = sock:receive(12) end
             sock:close()
             ok = false
             if line then
-                local code = tonumber(string.match(line, "^HTTP/%d%.%d (%d%d%d)"))
+                local code = tonumber(string.match(line, "^HTTP/%d%.%d (%d%d%d)$"))
                 ok = code ~= nil and code >= 200 and code < 400
                 if not ok then err = "answered " .. string.sub(line, 1, 64) end
             end
