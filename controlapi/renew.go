@@ -134,15 +134,23 @@ func (s *Server) writeRenewed(w http.ResponseWriter, certPEM string) error {
 // promote makes serial the edge's current certificate when it is the
 // renewed one pending, on its first use, which revokes the one it
 // replaces. It returns the edge's state when serial is current after.
+//
+// The first uses of a renewed certificate arrive together (an agent's poll
+// beside the encryption key it registers after a switch): one that looked
+// at the cache before another promoted it finds it current in the
+// database, and is answered as current, not refused.
 func (s *Server) promote(ctx context.Context, id, serial string) (store.EdgeState, bool, error) {
 	e, err := s.st.Edge(ctx, id)
-	if errors.Is(err, store.ErrNotFound) || err == nil && (serial == "" || e.PendingSerial != serial) {
+	if errors.Is(err, store.ErrNotFound) || err == nil && (serial == "" || e.PendingSerial != serial && e.CertSerial != serial) {
 		return store.EdgeState{}, false, nil
 	}
 	if err != nil {
 		return store.EdgeState{}, false, err
 	}
-	err = s.st.PromotePending(ctx, id, serial)
+	promoted := e.PendingSerial == serial
+	if promoted {
+		err = s.st.PromotePending(ctx, id, serial)
+	}
 	if err != nil && !errors.Is(err, store.ErrConflict) {
 		return store.EdgeState{}, false, err
 	}
@@ -150,7 +158,7 @@ func (s *Server) promote(ctx context.Context, id, serial string) (store.EdgeStat
 	// took it away: the cache, refreshed, says which.
 	s.refresh(ctx)
 	st, ok := s.cache.current(ctx, id, serial)
-	if ok && err == nil {
+	if ok && promoted && err == nil {
 		s.log.Info("edge switched to its renewed certificate; the previous one is revoked",
 			zap.String("edge", id), zap.String("serial", serial), zap.String("revoked", e.CertSerial))
 	}

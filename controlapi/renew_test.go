@@ -293,6 +293,12 @@ func TestRenewalLoopKeepsEveryPollWorking(t *testing.T) {
 		if r.LastError != "" {
 			t.Fatalf("renewal failed: %s", r.LastError)
 		}
+		// A switch may complete between the two reads: the files are
+		// written before the pair is put in use, so they hold it when read
+		// again.
+		if after, err := identityPair(filepath.Join(dir, "identity")); err == nil {
+			expiries[after.Leaf.NotAfter.UnixNano()] = true
+		}
 		if !expiries[r.CertExpires.UnixNano()] {
 			// In use: the files' certificate, or the one before (a switch
 			// under way).
@@ -468,4 +474,52 @@ func TestBootstrapTokensExpire(t *testing.T) {
 	}
 	t.Run(store.SQLite, func(t *testing.T) { run(t, filepath.Join(t.TempDir(), "control.db")) })
 	t.Run(store.Postgres, func(t *testing.T) { run(t, testutil.Postgres(t)) })
+}
+
+// The first uses of a renewed certificate arrive together (an agent's poll
+// beside the encryption key it registers after the switch): one promotes
+// it, and every other is answered as the edge's current identity too, not
+// refused because the promotion happened between its look at the cache and
+// its look at the database.
+func TestRenewedCertificateFirstUsesTogether(t *testing.T) {
+	eachStore(t, func(t *testing.T, e *env) {
+		created := e.createEdge(t, "fra-1")
+		key, csr := keyCSR(t)
+		code, enrolled := e.rawEnroll(t, created.Token, csr)
+		if code != http.StatusOK {
+			t.Fatalf("enroll: HTTP %d", code)
+		}
+		cur := e.mtls(t, enrolled.Certificate, key)
+		const renewals, together = 8, 8
+		for i := range renewals {
+			nextKey, nextCSR := keyCSR(t)
+			code, rr := e.renew(t, cur, nextCSR)
+			if code != http.StatusOK {
+				t.Fatalf("renewal %d: HTTP %d", i, code)
+			}
+			// Clients of their own: each opens its own connection, so the
+			// requests reach the server together.
+			var wg sync.WaitGroup
+			codes := make([]int, together)
+			for j := range together {
+				hc := e.mtls(t, rr.Certificate, nextKey)
+				wg.Go(func() {
+					resp, err := hc.Get(e.edgeURL + edgeapi.PathTasks)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					resp.Body.Close()
+					codes[j] = resp.StatusCode
+				})
+			}
+			wg.Wait()
+			for j, code := range codes {
+				if code != http.StatusOK {
+					t.Fatalf("renewal %d: first use %d of the renewed certificate: HTTP %d (all: %v)", i, j, code, codes)
+				}
+			}
+			cur = e.mtls(t, rr.Certificate, nextKey)
+		}
+	})
 }

@@ -103,6 +103,7 @@ func (e *env) check(ctx context.Context) error {
 		err := s.run(sctx)
 		cancel()
 		if err != nil {
+			e.showStatus(ctx)
 			return fmt.Errorf("check %q: %w", s.name, err)
 		}
 	}
@@ -159,4 +160,16 @@ func (e *env) wantSlotState(ctx context.Context, state supervisor.State) error {
 		return fmt.Errorf("status -o json: cell-01 is %s (drained %t), want %s", s.State, s.Drained, state)
 	}
 	return nil
+}
+
+// showStatus prints what the agent says of itself after a failed check:
+// the cells' states, sequences and reasons say where to look next.
+func (e *env) showStatus(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	out, err := e.cli.run(ctx, "status")
+	fmt.Fprintf(e.o.out, "\nthe agent's status after the failed check:\n%s", out)
+	if err != nil {
+		fmt.Fprintf(e.o.out, "(%v)\n", err)
+	}
 }

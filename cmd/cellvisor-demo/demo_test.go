@@ -72,7 +72,7 @@ func TestDemoCheck(t *testing.T) {
 	out, err := exec.CommandContext(ctx, bin, append(demoArgs(t, dir), "--check")...).CombinedOutput()
 	if err != nil {
 		// The story says what failed; the first agent's log says why.
-		agentLog, _ := os.ReadFile(filepath.Join(dir, "logs", agentLog))
+		agentLog, _ := os.ReadFile(filepath.Join(dir, logsDir, agentLog))
 		t.Fatalf("demo --check: %v\n%s\nthe first agent's log:\n%s", err, out, agentLog)
 	}
 	for _, want := range []string{
@@ -311,7 +311,8 @@ func TestDemoAfterSIGKILL(t *testing.T) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, append(args, "--check")...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("demo after a killed one: %v\n%s", err, out)
+		agentLog, _ := os.ReadFile(filepath.Join(dir, logsDir, agentLog))
+		t.Fatalf("demo after a killed one: %v\n%s\nthe first agent's log:\n%s", err, out, agentLog)
 	}
 	for _, want := range []string{
 		fmt.Sprintf("cell-01 of an earlier demo is still running (nginx master pid %d): stopping it", cellPid),
