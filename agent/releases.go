@@ -210,6 +210,7 @@ func RenderParams(cfg config.Agent, s runtime.Slot, pool string, seq int64) runt
 		SendTimeout:           int(cfg.OpenResty.SendTimeout.D().Seconds()),
 		ExposeCell:            cfg.OpenResty.ExposeCell,
 		CacheMaxBytes:         runtime.CacheTarget(int64(cfg.Limits.Cache)),
+		CacheBudgetBytes:      int64(cfg.Limits.Cache),
 		RequestMaxBytes:       int64(cfg.Limits.RequestTmp),
 		FrontDoorFile:         FrontDoorFile(cfg.StateDir),
 		Resolvers:             cfg.OpenResty.Resolvers,

@@ -233,6 +233,9 @@ type Cache struct {
 	Stale       int64 `json:"stale"`
 	Updating    int64 `json:"updating"`
 	Revalidated int64 `json:"revalidated"`
+	// Full counts fresh answers served but not stored because the cache
+	// was at its budget (limits.cache).
+	Full int64 `json:"full"`
 }
 
 // Origin is a passive-origin failure summary: failures the cell saw while

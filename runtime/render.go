@@ -137,7 +137,10 @@ type RenderParams struct {
 	// timeouts with clients, in seconds; 0 means 10.
 	ClientHeaderTimeout, ClientBodyTimeout, SendTimeout int
 	CacheMaxBytes                                       int64
-	RequestMaxBytes                                     int64
+	// CacheBudgetBytes is limits.cache: the cell stores no answer past
+	// it (the Lua, from the agent's measure in Slot.CacheUseFile).
+	CacheBudgetBytes int64
+	RequestMaxBytes  int64
 	// Limits are the slot's pool limits the cell enforces; zero values
 	// mean none.
 	Limits PoolLimits

@@ -59,6 +59,10 @@ func (s Slot) LogsDir() string       { return filepath.Join(s.Dir, "logs") }
 func (s Slot) PidFile() string       { return filepath.Join(s.RunDir, "nginx.pid") }
 func (s Slot) PrivateSocket() string { return filepath.Join(s.RunDir, "private.sock") }
 
+// CacheUseFile is where the agent writes what the cell's cache holds
+// ("BYTES UNIX_MS"), for the cell to keep within its budget.
+func (s Slot) CacheUseFile() string { return filepath.Join(s.RunDir, "cache-used") }
+
 // SecretFile holds the cell's private-endpoint secret (mode 0600).
 func (s Slot) SecretFile() string { return filepath.Join(s.Dir, "secret") }
 

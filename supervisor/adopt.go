@@ -259,6 +259,7 @@ func (c *slot) recover(ctx context.Context, g cgroup.Group) {
 		if p != nil {
 			c.mu.Lock()
 			c.adopted, c.group, c.pid, c.answered = p, g, p.pid, true
+			c.served = 0 // asked at its first liveness check (checkBehind)
 			c.mu.Unlock()
 			c.adoptRuntime(ctx, p.pid)
 			return

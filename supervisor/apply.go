@@ -65,10 +65,12 @@ func (s *Supervisor) apply(ctx context.Context, name string) (Applied, error) {
 	why := c.loadable(meta)
 	if why == "" {
 		api, err := c.client()
+		var cs cellapi.Status
 		if err == nil {
-			_, err = api.Load(ctx, meta.ID)
+			cs, err = api.Load(ctx, meta.ID)
 		}
 		if err == nil {
+			c.confirm(cs.Sequence)
 			c.applied(a)
 			return a, nil
 		}
@@ -122,7 +124,7 @@ func (c *slot) loadable(meta runtime.ReleaseMeta) string {
 func (c *slot) applied(a Applied) {
 	c.mu.Lock()
 	c.lastApply = &a
-	c.seq = a.Sequence
+	c.switchToLocked(a.Sequence)
 	c.mu.Unlock()
 	c.log.Info("release applied", zap.Int64("sequence", a.Sequence), zap.String("how", a.How), zap.String("why", a.Why))
 }

@@ -71,7 +71,7 @@ func (c *slot) binaryUpgrade(ctx context.Context, old *proc) (*proc, error) {
 	}
 	old.release()
 	c.mu.Lock()
-	c.pid = npid
+	c.pid, c.served = npid, 0 // the new master read the switched release; asked at the next check
 	g := c.group
 	c.mu.Unlock()
 	c.startedBin()

@@ -252,7 +252,7 @@ func (s *Supervisor) Reload(name string) error {
 		return fmt.Errorf("reload %s: %w", name, err)
 	}
 	c.mu.Lock()
-	c.seq = meta.Sequence
+	c.switchToLocked(meta.Sequence)
 	pid, answered := c.pid, c.answered
 	if pid != 0 && !answered {
 		// A master that has not answered its readiness probe yet may not
@@ -392,6 +392,7 @@ func (s *Supervisor) Loaded(ctx context.Context, name string) (int64, bool, erro
 	if !c.settled() {
 		return 0, true, nil // an old worker may still take a connection
 	}
+	c.confirm(cs.Sequence)
 	return cs.Sequence, true, nil
 }
 
@@ -449,6 +450,9 @@ func (s *Supervisor) monitor(ctx context.Context) {
 			cancel()
 			if err != nil || cs == nil {
 				continue
+			}
+			if c.settled() {
+				c.confirm(cs.Sequence)
 			}
 			c.reconcileDrained(ctx, cs.Drained)
 			c.mu.Lock()

@@ -309,10 +309,44 @@ func newBodyOrigin(t *testing.T) *httptest.Server {
 // under max_size when it last looked: 200 objects of 1 MiB fetched 8 at a
 // time held about 150 MiB against a budget of 8 MiB (issue 39).
 func TestCacheHoldsItsBudget(t *testing.T) {
-	const budget, size, objects, parallel = 128 << 20, 1 << 20, 400, 8
+	const budget = 128 << 20
+	h := fillCache(t, budget, 1<<20, 400, 8)
+	// The agent reports what it measured, and that it woke the manager.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		d := h.slot("cell-01").Disk
+		if d == nil || d.Cache.Budget != budget || d.Cache.Bytes < budget/2 || d.Cache.Bytes > budget || d.CacheWakes == 0 {
+			return fmt.Errorf("agent's disk use %+v, want the cache between %d and %d bytes, woken", d, budget/2, budget)
+		}
+		return nil
+	})
+}
+
+// A small budget holds too, where the fill of one agent's look (every
+// 100 ms, at 25 MiB/s) is more than a tenth of it: the cell stores an
+// answer only while the cache has room for it, and serves the rest
+// without storing them (cache.full).
+func TestSmallCacheHoldsItsBudget(t *testing.T) {
+	const budget = 8 << 20
+	h := fillCache(t, budget, 256<<10, 400, 8)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cs, err := privateClient(t, h, "cell-01", nil).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs.Cache.Full == 0 || cs.Cache.Miss != 400 {
+		t.Errorf("cell's cache counts %+v: want all 400 fetched, some not stored (full)", cs.Cache)
+	}
+}
+
+// fillCache fetches objects distinct cacheable objects of size bytes,
+// parallel at a time, through a cell whose cache budget is budget, and
+// checks the cache held at most a tenth over it at any instant and at
+// least half of it (it filled).
+func fillCache(t *testing.T, budget, size int64, objects, parallel int) *harness {
 	body := make([]byte, size)
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 		w.Write(body)
 	}))
 	t.Cleanup(origin.Close)
@@ -347,7 +381,7 @@ func TestCacheHoldsItsBudget(t *testing.T) {
 	}
 	peak := w.peak.Load()
 	t.Logf("%d objects of %d bytes in %s (%.0f MiB/s); the cache held at most %d bytes, budget %d",
-		objects, size, took, float64(objects*size)/took.Seconds()/(1<<20), peak, budget)
+		objects, size, took, float64(int64(objects)*size)/took.Seconds()/(1<<20), peak, budget)
 	if peak > budget*11/10 {
 		t.Errorf("the cache held %d bytes at once, budget %d", peak, budget)
 	}
@@ -355,14 +389,7 @@ func TestCacheHoldsItsBudget(t *testing.T) {
 	if peak < budget/2 {
 		t.Errorf("the cache held at most %d bytes: the fetches did not fill it", peak)
 	}
-	// The agent reports what it measured, and that it woke the manager.
-	testutil.Eventually(t, 10*time.Second, func() error {
-		d := h.slot("cell-01").Disk
-		if d == nil || d.Cache.Budget != budget || d.Cache.Bytes < budget/2 || d.Cache.Bytes > budget || d.CacheWakes == 0 {
-			return fmt.Errorf("agent's disk use %+v, want the cache between %d and %d bytes, woken", d, budget/2, budget)
-		}
-		return nil
-	})
+	return h
 }
 
 // A chunked body, whose length nginx learns only at its end, holds the

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"cellvisor/internal/atomicfile"
 	"cellvisor/internal/sysfile"
 	"cellvisor/runtime"
 )
@@ -154,6 +155,14 @@ func (c *slot) measureDisk() int {
 	c.disk.mu.Lock()
 	c.disk.use, c.disk.cacheBefore = use, use.Cache.Bytes
 	c.disk.mu.Unlock()
+	if o.CacheBudget > 0 && pid != 0 {
+		// The cell stores an answer only while this and what it stored
+		// since leave room in the budget (the Lua's cache_room).
+		line := fmt.Appendf(nil, "%d %d\n", use.Cache.Bytes, use.MeasuredAt.UnixMilli())
+		if err := atomicfile.Replace(c.spec.CacheUseFile(), line, 0o644); err != nil {
+			c.log.Debug("write the cache's use for the cell", zap.Error(err))
+		}
+	}
 	if wake {
 		if err := c.wakeCacheManager(pid); err != nil {
 			c.log.Debug("wake the cache manager", zap.Error(err))

@@ -31,6 +31,11 @@ type LivenessPolicy struct {
 	// normal path (stop, the group killed, a restart counted and backed off
 	// like a crash); zero means 6. At least FailureThreshold.
 	RestartThreshold int
+	// BehindGrace is how long a running cell may serve an older release
+	// than its switched one (a load or reload taking effect) before it is
+	// degraded and reloaded again; zero means 10s. BehindRestart is how
+	// long after that it is restarted; zero means 30s (behind.go).
+	BehindGrace, BehindRestart time.Duration
 }
 
 func (p LivenessPolicy) withDefaults() LivenessPolicy {
@@ -47,6 +52,12 @@ func (p LivenessPolicy) withDefaults() LivenessPolicy {
 		p.RestartThreshold = 6
 	}
 	p.RestartThreshold = max(p.RestartThreshold, p.FailureThreshold)
+	if p.BehindGrace == 0 {
+		p.BehindGrace = 10 * time.Second
+	}
+	if p.BehindRestart == 0 {
+		p.BehindRestart = 30 * time.Second
+	}
 	return p
 }
 

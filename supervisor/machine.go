@@ -28,12 +28,15 @@ const (
 	evAssigned                  // an unassigned slot was assigned to a pool
 	evUnassign                  // the slot's assignment was withdrawn
 	evAwaitFirst                // the assigned slot has never had a release, and a manifest source is to deliver one
+	evBehind                    // the running cell serves an older release than its switched one past the grace
+	evCaughtUp                  // a cell that was behind serves its switched release
+	evStale                     // a cell stayed behind past the restart bound
 
 	numEvents // not an event: how many there are
 )
 
 var eventNames = [...]string{"unassigned", "refused", "no release", "released", "start failed", "ready",
-	"probe timeout", "exit", "restart", "restarted", "drain", "undrain", "stop", "unresponsive", "responsive", "hung", "assigned", "unassign", "await first release"}
+	"probe timeout", "exit", "restart", "restarted", "drain", "undrain", "stop", "unresponsive", "responsive", "hung", "assigned", "unassign", "await first release", "behind", "caught up", "stale"}
 
 func (e event) String() string { return eventNames[e] }
 
@@ -104,7 +107,21 @@ func next(f facts, ev event) (State, action) {
 			return StateDrained, actNone
 		}
 		return StateReady, actNone
-	case evHung:
+	case evBehind:
+		// It serves, but not what it was given: not ready for it.
+		if f.running {
+			return StateDegraded, actNone
+		}
+		return f.state, actNone
+	case evCaughtUp:
+		if !f.running {
+			return f.state, actNone
+		}
+		if f.drained {
+			return StateDrained, actNone
+		}
+		return StateReady, actNone
+	case evHung, evStale:
 		// Like a probe timeout: stop it; its exit restarts it, counted
 		// and backed off like a crash.
 		if f.running {

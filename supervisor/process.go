@@ -107,6 +107,7 @@ func (c *slot) start() (*proc, error) {
 	}()
 	c.mu.Lock()
 	c.pid, c.answered = p.pid, false
+	c.served, c.behind = 0, behindState{} // a new master: what it serves is asked once it answers
 	c.mu.Unlock()
 	c.startedBin()
 	c.log.Debug("cell started", zap.Int("pid", p.pid), zap.Bool("standby", spared), zap.Duration("took", time.Since(t0)))
@@ -298,7 +299,7 @@ func (c *slot) stop(p *proc, grace time.Duration) {
 	<-p.done // the master is dead or was SIGKILLed: Wait returns, or its pidfd is readable
 	c.removeRecord()
 	c.mu.Lock()
-	c.pid = 0
+	c.pid, c.served, c.behind = 0, 0, behindState{}
 	c.mu.Unlock()
 }
 
@@ -318,7 +319,7 @@ func (c *slot) afterExit(p *proc, forced string) {
 		why += ": " + detail
 	}
 	c.mu.Lock()
-	c.pid = 0
+	c.pid, c.served, c.behind = 0, 0, behindState{}
 	c.lastExit = "exited: " + why
 	c.mu.Unlock()
 	c.log.Warn("cell exited", zap.String("why", why), zap.Int("pid", p.pid))

@@ -26,6 +26,15 @@ func (c *slot) onReady() {
 			c.log.Warn("private socket", zap.Error(err))
 		}
 	}
+	c.mu.Lock()
+	if !c.reloadPending && c.served == 0 {
+		// A master that answers serves the release it read at its start:
+		// the switched one, unless a switch came while it was starting
+		// (then a reload is pending, and what it serves is asked later:
+		// checkBehind).
+		c.served = c.seq
+	}
+	c.mu.Unlock()
 	c.on(evReady, "")
 	c.firstOutcome()
 	c.mu.Lock()

@@ -48,7 +48,7 @@ func (c *slot) run(ctx context.Context) {
 	for ctx.Err() == nil {
 		if pool := c.poolName(); pool == "" {
 			c.mu.Lock()
-			c.seq = 0
+			c.switchToLocked(0)
 			c.mu.Unlock()
 			c.on(evUnassigned, "unassigned")
 			c.firstOutcome()
@@ -148,7 +148,7 @@ func (c *slot) awaitRelease(ctx context.Context) bool {
 		meta, err := runtime.Current(c.spec)
 		if err == nil {
 			c.mu.Lock()
-			c.seq = meta.Sequence
+			c.switchToLocked(meta.Sequence)
 			c.mu.Unlock()
 			return true
 		}
@@ -286,7 +286,11 @@ func (c *slot) supervise(ctx context.Context, p *proc, pending **restartReq) out
 			spareDue = nil
 			c.makeSpare()
 		case err := <-live:
-			if why := c.onLiveness(err); why != "" {
+			why := c.onLiveness(err)
+			if why == "" {
+				why = c.checkBehind(ctx)
+			}
+			if why != "" {
 				stopLive()
 				live = nil
 				c.stop(p, time.Second) // it is not serving: no grace to wait out

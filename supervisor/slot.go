@@ -40,7 +40,15 @@ type slot struct {
 	restarts   int
 	lastExit   string
 	readySince time.Time
+	// seq is the switched release's sequence, the one the cell is to
+	// serve; switchedAt when it last changed. served is the sequence the
+	// running cell itself last reported serving (0: not known yet), and
+	// behind when it was first found serving an older one past the grace
+	// (behind.go), zero while it is not.
 	seq        int64
+	switchedAt time.Time
+	served     int64
+	behind     behindState
 	drained    bool
 	opRestarts []time.Time // accepted operator restarts, for the rate limit
 	// opRestartsTotal counts accepted operator restarts; restarts counts
@@ -189,7 +197,8 @@ func (c *slot) status() SlotStatus {
 		Restarts:         c.restarts,
 		OperatorRestarts: c.opRestartsTotal,
 		LastExit:         c.lastExit,
-		Sequence:         c.seq,
+		Sequence:         c.served,
+		CurrentSequence:  c.seq,
 		Drained:          c.drained,
 		Reloads:          c.reloads,
 	}

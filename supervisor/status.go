@@ -57,8 +57,14 @@ type SlotStatus struct {
 	Liveness   *LivenessStatus `json:"liveness,omitempty"`
 	LastExit   string          `json:"last_exit,omitempty"`
 	ReadySince *time.Time      `json:"ready_since,omitempty"`
-	Sequence   int64           `json:"sequence"`
-	Drained    bool            `json:"drained"`
+	// Sequence is the release sequence the running cell reports serving
+	// (0 until it has: stopped, or just started); CurrentSequence the one
+	// switched in for it. They differ while a load or reload is taking
+	// effect, and for a cell that did not take its release (its state then
+	// says so: behind.go).
+	Sequence        int64 `json:"sequence"`
+	CurrentSequence int64 `json:"current_sequence"`
+	Drained         bool  `json:"drained"`
 	// Applied is how the cell took its last switched release: loaded as
 	// data, reloaded (and why), or started.
 	Applied *Applied `json:"applied,omitempty"`

@@ -385,7 +385,7 @@ func (c *slot) stopHeld(p *proc, grace time.Duration) {
 	<-p.done
 	c.removeRecord()
 	c.mu.Lock()
-	c.pid = 0
+	c.pid, c.served, c.behind = 0, 0, behindState{}
 	c.mu.Unlock()
 }
 

@@ -44,6 +44,9 @@ local state = { id = "", sequence = 0, shape = "", hosts = {}, certs = {} }
 -- data file.
 local conf_id, conf_shape, releases_dir = "", "", ""
 local max_data = 64 * 1024 * 1024
+-- cache_budget is limits.cache, cache_used_file where the agent writes the
+-- cache's use (cache_room, below).
+local cache_budget, cache_used_file = 0, nil
 local MAX_META = 1024 * 1024
 
 -- A request is accepted only within auth_window seconds of its timestamp
@@ -196,6 +199,7 @@ function _M.init(opts)
     _M.expose_cell = opts.expose_cell == true
     _M.limits = opts.limits or _M.limits
     max_data = tonumber(opts.max_data) or max_data
+    cache_budget, cache_used_file = tonumber(opts.cache_budget) or 0, opts.cache_used_file
     local secret, err = cvfile.read(opts.secret_file, 4096, "the cell secret")
     if not secret or #secret < 32 then
         error("cellvisor: read cell secret " .. tostring(opts.secret_file) .. ": " .. tostring(err or "too short"))
@@ -375,6 +379,60 @@ end
 
 local cache_check
 
+-- The cache's budget (limits.cache) holds on disk at any instant: nginx's
+-- manager keeps the cache to three quarters of it, but looks only now and
+-- then, while a cell fills at tens of MiB a second. So a fresh answer is
+-- stored only while the cache has room for it: what the agent last
+-- measured the cache to hold (written to cache_used_file at each of its
+-- looks, "BYTES UNIX_MS") plus what this cell stored since (an answer's
+-- Content-Length; one without counts a sixteenth of the budget), within
+-- nine tenths of the budget. Past it the answer is served, not stored, and
+-- counted (cache.full). With no measure yet (an agent that writes none),
+-- nginx's manager alone keeps the budget.
+local used_bytes, used_at, used_read = 0, 0, 0
+-- stored_at and stored_len are the answers stored since a second before
+-- the last measure (one being written then may not be in it), stored_sum
+-- their lengths.
+local stored_at, stored_len, stored_sum = {}, {}, 0
+
+local function read_cache_use(now)
+    used_read = now
+    local data = cvfile.read(cache_used_file, 64, "cache use")
+    local b, ms = string.match(data or "", "^(%d+) (%d+)")
+    if not b then return end
+    local at = tonumber(ms) / 1000
+    if at == used_at then return end
+    used_bytes, used_at = tonumber(b), at
+    local keep_at, keep_len, sum = {}, {}, 0
+    for i = 1, #stored_at do
+        if stored_at[i] >= at - 1 then
+            keep_at[#keep_at + 1], keep_len[#keep_len + 1] = stored_at[i], stored_len[i]
+            sum = sum + stored_len[i]
+        end
+    end
+    stored_at, stored_len, stored_sum = keep_at, keep_len, sum
+end
+
+-- cache_room tells whether an answer of len bytes may be stored, and
+-- counts it as stored when so.
+local function cache_room(len)
+    if cache_budget <= 0 or not cache_used_file then return true end
+    local now = ngx.now()
+    if now - used_read >= 0.05 then read_cache_use(now) end
+    if used_at == 0 then return true end
+    len = len or cache_budget / 16
+    if used_bytes + stored_sum + len > cache_budget * 0.9 then return false end
+    stored_at[#stored_at + 1], stored_len[#stored_len + 1] = now, len
+    stored_sum = stored_sum + len
+    return true
+end
+
+-- stored_now are the cache statuses of an answer fetched and, unless kept
+-- out, stored; stored_statuses the statuses the cached location keeps
+-- (proxy_cache_valid in nginx.conf).
+local stored_now = { MISS = true, EXPIRED = true, BYPASS = true }
+local stored_statuses = { [200] = true, [301] = true, [404] = true }
+
 -- headers runs in every answer's header filter: it clears what would name
 -- the server to the public (nginx's Server header: server_tokens off still
 -- sends "nginx"), and on a cached route keeps out of the cache an answer
@@ -392,17 +450,24 @@ function _M.headers()
 end
 
 function cache_check()
+    local v = ngx.var
     local cc = ngx.header["Cache-Control"] -- every line, as a table if several
     if type(cc) == "table" then
         cc = table.concat(cc, ",")
     end
-    if type(cc) ~= "string" then
-        return
+    if type(cc) == "string" then
+        cc = string.lower(cc)
+        if string.find(cc, "private", 1, true) or string.find(cc, "no-store", 1, true)
+            or string.find(cc, "no-cache", 1, true) then
+            v.cv_private = "1"
+            return
+        end
     end
-    cc = string.lower(cc)
-    if string.find(cc, "private", 1, true) or string.find(cc, "no-store", 1, true)
-        or string.find(cc, "no-cache", 1, true) then
-        ngx.var.cv_private = "1"
+    if stored_now[v.upstream_cache_status] and stored_statuses[ngx.status] and v.cv_no_store == ""
+        and not v.http_authorization and (v.cv_cookie or "") == ""
+        and not cache_room(tonumber(ngx.header["Content-Length"])) then
+        v.cv_full = "1"
+        dict:incr("cache:full", 1, 0)
     end
 end
 
@@ -661,9 +726,6 @@ local function cache_key(scheme, host, path, args)
     return ngx.md5_bin(scheme .. host .. path)
 end
 
--- stored_statuses are the statuses the cached location keeps
--- (proxy_cache_valid in nginx.conf).
-local stored_statuses = { [200] = true, [301] = true, [404] = true }
 
 -- note_fill records, in the log phase of a cached route, that the cache
 -- stored a fresh answer now (fetched, not served from the cache, of a
@@ -674,7 +736,7 @@ local function note_fill(cs)
     local v = ngx.var
     local ttl = tonumber(v.cv_ttl)
     if not fills or not ttl or ttl <= 0 then return end
-    if not stored_statuses[ngx.status] or v.cv_no_store ~= "" or v.cv_private ~= ""
+    if not stored_statuses[ngx.status] or v.cv_no_store ~= "" or v.cv_private ~= "" or v.cv_full ~= ""
         or v.http_authorization or (v.cv_cookie or "") ~= "" then
         return
     end
@@ -1140,6 +1202,7 @@ local function status_doc()
             stale = dict:get("cache:stale") or 0,
             updating = dict:get("cache:updating") or 0,
             revalidated = dict:get("cache:revalidated") or 0,
+            full = dict:get("cache:full") or 0,
         },
         origins = origins(),
         origin_servers = origin_servers(),
