@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"sort"
 
@@ -50,7 +51,7 @@ type servedCell struct {
 func (s *Server) servedCells(ctx context.Context, domain string) ([]servedCell, error) {
 	ps, err := s.st.Placements(ctx, domain)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("placements of %s: %w", domain, err)
 	}
 	spans, err := s.st.DomainSpans(ctx, domain)
 	if err != nil {
@@ -67,7 +68,7 @@ func (s *Server) servedCells(ctx context.Context, domain string) ([]servedCell, 
 				continue // deleted since, its placements with it
 			}
 			if err != nil {
-				return nil, err
+				return nil, fmt.Errorf("cells of %s: %w", domain, err)
 			}
 			edges[p.EdgeID], reports[p.EdgeID] = e, cellReports(e.Status)
 		}
