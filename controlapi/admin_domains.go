@@ -47,12 +47,15 @@ func (s *Server) showDomain(w http.ResponseWriter, r *http.Request) error {
 		return errorf(http.StatusNotFound, "domain %s was deleted", d.Name)
 	}
 	v := domainView(d)
-	ps, err := s.st.Placements(r.Context(), d.Name)
+	cells, err := s.servedCells(r.Context(), d.Name)
 	if err != nil {
 		return err
 	}
-	for _, p := range ps {
-		v.Placements = append(v.Placements, adminapi.PlacementView{EdgeID: p.EdgeID, Cell: p.Cell, Pool: p.Pool, Role: p.Role})
+	for _, c := range cells {
+		v.Placements = append(v.Placements, adminapi.PlacementView{EdgeID: c.EdgeID, Cell: c.Cell, Pool: c.Pool, Role: c.Role})
+	}
+	if len(cells) > 0 {
+		v.Cells = domainCells(cells, d.Revision)
 	}
 	if merr == nil {
 		v.Move = moveView(m)

@@ -2,11 +2,9 @@ package controlapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
 	"time"
 
 	"go.uber.org/zap"
@@ -14,7 +12,6 @@ import (
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/store"
 	"cellvisor/domain"
-	"cellvisor/edgeapi"
 )
 
 func poolView(p store.Pool) adminapi.PoolView {
@@ -256,69 +253,4 @@ func (s *Server) cancelMove(w http.ResponseWriter, r *http.Request) error {
 	s.log.Info("move cancelled", zap.String("domain", name), zap.String("to", m.To))
 	writeJSON(w, http.StatusOK, moveView(m))
 	return nil
-}
-
-// routing is the stand-in for DNS: the active cells of a domain that their
-// edge last reported ready, with the address and port a resolver would
-// hand out.
-func (s *Server) routing(w http.ResponseWriter, r *http.Request) error {
-	name := r.PathValue("name")
-	d, err := s.st.Domain(r.Context(), name)
-	if err != nil {
-		return err
-	}
-	if d.Deleted {
-		return errorf(http.StatusNotFound, "domain %s was deleted", name)
-	}
-	ps, err := s.st.Placements(r.Context(), name)
-	if err != nil {
-		return err
-	}
-	v := adminapi.RoutingView{Domain: name, Pool: d.Pool, Routes: []adminapi.Route{}}
-	edges := map[string]store.Edge{}
-	for _, p := range ps {
-		if p.Role != store.RoleActive {
-			continue
-		}
-		e, ok := edges[p.EdgeID]
-		if !ok {
-			if e, err = s.st.Edge(r.Context(), p.EdgeID); err != nil {
-				return err
-			}
-			edges[p.EdgeID] = e
-		}
-		port, state := cellReport(e.Status, p.Cell)
-		if state != "ready" {
-			// Only what serves: a cell the edge reports degraded (a crash
-			// backoff), drained, stopped, or has not reported at all,
-			// would fail the requests a resolver sent it.
-			continue
-		}
-		rt := adminapi.Route{EdgeID: e.ID, EdgeName: e.Name, Cell: p.Cell, Address: e.MgmtIPv4, Port: port}
-		if rt.Address == "" {
-			rt.Address = e.MgmtIPv6
-		}
-		v.Routes = append(v.Routes, rt)
-	}
-	sort.Slice(v.Routes, func(i, j int) bool {
-		a, b := v.Routes[i], v.Routes[j]
-		return a.EdgeName+"/"+a.Cell < b.EdgeName+"/"+b.Cell
-	})
-	writeJSON(w, http.StatusOK, v)
-	return nil
-}
-
-// cellReport is a cell's HTTP port and state from an edge's status report
-// (0 and "" where it has none).
-func cellReport(status []byte, cell string) (port int, state string) {
-	var sum edgeapi.Summary
-	if json.Unmarshal(status, &sum) != nil {
-		return 0, ""
-	}
-	for _, c := range sum.Slots {
-		if c.Name == cell {
-			return c.HTTPPort, c.State
-		}
-	}
-	return 0, ""
 }

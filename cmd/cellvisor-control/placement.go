@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -213,21 +215,49 @@ func (c *app) domainShow() *cobra.Command {
 		Args:  cli.ExactArgs(1),
 	}, func(ctx context.Context, ac *adminapi.Client, args []string) (adminapi.DomainView, error) {
 		return ac.Domain(ctx, args[0])
-	}, func(w io.Writer, d adminapi.DomainView, now time.Time) error {
-		fmt.Fprintf(w, "domain %s: pool %s, revision %d (%d bytes, sha256 %s), updated %s\n", d.Name, d.Pool, d.Revision, d.Size, d.SHA256, age(&d.UpdatedAt, now))
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		if len(d.Placements) > 0 {
-			fmt.Fprintln(tw, "EDGE\tCELL\tPOOL\tROLE")
-			for _, p := range d.Placements {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.EdgeID, p.Cell, p.Pool, p.Role)
-			}
-			tw.Flush()
+	}, printDomain)
+}
+
+// printDomain is domain show's human-readable output: the domain, its
+// cells with the revision each serves, and its latest move.
+func printDomain(w io.Writer, d adminapi.DomainView, now time.Time) error {
+	fmt.Fprintf(w, "domain %s: pool %s, revision %d (%d bytes, sha256 %s), updated %s\n", d.Name, d.Pool, d.Revision, d.Size, d.SHA256, age(&d.UpdatedAt, now))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	switch {
+	case len(d.Cells) > 0:
+		fmt.Fprintln(tw, "EDGE\tCELL\tPOOL\tROLE\tSTATE\tREVISION\tCURRENT")
+		for _, c := range d.Cells {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cmp.Or(c.EdgeName, c.EdgeID), c.Cell, c.Pool, c.Role,
+				cli.Printable(cmp.Or(c.State, "unreported")), servedRevision(c.Revision), yesNo(c.Current))
 		}
-		if d.Move != nil {
-			printMove(w, *d.Move)
+	case len(d.Placements) > 0: // a control API from before cells
+		fmt.Fprintln(tw, "EDGE\tCELL\tPOOL\tROLE")
+		for _, p := range d.Placements {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", p.EdgeID, p.Cell, p.Pool, p.Role)
 		}
-		return nil
-	})
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if d.Move != nil {
+		printMove(w, *d.Move)
+	}
+	return nil
+}
+
+// servedRevision is a cell's applied revision, "none" for 0.
+func servedRevision(rev int64) string {
+	if rev == 0 {
+		return "none"
+	}
+	return strconv.FormatInt(rev, 10)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
 }
 
 func printMove(w io.Writer, m adminapi.MoveView) {
@@ -273,11 +303,15 @@ func (c *app) domainRouting() *cobra.Command {
 	return listCmd(c, &cobra.Command{
 		Use:   "routing NAME",
 		Short: "what DNS would publish for a domain: its active cells' addresses and ports",
-		Args:  cli.ExactArgs(1),
+		Long: `What DNS would publish for a domain: its active cells that their edge reported ready and
+that serve its current revision, with their addresses and ports. While none serves the
+current revision yet (a publish on its way), the ready active cells that serve an earlier
+one; never a cell that serves no revision of the domain.`,
+		Args: cli.ExactArgs(1),
 	}, func(ctx context.Context, ac *adminapi.Client, args []string) ([]adminapi.Route, error) {
 		v, err := ac.Routing(ctx, args[0])
 		return v.Routes, err
-	}, "EDGE\tCELL\tADDRESS", func(r adminapi.Route, _ time.Time) string {
-		return fmt.Sprintf("%s\t%s\t%s", r.EdgeName, r.Cell, r.HostPort())
+	}, "EDGE\tCELL\tADDRESS\tREVISION", func(r adminapi.Route, _ time.Time) string {
+		return fmt.Sprintf("%s\t%s\t%s\t%d", r.EdgeName, r.Cell, r.HostPort(), r.Revision)
 	})
 }

@@ -5,9 +5,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"cellvisor/controlapi/adminapi"
 )
@@ -55,6 +57,21 @@ func TestPlacementCommands(t *testing.T) {
 	if roles["cell-01"] != "active" || roles["cell-03"] != "target" || roles["cell-04"] != "target" || d.Move == nil {
 		t.Errorf("domain show during the move: %+v", d)
 	}
+	// The edge never reported: no cell serves a revision of the domain.
+	var cells []string
+	for _, c := range d.Cells {
+		cells = append(cells, c.EdgeName+"/"+c.Cell+" "+c.Role)
+		if c.State != "" || c.Revision != 0 || c.Current {
+			t.Errorf("domain show: %+v of an edge that never reported", c)
+		}
+	}
+	if want := []string{"fra-1/cell-01 active", "fra-1/cell-03 target", "fra-1/cell-04 target"}; !slices.Equal(cells, want) {
+		t.Errorf("domain show's cells %v, want %v", cells, want)
+	}
+	text := mustCtl(t, ep, "domain", "show", "shop.example.test")
+	if !regexp.MustCompile(`(?m)^fra-1 +cell-03 +reserved-eu +target +unreported +none +no$`).MatchString(text) {
+		t.Errorf("domain show lacks cell-03's line:\n%s", text)
+	}
 	// Routing never publishes the target (nothing acknowledged it), nor the
 	// source here: the edge never reported its cells ready.
 	if out := mustCtl(t, ep, "domain", "routing", "shop.example.test", "-o", "json"); strings.TrimSpace(out) != "[]" {
@@ -67,7 +84,7 @@ func TestPlacementCommands(t *testing.T) {
 	if out := mustCtl(t, ep, "domain", "move", "shop.example.test", "--cancel"); !strings.Contains(out, "cancelled") {
 		t.Errorf("move --cancel printed %q", out)
 	}
-	text := mustCtl(t, ep, "domain", "show", "shop.example.test")
+	text = mustCtl(t, ep, "domain", "show", "shop.example.test")
 	for _, step := range []string{"started", "placed", "delivering", "cancelled"} {
 		if !strings.Contains(text, step) {
 			t.Errorf("domain show lacks the step %q:\n%s", step, text)
@@ -91,5 +108,28 @@ func wantRefused(t *testing.T, err error, status int, why string) {
 	}
 	if ae.Status != status || !strings.Contains(ae.Message, why) {
 		t.Errorf("error %q (HTTP %d): want HTTP %d saying %q", ae.Message, ae.Status, status, why)
+	}
+}
+
+func TestPrintDomainCells(t *testing.T) {
+	now := time.Now()
+	d := adminapi.DomainView{Name: "shop.example.test", Pool: "shared-default", Revision: 3, UpdatedAt: now, Cells: []adminapi.DomainCell{
+		{EdgeID: "e1", EdgeName: "fra-1", Cell: "cell-01", Pool: "shared-default", Role: "active", State: "ready", Sequence: 9, Revision: 3, Current: true},
+		{EdgeID: "e2", EdgeName: "fra-2", Cell: "cell-01", Pool: "shared-default", Role: "active", State: "degraded", Sequence: 7, Revision: 2},
+		{EdgeID: "e3", Cell: "cell-02", Pool: "shared-default", Role: "leaving"},
+	}}
+	var out strings.Builder
+	if err := printDomain(&out, d, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{
+		`EDGE +CELL +POOL +ROLE +STATE +REVISION +CURRENT`,
+		`fra-1 +cell-01 +shared-default +active +ready +3 +yes`,
+		`fra-2 +cell-01 +shared-default +active +degraded +2 +no`,
+		`e3 +cell-02 +shared-default +leaving +unreported +none +no`,
+	} {
+		if !regexp.MustCompile(`(?m)^` + line + `$`).MatchString(out.String()) {
+			t.Errorf("domain show lacks a line %q:\n%s", line, out.String())
+		}
 	}
 }

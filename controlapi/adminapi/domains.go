@@ -44,7 +44,9 @@ type PlacementView struct {
 	Role string `json:"role"`
 }
 
-// RoutingView is what DNS would publish for a domain: its active cells.
+// RoutingView is what DNS would publish for a domain: its active cells
+// that are ready and serve its current revision; while none does yet (a
+// publish on its way), those that are ready and serve an earlier one.
 type RoutingView struct {
 	Domain string  `json:"domain"`
 	Pool   string  `json:"pool"`
@@ -61,6 +63,9 @@ type Route struct {
 	Cell     string `json:"cell"`
 	Address  string `json:"address,omitempty"`
 	Port     int    `json:"port"`
+	// Revision is the domain's revision the cell serves: the current one
+	// but while no active cell serves it yet.
+	Revision int64 `json:"revision"`
 }
 
 // HostPort joins a route's address and port.
@@ -84,7 +89,32 @@ type DomainView struct {
 	Size       int64           `json:"size"`
 	UpdatedAt  time.Time       `json:"updated_at"`
 	Placements []PlacementView `json:"placements,omitempty"`
-	Move       *MoveView       `json:"move,omitempty"`
+	// Cells are the domain's cells (its placements) with what each serves,
+	// by the edge's last status report.
+	Cells []DomainCell `json:"cells,omitempty"`
+	Move  *MoveView    `json:"move,omitempty"`
+}
+
+// DomainCell is one cell of a domain on an edge, as the edge last reported
+// it: its state and the domain's revision it serves.
+type DomainCell struct {
+	EdgeID   string `json:"edge_id"`
+	EdgeName string `json:"edge_name"`
+	Cell     string `json:"cell"`
+	Pool     string `json:"pool"`
+	// Role is the placement's: active, target or leaving.
+	Role string `json:"role"`
+	// State is the cell's state in the edge's last status report ("" when
+	// the report has none).
+	State string `json:"state"`
+	// Sequence is the edge's manifest sequence the cell confirmed it
+	// serves (0: none).
+	Sequence int64 `json:"sequence"`
+	// Revision is the domain's revision that sequence gives the cell: 0
+	// when none (not applied yet, or a sequence too old to tell).
+	Revision int64 `json:"revision"`
+	// Current is whether Revision is the domain's current revision.
+	Current bool `json:"current"`
 }
 
 // PublishedView is the outcome of publishing or deleting a domain.
