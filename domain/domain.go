@@ -8,7 +8,9 @@ package domain
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -88,6 +90,12 @@ type Origin struct {
 	// SNI is the name sent in the TLS handshake and verified; "" means the
 	// URL's host (none for an IP address).
 	SNI string `json:"sni,omitempty"`
+	// CA, for an https origin, is a PEM bundle of the certificates its
+	// certificate is verified against instead of the cells' CA bundle
+	// (openresty.origin_ca_file): a private CA, or a self-signed origin's
+	// own certificate. At most MaxOriginCA bytes and MaxOriginCACerts
+	// certificates.
+	CA string `json:"ca,omitempty"`
 	// Timeouts bound the exchange with the origin; zero fields take the
 	// defaults (connect 5 s, send and read 60 s).
 	Timeouts *OriginTimeouts `json:"timeouts,omitempty"`
@@ -442,13 +450,57 @@ func validDNSName(h string) bool {
 }
 
 // validateTLS checks an origin's TLS settings: only for https, an SNI
-// that is a DNS name.
+// that is a DNS name, a CA bundle of certificates for a verified origin.
 func (o Origin) validateTLS(scheme string) error {
-	if scheme != "https" && (o.TLSVerify != nil || o.SNI != "") {
-		return fmt.Errorf("tls_verify and sni are for https origins")
+	if scheme != "https" && (o.TLSVerify != nil || o.SNI != "" || o.CA != "") {
+		return fmt.Errorf("tls_verify, sni and ca are for https origins")
 	}
 	if o.SNI != "" && !validDNSName(o.SNI) {
 		return fmt.Errorf("sni %q must be a DNS name (labels of a-z 0-9 -)", o.SNI)
+	}
+	if o.CA == "" {
+		return nil
+	}
+	if !o.Verified() {
+		return fmt.Errorf("ca: an origin with tls_verify false verifies nothing; drop one of them")
+	}
+	return validCABundle(o.CA)
+}
+
+// Bounds of an origin's CA bundle.
+const (
+	MaxOriginCA      = 64 << 10
+	MaxOriginCACerts = 100
+)
+
+// validCABundle checks a CA bundle: PEM CERTIFICATE blocks, each a
+// certificate Go parses, and no text after the last.
+func validCABundle(bundle string) error {
+	if len(bundle) > MaxOriginCA {
+		return fmt.Errorf("ca: %d bytes, at most %d", len(bundle), MaxOriginCA)
+	}
+	rest, n := []byte(bundle), 0
+	for {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		n++
+		if b.Type != "CERTIFICATE" {
+			return fmt.Errorf("ca: block %d is a %q, want only CERTIFICATE blocks", n, b.Type)
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			return fmt.Errorf("ca: certificate %d: %v", n, err)
+		}
+	}
+	switch {
+	case n == 0:
+		return errors.New("ca: no PEM certificate in it")
+	case n > MaxOriginCACerts:
+		return fmt.Errorf("ca: %d certificates, at most %d", n, MaxOriginCACerts)
+	case strings.TrimSpace(string(rest)) != "":
+		return errors.New("ca: holds text that is not a PEM certificate")
 	}
 	return nil
 }

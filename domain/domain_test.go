@@ -1,11 +1,21 @@
 package domain
 
 import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"strings"
 	"testing"
+	"time"
 
 	"cellvisor/internal/testcert"
 )
@@ -166,6 +176,14 @@ func TestOriginAndOptionRefusals(t *testing.T) {
 		"cookie name with =":    {strings.Replace(goodDomain, `"revision":3`, `"revision":3,"cache":{"ttl_seconds":60,"ignore_cookies":["a=b"]}`, 1), "is not a cookie name"},
 		"33 cookies to ignore":  {strings.Replace(goodDomain, `"revision":3`, `"revision":3,"cache":{"ttl_seconds":60,"ignore_cookies":[`+manyCookies(33)+`]}`, 1), "at most 32"},
 		"an unknown option key": {strings.Replace(goodDomain, `"revision":3`, `"revision":3,"trust_proxies":true`, 1), "unknown field"},
+		"ca on http":            {origin(`{"name":"app","url":"http://127.0.0.1:9000","ca":` + caJSON + `}`), "for https origins"},
+		"ca, no verify":         {origin(`{"name":"app","url":"https://127.0.0.1:9000","tls_verify":false,"ca":` + caJSON + `}`), "verifies nothing"},
+		"ca not PEM":            {origin(`{"name":"app","url":"https://127.0.0.1:9000","ca":"not a certificate"}`), "no PEM certificate"},
+		"ca with a key":         {origin(`{"name":"app","url":"https://127.0.0.1:9000","ca":` + jsonString(pemBlock("PRIVATE KEY", []byte("k"))) + `}`), "want only CERTIFICATE blocks"},
+		"ca not parsed":         {origin(`{"name":"app","url":"https://127.0.0.1:9000","ca":` + jsonString(pemBlock("CERTIFICATE", []byte("not DER"))) + `}`), "certificate 1:"},
+		"ca then text":          {origin(`{"name":"app","url":"https://127.0.0.1:9000","ca":` + jsonString(testCA+"trailing words") + `}`), "not a PEM certificate"},
+		"ca over 64 KiB":        {origin(`{"name":"app","url":"https://127.0.0.1:9000","ca":` + jsonString(strings.Repeat(testCA, MaxOriginCA/len(testCA)+1)) + `}`), "at most 65536"},
+		"ca of 101":             {origin(`{"name":"app","url":"https://127.0.0.1:9000","ca":` + jsonString(strings.Repeat(smallCA, 101)) + `}`), "at most 100"},
 	} {
 		_, err := Decode([]byte(c.doc))
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.rule) {
@@ -174,6 +192,7 @@ func TestOriginAndOptionRefusals(t *testing.T) {
 	}
 	for name, doc := range map[string]string{
 		"16 servers, weights":   origin(`{"name":"app","servers":[` + manyServers(16) + `]}`),
+		"https with its own ca": origin(`{"name":"app","url":"https://127.0.0.1:9000","ca":` + jsonString(strings.Repeat(smallCA, 100)) + `}`),
 		"https, sni, no verify": origin(`{"name":"app","url":"https://[::1]:8443","sni":"origin.example.com","tls_verify":false,"timeouts":{"connect_ms":100,"send_ms":600000,"read_ms":600000}}`),
 		"options":               strings.Replace(goodDomain, `"revision":3`, `"revision":3,"trust_forwarded":true,"case_insensitive":true,"raw_path":true,"cache":{"ttl_seconds":60,"ignore_cookies":["consent","_ga"]}`, 1),
 	} {
@@ -245,4 +264,38 @@ func TestTLSAndHealthCheckRefusals(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
+}
+
+// testCA and smallCA are PEM certificates for origins' CA bundles
+// (self-signed; smallCA's key is an ECDSA one, to make 100 of them fit the
+// bound), caJSON testCA as a JSON string.
+var testCA, smallCA, caJSON = func() (string, string, string) {
+	mk := func(key crypto.Signer) string {
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "origin CA"},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+		if err != nil {
+			panic(err)
+		}
+		return pemBlock("CERTIFICATE", der)
+	}
+	rk, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		panic(err)
+	}
+	ek, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic(err)
+	}
+	ca := mk(rk)
+	return ca, mk(ek), jsonString(ca)
+}()
+
+func pemBlock(typ string, der []byte) string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}))
+}
+
+func jsonString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
 }

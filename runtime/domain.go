@@ -3,6 +3,7 @@ package runtime
 import (
 	"bufio"
 	"bytes"
+	"crypto/md5"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -183,6 +184,34 @@ func (p *PoolRuntime) checksTLS() bool {
 		}
 	}
 	return false
+}
+
+// originCAs are the CA bundles of the pool's verified https origins
+// (domain.Origin.CA), by name: the MD5 of the bundle as the document has
+// it, which the cell's Lua computes the same way (ngx.md5) to find the
+// bundle's location. A name, not a check: MD5 serves here as a digest of
+// data the signed document already carries.
+func (p *PoolRuntime) originCAs() map[string]string {
+	var out map[string]string
+	for _, d := range p.Hosts {
+		for _, o := range d.Origins {
+			if o.CA == "" || !o.Verified() {
+				continue
+			}
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[OriginCAName(o.CA)] = o.CA
+		}
+	}
+	return out
+}
+
+// OriginCAName is the name of an origin's CA bundle in a release
+// (origin-ca/NAME.pem) and of its location in nginx.conf.
+func OriginCAName(bundle string) string {
+	sum := md5.Sum([]byte(bundle))
+	return hex.EncodeToString(sum[:])
 }
 
 func (p *PoolRuntime) caches() bool {

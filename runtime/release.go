@@ -229,6 +229,16 @@ func prepare(p RenderParams, pool *PoolRuntime) (Release, map[string]string, Ren
 		hashes[r.poolFile] = sum
 		p.Cache = pool.caches()
 		p.ChecksTLS = pool.checksTLS()
+		// Each CA bundle is a file of the release and a location of its
+		// configuration: part of the shape (a new one reloads the cells).
+		p.OriginCAs = nil
+		for name, bundle := range pool.originCAs() {
+			f := originCADir + "/" + name + ".pem"
+			r.Files[f] = []byte(bundle)
+			hashes[f] = hashOf([]byte(bundle))
+			p.OriginCAs = append(p.OriginCAs, name)
+		}
+		sort.Strings(p.OriginCAs)
 	}
 	return r, hashes, p, nil
 }

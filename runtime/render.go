@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,6 +38,10 @@ var confTemplate = sync.OnceValue(func() *template.Template {
 		"comment":  commentText,
 		"originLocation": func(verify bool, p RenderParams) map[string]any {
 			return map[string]any{"Verify": verify, "P": p}
+		},
+		// An origin verified against its domain's own CA bundle.
+		"originCALocation": func(name string, p RenderParams) map[string]any {
+			return map[string]any{"Verify": true, "P": p, "CAFile": filepath.Join(p.ReleaseDir, originCADir, name+".pem")}
 		},
 	}).Parse(nginxTmpl))
 })
@@ -140,7 +145,12 @@ type RenderParams struct {
 	// CacheBudgetBytes is limits.cache: the cell stores no answer past
 	// it (the Lua, from the agent's measure in Slot.CacheUseFile).
 	CacheBudgetBytes int64
-	RequestMaxBytes  int64
+	// OriginCAs are the names of the CA bundles of the pool's https
+	// origins that carry their own (origin-ca/NAME.pem in the release;
+	// BuildRelease sets them from the pool runtime): each has a location
+	// that verifies against it.
+	OriginCAs       []string
+	RequestMaxBytes int64
 	// Limits are the slot's pool limits the cell enforces; zero values
 	// mean none.
 	Limits PoolLimits

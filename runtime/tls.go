@@ -15,6 +15,7 @@ import (
 // and the placeholder certificate nginx needs to start an ssl listener.
 const (
 	keysFile        = "tls/keys.json"
+	originCADir     = "origin-ca"
 	placeholderFile = "tls/placeholder.pem"
 )
 

@@ -1,6 +1,7 @@
 package supervisor_test
 
 import (
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/miekg/dns"
 
 	"cellvisor/domain"
+	"cellvisor/internal/testcert"
 	"cellvisor/internal/testutil"
 )
 
@@ -199,6 +201,58 @@ func TestOriginTLSIsVerified(t *testing.T) {
 	st := cellStatus(t, api)
 	if o := st.Origins["wrong.test/app"]; o.Failures != 1 {
 		t.Errorf("the refused origin's failures %+v, want 1", o)
+	}
+}
+
+// An origin with its own CA bundle (ca) is verified against it, not the
+// cells' CA bundle: served where its bundle holds its issuer, refused (502,
+// counted) where the domain carries none or another, each bundle in a
+// location of its own.
+func TestOriginOwnCAIsVerified(t *testing.T) {
+	private, other, cells := testcert.NewCA(t), testcert.NewCA(t), testcert.NewCA(t)
+	chain, key := private.Issue(t, time.Time{}, "origin.test")
+	pair, err := tls.X509KeyPair([]byte(chain), []byte(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	origin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "private origin") }))
+	origin.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	origin.StartTLS()
+	t.Cleanup(origin.Close)
+	caFile := filepath.Join(t.TempDir(), "cells-ca.pem")
+	if err := os.WriteFile(caFile, cells.PEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	withCA := func(name string, ca []byte) domain.Domain {
+		d := tlsDomain(name, origin.URL, "origin.test", nil)
+		d.Origins[0].CA = string(ca)
+		return d
+	}
+	doms := []domain.Domain{
+		withCA("own.test", private.PEM),
+		withCA("own-too.test", private.PEM), // the same bundle: one location
+		tlsDomain("cells.test", origin.URL, "origin.test", nil),
+		withCA("other.test", other.PEM),
+	}
+	h := newHarness(t, harnessOpts{slots: 1, domains: doms, caFile: caFile})
+	port := h.waitReady("cell-01", 0).HTTPPort
+	for host, want := range map[string]int{"own.test": 200, "own-too.test": 200, "cells.test": 502, "other.test": 502} {
+		if code, body, err := getHost(port, host, "/"); err != nil || code != want {
+			t.Errorf("%s: %d %q %v, want %d", host, code, body, err, want)
+		}
+	}
+	st := cellStatus(t, privateClient(t, h, "cell-01", nil))
+	for _, k := range []string{"cells.test/app", "other.test/app"} {
+		if o := st.Origins[k]; o.Failures != 1 {
+			t.Errorf("%s: failures %+v, want 1", k, o)
+		}
+	}
+	conf, err := os.ReadFile(h.slotSpec("cell-01").ConfPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(conf), "location @origin_ca_"); n != 2 {
+		t.Errorf("%d CA bundle locations in nginx.conf, want 2 (one a bundle)", n)
 	}
 }
 

@@ -519,6 +519,9 @@ local function target(o)
         upstream = first.tls and "https://cv_origins_tls" or "http://cv_origins",
         sni = first.tls and (o.sni or (not first.ip and first.host) or "") or "",
         verify = not first.tls or o.tls_verify ~= false,
+        -- An origin with its own CA bundle is verified in that bundle's
+        -- location (named by its MD5, as the release names it).
+        ca = first.tls and o.tls_verify ~= false and type(o.ca) == "string" and o.ca ~= "" and ngx.md5(o.ca) or nil,
         timeouts = string.format("%g %g %g", secs(to.connect_ms, 5), secs(to.send_ms, 60), secs(to.read_ms, 60)),
     }
     o._target = t
@@ -682,7 +685,10 @@ function active_checks(premature)
             if not checking[key] and now - h.checked_at >= interval then
                 if running_checks >= MAX_CHECKS then return end
                 h.check_interval = interval
-                if ngx.timer.at(0, check_server, key, sv, hc.path, timeout, host, t.sni, t.verify) then
+                -- The Lua has one trust store (lua_ssl_trusted_certificate):
+                -- an origin with its own CA bundle is checked without
+                -- verifying its certificate; its requests verify it.
+                if ngx.timer.at(0, check_server, key, sv, hc.path, timeout, host, t.sni, t.verify and not t.ca) then
                     checking[key], running_checks = true, running_checks + 1
                 end
             end
@@ -807,7 +813,7 @@ local function to_origin(d, o, uri, host)
     end
     local v = ngx.var
     -- In variables, not ngx.ctx: an error page's redirect (the origin's
-    -- 502) and the one to @origin_insecure clear ngx.ctx.
+    -- 502) and the ones to @origin_insecure and @origin_ca_* clear ngx.ctx.
     v.cv_origin_name = name
     v.cv_servers = servers_str
     if d.trust_forwarded then
@@ -850,6 +856,9 @@ local function to_origin(d, o, uri, host)
     end
     if not t.verify then
         return ngx.exec("@origin_insecure")
+    end
+    if t.ca then
+        return ngx.exec("@origin_ca_" .. t.ca)
     end
 end
 
