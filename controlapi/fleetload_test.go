@@ -733,7 +733,18 @@ func (h hist) quantile(q float64) float64 {
 	return lo
 }
 
+// report logs the figures: in a test's log, or on standard output for a
+// benchmark, whose log the testing package cuts at ten lines.
 func (r loadResult) report(tb testing.TB, name string, c loadConfig) {
+	text := r.text(name, c)
+	if _, ok := tb.(*testing.B); ok {
+		fmt.Println(text)
+		return
+	}
+	tb.Log(text)
+}
+
+func (r loadResult) text(name string, c loadConfig) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "fleet load %s: %d edges, speedup %g, %g fleet minute(s) measured", name, c.edges, c.speedup, c.minutes)
 	if c.statusChanges {
@@ -772,7 +783,7 @@ func (r loadResult) report(tb testing.TB, name string, c loadConfig) {
 			fmt.Fprintf(&b, "\n    %s: %s: %.0f", m.what, k, m.n[k])
 		}
 	}
-	tb.Log(b.String())
+	return b.String()
 }
 
 func sortedKeys(m map[string]float64) []string {
