@@ -2,10 +2,11 @@
 // that starts the slot's OpenResty inside its cgroup (or adopts the one a
 // previous agent left running, once verified as that slot's), waits for its
 // listener, reaps or watches it, kills whatever it leaves behind and restarts
-// it with bounded backoff; it reports every slot's state and serves that on the local admin
-// socket. Deciding (the restart tracker, the state of a slot) is kept apart
-// from doing (processes, cgroups) so the first can be tested fast. agent,
-// agentmetrics, cmd/cellvisor and cmd/cellvisor-demo import it.
+// it with bounded backoff; it reports every slot's state, which adminsock
+// serves on the local admin socket. Deciding (the restart tracker, the state
+// of a slot) is kept apart from doing (processes, cgroups) so the first can
+// be tested fast. adminsock, agent, agentmetrics, cmd/cellvisor and
+// cmd/cellvisor-demo import it.
 package supervisor
 
 import (

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/config"
 	"cellvisor/controlclient"
@@ -204,7 +205,7 @@ func mustStatus(t testing.TB, cfg config.Agent) supervisor.Status {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+	st, err := adminsock.FetchStatus(ctx, agent.AdminSocket(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}

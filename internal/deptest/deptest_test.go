@@ -24,7 +24,7 @@ const module = "cellvisor/"
 // Host-side packages: they touch this host's processes, cgroups, files or
 // cells. The shared models (domain, manifest, edgeapi) must link none of them.
 var hostSide = []string{
-	"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/cgroup", "cellvisor/activation",
+	"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/adminsock", "cellvisor/cgroup", "cellvisor/activation",
 	"cellvisor/agent", "cellvisor/logbound", "cellvisor/cellapi", "cellvisor/config",
 	"cellvisor/systemd", "cellvisor/controlclient", "cellvisor/sdscope",
 }

@@ -93,7 +93,8 @@ var table = map[string]row{
 
 	// cells.
 	"runtime":               {tier: cells, only: []string{"supervisor", "activation", "agent", "cmd/cellvisor-demo", "internal/testutil"}},
-	"supervisor":            {tier: cells, only: []string{"agent", "agentmetrics", "cmd/cellvisor", "cmd/cellvisor-demo"}},
+	"supervisor":            {tier: cells, only: []string{"adminsock", "agent", "agentmetrics", "cmd/cellvisor", "cmd/cellvisor-demo"}},
+	"adminsock":             {tier: cells, only: []string{"agent", "cmd/cellvisor"}},
 	"activation":            {tier: cells, only: []string{"agent", "agentmetrics"}},
 	"outbound":              {tier: cells, only: []string{"agent", "agentmetrics"}},
 	"outbound/outboundtest": {tier: cells, tests: true},
