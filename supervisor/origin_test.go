@@ -19,7 +19,7 @@ import (
 	"github.com/miekg/dns"
 
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // Origins: reached over kept-alive connections, by DNS name, over

@@ -18,10 +18,10 @@ import (
 	"cellvisor/agent"
 	"cellvisor/config"
 	"cellvisor/controlclient"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 const spoolEdge = "8d1f6c1e-3a52-4c9a-b7f0-2e6d9a0c4b11"

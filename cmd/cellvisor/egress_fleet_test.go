@@ -31,9 +31,9 @@ import (
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/corpingest"
-	"cellvisor/internal/testutil"
 	"cellvisor/outbound"
+	"cellvisor/testkit/corpingest"
+	"cellvisor/testkit/testutil"
 )
 
 // fleetEdge is one enrolled agent of an egress fleet.

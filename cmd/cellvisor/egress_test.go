@@ -24,9 +24,9 @@ import (
 	"cellvisor/config"
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/corpingest"
-	"cellvisor/internal/testutil"
 	"cellvisor/outbound/outboundtest"
+	"cellvisor/testkit/corpingest"
+	"cellvisor/testkit/testutil"
 )
 
 // egressFront stands between an enrolled agent and its real control API:

@@ -13,8 +13,8 @@ import (
 
 	"cellvisor/adminsock"
 	"cellvisor/agent"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // A second agent on the running agent's state directory, or on its cgroup

@@ -24,8 +24,8 @@ import (
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // buildAgent builds the cellvisor binary once per test run.

@@ -17,8 +17,8 @@ import (
 	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/cgroup"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // scrape GETs the agent's /metrics and returns the body and its parsed families.

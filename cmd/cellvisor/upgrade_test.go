@@ -20,8 +20,8 @@ import (
 	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/config"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // install puts src at dst as a package upgrade does: written beside it,
