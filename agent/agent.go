@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/activation"
+	"cellvisor/adminsock"
 	"cellvisor/agentmetrics"
 	"cellvisor/cgexec"
 	"cellvisor/cgroup"
@@ -45,7 +46,7 @@ type Agent struct {
 	// agent; Run releases them when it returns.
 	locks []io.Closer
 	sup   *supervisor.Supervisor
-	admin *supervisor.AdminServer
+	admin *adminsock.Server
 	// users are the slots' own users the cells run as (nil: the agent's).
 	users   map[string]*celluser.User
 	limitsN string
@@ -129,7 +130,7 @@ func New(cfg config.Agent, log *zap.Logger) (*Agent, error) {
 	var refusal, cgErr error
 	cgroups.Go(func() { refusal, cgErr = a.setupCgroups() })
 	defer cgroups.Wait() // before the deferred unlock: setupCgroups takes a lock
-	admin, err := supervisor.ListenAdmin(AdminSocket(cfg), a, log.Named("admin"))
+	admin, err := adminsock.Listen(AdminSocket(cfg), a, log.Named("admin"))
 	if err != nil {
 		return nil, err
 	}

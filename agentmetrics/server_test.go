@@ -13,7 +13,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // A flood of connections that never send a request (issue 32 §1) holds at

@@ -21,8 +21,8 @@
 // switch users.
 //
 // The package links nothing but the standard library and internal/sysfile:
-// the benchmark's floor (internal/floorspawn) starts its cells through it
-// as the agent does. cgroup, supervisor, agent and internal/floorspawn
+// the benchmark's floor (testkit/floorspawn) starts its cells through it
+// as the agent does. cgroup, supervisor, agent and testkit/floorspawn
 // import it.
 package cgexec
 

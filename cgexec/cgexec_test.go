@@ -18,7 +18,7 @@ import (
 
 	"cellvisor/cgexec"
 	"cellvisor/cgroup"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 var (

@@ -6,7 +6,7 @@
 // helper, see cgexec). It never creates a cgroup outside the subtree and
 // never moves a process in the name=systemd hierarchy. Only supervisor,
 // agent, cmd/cellvisor, cmd/cellvisor-demo and the tests' harness
-// (internal/testutil) import it.
+// (testkit/testutil) import it.
 package cgroup
 
 import (

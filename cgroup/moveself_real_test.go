@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"cellvisor/cgroup"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // moveSelfEnv names the subtree TestMoveSelfHelper works in, when it runs as

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"cellvisor/cgroup"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // cellLimits are the shipped per-cell limits.

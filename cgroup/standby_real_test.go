@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"cellvisor/cgroup"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // startStandby starts a standby of g for argv, with extra files of its own

@@ -20,8 +20,8 @@ import (
 	"cellvisor/controlclient"
 	"cellvisor/domain"
 	"cellvisor/internal/pebbletest"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // fakeCell answers ACME HTTP-01 challenges as a cell does: with what the

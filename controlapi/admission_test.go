@@ -20,8 +20,8 @@ import (
 	"cellvisor/controlapi/store"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // do sends one request of an edge's and returns its status code and

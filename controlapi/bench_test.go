@@ -29,7 +29,7 @@ import (
 	"cellvisor/controlapi/pki"
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // The poll benchmarks measure the control plane's cheapest and most frequent

@@ -27,8 +27,8 @@ import (
 	"cellvisor/domain"
 	"cellvisor/edgeapi"
 	"cellvisor/internal/testcert"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 	"cellvisor/tlsseal"
 )
 

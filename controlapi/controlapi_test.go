@@ -30,8 +30,8 @@ import (
 	"cellvisor/controlapi/store"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // env is a control API on real TLS listeners over a real store.

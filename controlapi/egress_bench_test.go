@@ -14,7 +14,7 @@ import (
 	"cellvisor/controlapi/store"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // BenchmarkElect: election decisions per second on one control replica

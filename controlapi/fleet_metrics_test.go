@@ -20,8 +20,8 @@ import (
 	"cellvisor/controlapi/fleet"
 	"cellvisor/edgeapi"
 	"cellvisor/egress"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // scrapeControl GETs the admin listener's /metrics with the admin token

@@ -25,7 +25,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // controlProc is a `cellvisor-control serve` child process on loopback,

@@ -10,7 +10,7 @@ import (
 
 	"cellvisor/controlapi"
 	"cellvisor/controlapi/store"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // The poll is the heartbeat: an edge whose only contact is a poll held

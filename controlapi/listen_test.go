@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"cellvisor/controlapi"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // A flood of connections that never send a ClientHello against the

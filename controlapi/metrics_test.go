@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"cellvisor/edgeapi"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // A status report equal to the last one written but for its timestamp and

@@ -27,8 +27,8 @@ import (
 	"cellvisor/controlapi/store"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // keyCSR makes a key and a CSR for it.

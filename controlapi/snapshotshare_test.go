@@ -11,7 +11,7 @@ import (
 	"cellvisor/controlapi"
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // One edge opens as many snapshot downloads as the replica serves and

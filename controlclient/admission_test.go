@@ -16,8 +16,8 @@ import (
 
 	"cellvisor/edgeapi"
 	"cellvisor/internal/clock"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // A 429 holds back its class for at least its Retry-After (plus up to half

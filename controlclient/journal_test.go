@@ -13,8 +13,8 @@ import (
 	"testing/synctest"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 func TestJournalSurvivesRestartAndDeliversInOrder(t *testing.T) {

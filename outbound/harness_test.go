@@ -12,8 +12,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"cellvisor/controlclient"
-	"cellvisor/internal/corpingest"
 	"cellvisor/outbound/outboundtest"
+	"cellvisor/testkit/corpingest"
 )
 
 // env is one control plane (fake), one edges' CA and one destination.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"cellvisor/edgeapi"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // countingListener counts the connections taken from the kernel and not

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // TestMeasureIntakeFloodRSS measures what a flood of silent connections

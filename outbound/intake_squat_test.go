@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"cellvisor/edgeapi"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // slowForward opens a mutual-TLS connection to ed's intake from source

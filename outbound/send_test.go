@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"cellvisor/edgeapi"
-	"cellvisor/internal/corpingest"
-	"cellvisor/internal/testutil"
 	"cellvisor/outbound/outboundtest"
+	"cellvisor/testkit/corpingest"
+	"cellvisor/testkit/testutil"
 )
 
 const org = "acme"

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // TestDebInstallUpgradePurge installs the .debs on this host with dpkg,

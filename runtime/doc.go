@@ -4,5 +4,5 @@
 // the rendered nginx.conf, and releases switched atomically through the
 // slot's `current` link. It starts no process; supervisor does.
 // supervisor, activation, agent, cmd/cellvisor-demo and the tests' harness
-// (internal/testutil) import it.
+// (testkit/testutil) import it.
 package runtime

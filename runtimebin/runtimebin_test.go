@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/runtimebin"
+	"cellvisor/testkit/testutil"
 )
 
 func TestVersionOfTheHostsBinary(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"cellvisor/internal/procstat"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 func TestMismatch(t *testing.T) {

@@ -13,9 +13,9 @@ import (
 
 	"cellvisor/agent"
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // leaveAndRestart ends h's supervisor as a killed agent would (its cells keep

@@ -170,12 +170,12 @@ func (c *slot) workerServing(pid int) bool {
 			return err
 		}
 		for _, k := range kids {
-			dir := procRoot + "/" + strconv.Itoa(k.pid)
+			dir := procfs.PIDPath(k.pid, "")
 			title, err := sysfile.ReadFile(dir+"/cmdline", 4096)
 			if err != nil || !strings.Contains(string(title), "worker process") {
 				continue
 			}
-			if f, err := procstat.Fields(k.pid); err != nil || procstat.Exiting(f) {
+			if f, err := procfs.Fields(k.pid); err != nil || procstat.Exiting(f) {
 				continue
 			}
 			wchan, err := os.ReadFile(dir + "/wchan")

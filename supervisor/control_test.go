@@ -19,9 +19,9 @@ import (
 
 	"cellvisor/cellapi"
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/logbound"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // originDomain is testHost proxied to origin, with /static answered by the cell.

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // heldBytes is what the cell's processes hold on disk under dir, measured

@@ -5,7 +5,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 )
@@ -55,7 +54,7 @@ func heldDirs(dirs []string, pids []int) ([]held, int, error) {
 		}
 	}
 	for _, pid := range pids {
-		fdDir := procRoot + "/" + strconv.Itoa(pid) + "/fd"
+		fdDir := procfs.PIDPath(pid, "fd")
 		fds, err := os.ReadDir(fdDir)
 		if err != nil {
 			continue // the process ended

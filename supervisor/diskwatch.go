@@ -222,7 +222,7 @@ func (c *slot) wakeCacheManager(master int) error {
 func (c *slot) title(pid int) string {
 	var b []byte
 	_ = c.readAsCell(func() (err error) {
-		b, err = sysfile.ReadFile(fmt.Sprintf("%s/%d/cmdline", procRoot, pid), 1<<16)
+		b, err = sysfile.ReadFile(procfs.PIDPath(pid, "cmdline"), 1<<16)
 		return err
 	})
 	return strings.TrimRight(string(b), "\x00 ")

@@ -16,9 +16,9 @@ import (
 	"cellvisor/config"
 	"cellvisor/domain"
 	"cellvisor/internal/celluser"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 const testHost = "app.cellvisor.test"

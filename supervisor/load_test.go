@@ -22,9 +22,9 @@ import (
 	"cellvisor/cellapi"
 	"cellvisor/config"
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // A publish that changes only data reaches a running cell without a new

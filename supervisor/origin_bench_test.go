@@ -18,7 +18,7 @@ import (
 
 	"cellvisor/domain"
 	"cellvisor/internal/procstat"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // BenchmarkServeVsNginx runs the same routes through a real cell and

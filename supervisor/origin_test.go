@@ -21,7 +21,7 @@ import (
 
 	"cellvisor/domain"
 	"cellvisor/internal/testcert"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // Origins: reached over kept-alive connections, by DNS name, over

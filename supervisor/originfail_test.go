@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // Origin failures are the origin's: a refused connection, a connection

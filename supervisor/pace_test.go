@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // pacedAfterFirst replaces the binary under a harness of two cells with the

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"cellvisor/cgroup"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
+	"cellvisor/testkit/testutil"
 )
 
 // stubManager is a v1 manager whose groups live in memory: it records

@@ -22,12 +22,13 @@ type procID struct {
 	start uint64 // start time in clock ticks since boot: a recycled pid differs
 }
 
-// procRoot is where /proc is.
-const procRoot = "/proc"
+// procfs is the /proc the supervisor reads: every read of it goes through
+// procfs's paths and readers.
+var procfs procstat.Reader
 
 // children lists the child processes of pid with their start times.
 func children(pid int) ([]procID, error) {
-	b, err := os.ReadFile(fmt.Sprintf("%s/%d/task/%d/children", procRoot, pid, pid))
+	b, err := os.ReadFile(procfs.PIDPath(pid, "task/"+strconv.Itoa(pid)+"/children"))
 	if err != nil {
 		return nil, err
 	}
@@ -63,7 +64,7 @@ func killed(f []string) bool {
 
 // startTime is a process's start time in clock ticks since boot.
 func startTime(pid int) (uint64, bool) {
-	f, err := procstat.Fields(pid)
+	f, err := procfs.Fields(pid)
 	if err != nil {
 		return 0, false
 	}
@@ -80,7 +81,7 @@ func listeningInodes(ports []int) map[string]bool {
 	}
 	out := map[string]bool{}
 	for _, f := range []string{"net/tcp", "net/tcp6"} {
-		file, err := os.Open(filepath.Join(procRoot, f))
+		file, err := os.Open(procfs.Path(f))
 		if err != nil {
 			continue
 		}
@@ -110,7 +111,7 @@ func stillListening(procs []procID, inodes map[string]bool) bool {
 		if st, ok := startTime(p.pid); !ok || st != p.start {
 			continue // gone, or its pid is another process's now
 		}
-		dir := fmt.Sprintf("%s/%d/fd", procRoot, p.pid)
+		dir := procfs.PIDPath(p.pid, "fd")
 		fds, err := os.ReadDir(dir)
 		if err != nil {
 			continue
@@ -147,7 +148,7 @@ func startTicks(pid int) (uint64, error) {
 	}
 	t, err := strconv.ParseUint(f[19], 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%s/%d/stat: starttime: %w", procRoot, pid, err)
+		return 0, fmt.Errorf("%s: starttime: %w", procfs.PIDPath(pid, "stat"), err)
 	}
 	return t, nil
 }
@@ -155,7 +156,7 @@ func startTicks(pid int) (uint64, error) {
 // liveStat reads a process's stat fields (procstat.Fields), refusing a
 // process that is dead but for its entry.
 func liveStat(pid int) ([]string, error) {
-	f, err := procstat.Fields(pid)
+	f, err := procfs.Fields(pid)
 	if err == nil && procstat.Dead(f[0]) {
 		err = fmt.Errorf("process %d is dead", pid)
 	}
@@ -175,7 +176,7 @@ func (c *slot) identify(pid int) (id procIdentity, err error) {
 // identify reads a process's identity from /proc.
 func identify(pid int) (procIdentity, error) {
 	var id procIdentity
-	dir := procRoot + "/" + strconv.Itoa(pid)
+	dir := procfs.PIDPath(pid, "")
 	f, err := liveStat(pid)
 	if err != nil {
 		return id, err
@@ -191,10 +192,10 @@ func identify(pid int) (procIdentity, error) {
 	if procstat.Exiting(f) {
 		return id, fmt.Errorf("process %d is exiting", pid)
 	}
-	if id.uid, err = procstat.UID(pid); err != nil {
+	if id.uid, err = procfs.UID(pid); err != nil {
 		return id, err
 	}
-	switch dying, err := procstat.KillPending(pid); {
+	switch dying, err := procfs.KillPending(pid); {
 	case err != nil:
 		return id, err
 	case dying:

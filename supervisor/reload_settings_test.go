@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // Each setting the docs call reloadable (configuration.md, Reloading)

@@ -9,8 +9,8 @@ import (
 
 	"cellvisor/agent"
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
+	"cellvisor/testkit/testutil"
 )
 
 // After a reload, a cell has loaded the new release only once no worker of

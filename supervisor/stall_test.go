@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // A stalled cell that resumes takes up the agent's own calls that queued on

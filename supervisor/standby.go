@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"cellvisor/cgroup"
-	"cellvisor/internal/procstat"
 )
 
 // A restart on a cgroup v1 host costs a join: the helper that becomes the
@@ -124,7 +123,7 @@ func (c *slot) releaseSpare(g cgroup.Group) (*exec.Cmd, error) {
 	// readiness timeout. Such a spare is discarded and the cell started by
 	// a join.
 	var f []string
-	err := c.readAsCell(func() (err error) { f, err = procstat.Fields(sp.cmd.Process.Pid); return err })
+	err := c.readAsCell(func() (err error) { f, err = procfs.Fields(sp.cmd.Process.Pid); return err })
 	if dead := err == nil && killed(f); err != nil || !runnable(f[0]) || dead {
 		state := "unreadable"
 		if err == nil {

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"cellvisor/cgroup"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // standbyOf waits until the cell's group holds a standby joined to every

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
@@ -56,7 +55,7 @@ func (c *slot) staleModules(pid int, modules []string) string {
 	}
 	var maps []byte
 	err := c.readAsCell(func() (err error) {
-		maps, err = sysfile.ReadFile(procRoot+"/"+strconv.Itoa(pid)+"/maps", 4<<20)
+		maps, err = sysfile.ReadFile(procfs.PIDPath(pid, "maps"), 4<<20)
 		return err
 	})
 	if err != nil {
@@ -235,7 +234,7 @@ var errOtherExe = errors.New("the master executes another path than the configur
 // its path or not (stat(2) of /proc/PID/exe follows it to the inode), if
 // that file is (or was) the configured binary's path.
 func (c *slot) exeID(pid int) (id runtimebin.ID, err error) {
-	exe := procRoot + "/" + strconv.Itoa(pid) + "/exe"
+	exe := procfs.PIDPath(pid, "exe")
 	err = c.readAsCell(func() error {
 		path, err := os.Readlink(exe)
 		if err != nil {

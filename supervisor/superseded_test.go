@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // copyBinary copies the host's OpenResty binary to a fresh temporary

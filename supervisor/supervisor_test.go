@@ -18,9 +18,9 @@ import (
 
 	"cellvisor/cgroup"
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // Five of eight slots assigned across pools of every class: each assigned

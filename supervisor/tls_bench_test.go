@@ -19,8 +19,8 @@ import (
 	"cellvisor/domain"
 	"cellvisor/internal/procstat"
 	"cellvisor/internal/testcert"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
+	"cellvisor/testkit/testutil"
 )
 
 // certDomains are n domains d<i>.tls.test of shared-default, each with its

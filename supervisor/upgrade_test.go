@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // load sends requests to ports, one after the other per port, until stop

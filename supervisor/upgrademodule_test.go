@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // moduleSignature is nginx's module signature, as a dynamic module carries

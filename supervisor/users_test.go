@@ -13,8 +13,8 @@ import (
 	"cellvisor/domain"
 	"cellvisor/internal/celluser"
 	"cellvisor/internal/testcert"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // procUIDAndCaps reads a process's real and effective uid and its

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // An assigned slot that has never had a release reads waiting while a

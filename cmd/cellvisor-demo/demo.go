@@ -20,8 +20,8 @@ import (
 	"cellvisor/config"
 	"cellvisor/controlapi"
 	"cellvisor/controlapi/adminapi"
-	"cellvisor/internal/corpingest"
 	"cellvisor/runtime"
+	"cellvisor/testkit/corpingest"
 )
 
 const (

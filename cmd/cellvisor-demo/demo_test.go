@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"cellvisor/cgexec"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 var (

@@ -14,13 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/config"
 	"cellvisor/controlclient"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 const spoolEdge = "8d1f6c1e-3a52-4c9a-b7f0-2e6d9a0c4b11"
@@ -204,7 +205,7 @@ func mustStatus(t testing.TB, cfg config.Agent) supervisor.Status {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+	st, err := adminsock.FetchStatus(ctx, agent.AdminSocket(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}

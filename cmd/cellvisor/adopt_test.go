@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"cellvisor/config"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // kill9 SIGKILLs the agent and waits until it is reaped.

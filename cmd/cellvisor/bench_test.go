@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
+	"cellvisor/testkit/testutil"
 )
 
 // BenchmarkAgentRSS starts the real agent with every slot assigned and

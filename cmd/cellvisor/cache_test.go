@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"cellvisor/config"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // originCounter is a loopback origin that counts the requests reaching it,

@@ -16,10 +16,10 @@ import (
 	"cellvisor/agent"
 	"cellvisor/controlapi"
 	"cellvisor/controlapi/adminapi"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // control is a real control API in this test process, on SQLite, that can

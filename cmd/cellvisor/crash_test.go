@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"cellvisor/controlclient"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
+	"cellvisor/testkit/testutil"
 )
 
 // SIGKILL the agent at random points during activations, 100 times: after

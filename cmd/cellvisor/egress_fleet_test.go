@@ -24,16 +24,16 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/cellapi"
 	"cellvisor/config"
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/corpingest"
-	"cellvisor/internal/testutil"
 	"cellvisor/outbound"
-	"cellvisor/supervisor"
+	"cellvisor/testkit/corpingest"
+	"cellvisor/testkit/testutil"
 )
 
 // fleetEdge is one enrolled agent of an egress fleet.
@@ -432,7 +432,7 @@ func (s *sampler) check(t *testing.T) {
 func routesOf(ctx context.Context, cfg config.Agent) []edgeapi.RouteStatus {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	st, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+	st, err := adminsock.FetchStatus(ctx, agent.AdminSocket(cfg))
 	if err != nil || st.Egress == nil {
 		return nil
 	}

@@ -18,15 +18,15 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/cellapi"
 	"cellvisor/config"
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
-	"cellvisor/internal/corpingest"
-	"cellvisor/internal/testutil"
 	"cellvisor/outbound/outboundtest"
-	"cellvisor/supervisor"
+	"cellvisor/testkit/corpingest"
+	"cellvisor/testkit/testutil"
 )
 
 // egressFront stands between an enrolled agent and its real control API:
@@ -193,7 +193,7 @@ func egressRoute(t testing.TB, cfg config.Agent, class string) edgeapi.RouteStat
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+	st, err := adminsock.FetchStatus(ctx, agent.AdminSocket(cfg))
 	if err != nil || st.Egress == nil {
 		return edgeapi.RouteStatus{}
 	}

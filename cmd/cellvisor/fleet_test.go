@@ -16,7 +16,7 @@ import (
 
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlapi/fleet"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // browser starts a headless Chromium for the test, or skips it saying why.

@@ -15,12 +15,12 @@ import (
 	"cellvisor/agent"
 	"cellvisor/cgexec"
 	"cellvisor/cgroup"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // The exec'd floors split the start's distance to the floor into what any
 // supervisor of the agent's design pays on this host and what the agent
-// adds with its own work. floorspawn (internal/floorspawn), exec'd from
+// adds with its own work. floorspawn (testkit/floorspawn), exec'd from
 // cold as the agent is, starts the same 8 masters:
 //
 //   - floor-exec: bare, as the in-process floor starts them;
@@ -42,7 +42,7 @@ import (
 // them.
 var floorSpawnNames = []string{"floor-exec", "floor-held", "floor-cg"}
 
-// floorSpec mirrors internal/floorspawn's spec.
+// floorSpec mirrors testkit/floorspawn's spec.
 type floorSpec struct {
 	Cells []floorCell `json:"cells"`
 }
@@ -74,7 +74,7 @@ func floorCgName(i int) string { return "floorcg-" + strconv.Itoa(i+1) }
 func (e *wholeEnv) floorSpawns(b *testing.B, m cgroup.Manager) {
 	b.Helper()
 	e.spawn = filepath.Join(b.TempDir(), "floorspawn")
-	if err := testutil.GoBuild("cellvisor/internal/floorspawn", e.spawn, cgexec.LDFlags()); err != nil {
+	if err := testutil.GoBuild("cellvisor/testkit/floorspawn", e.spawn, cgexec.LDFlags()); err != nil {
 		b.Fatal(err)
 	}
 	e.spawnSpecs = map[string]string{}

@@ -12,7 +12,7 @@ import (
 	"cellvisor/agent"
 	"cellvisor/cellapi"
 	"cellvisor/controlapi/adminapi"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // cellResolve asks a running cell, on its private socket, to resolve u

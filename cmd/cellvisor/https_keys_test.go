@@ -24,8 +24,8 @@ import (
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
 	"cellvisor/internal/testcert"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 	"cellvisor/tlsseal"
 )
 

@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // A second agent on the running agent's state directory, or on its cgroup
@@ -78,7 +79,7 @@ func TestSecondAgentRefusedAndTouchesNothing(t *testing.T) {
 	// The first agent's cells: same masters, alive, ready.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	now, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+	now, err := adminsock.FetchStatus(ctx, agent.AdminSocket(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,13 +18,14 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/cgexec"
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // buildAgent builds the cellvisor binary once per test run.
@@ -180,7 +181,7 @@ func startAgent(t testing.TB, bin, cfgPath string, cfg config.Agent, env ...stri
 	testutil.Eventually(t, 30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		st, err = supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+		st, err = adminsock.FetchStatus(ctx, agent.AdminSocket(cfg))
 		if err != nil {
 			return err
 		}

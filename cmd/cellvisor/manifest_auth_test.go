@@ -12,8 +12,8 @@ import (
 
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // Through the real control API over mutual TLS and the real agent with real

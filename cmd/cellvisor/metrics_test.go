@@ -14,10 +14,11 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/cgroup"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // scrape GETs the agent's /metrics and returns the body and its parsed families.
@@ -132,7 +133,7 @@ func TestMetricsFollowTheRealState(t *testing.T) {
 	}
 	checkMetricsWithPromtool(t, body)
 
-	st, err := supervisor.FetchStatus(context.Background(), agent.AdminSocket(cfg))
+	st, err := adminsock.FetchStatus(context.Background(), agent.AdminSocket(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +151,7 @@ func TestMetricsFollowTheRealState(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		now, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+		now, err := adminsock.FetchStatus(ctx, agent.AdminSocket(cfg))
 		if err != nil {
 			return err
 		}

@@ -16,7 +16,7 @@ import (
 	"cellvisor/controlapi/adminapi"
 	"cellvisor/edgeapi"
 	"cellvisor/internal/testcert"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // documentedAgentMetrics are the series docs/observability.md lists under

@@ -13,7 +13,7 @@ import (
 	"cellvisor/config"
 	"cellvisor/controlapi"
 	"cellvisor/controlapi/adminapi"
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // movesEdge is a real control API with a short move tick and a real

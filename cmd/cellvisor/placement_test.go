@@ -19,10 +19,10 @@ import (
 	"time"
 
 	"cellvisor/config"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
 	"cellvisor/runtime"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // pubDomain is one domain of a placement test's manifest.

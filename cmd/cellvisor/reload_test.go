@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // awaitLog waits until the agent's log holds want after offset, and returns

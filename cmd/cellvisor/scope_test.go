@@ -17,9 +17,9 @@ import (
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/internal/fakesystemd"
-	"cellvisor/internal/testutil"
 	"cellvisor/sdscope"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 const scopeUnit = "cellvisor.service"

@@ -12,10 +12,10 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/config"
 	"cellvisor/internal/cli"
-	"cellvisor/supervisor"
 )
 
 // shutdownCmd stops every cell gracefully and ends the agent.
@@ -43,7 +43,7 @@ status 0, so Restart=on-failure does not start it again: use systemctl start cel
 		}
 		ctx, cancel := context.WithTimeout(c.Context(), timeout)
 		defer cancel()
-		pid, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Shutdown(ctx)
+		pid, err := adminsock.NewClient(agent.AdminSocket(cfg)).Shutdown(ctx)
 		if err != nil {
 			return fmt.Errorf("shutdown: %w", err)
 		}

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // artifactOf is the spool path of app.test's artifact in sequence seq.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/config"
 	"cellvisor/edgeapi"
@@ -40,7 +41,7 @@ control-plane contact, and each slot's pool, state, pid, ports, resource use and
 		}
 		ctx, cancel := context.WithTimeout(c.Context(), 5*time.Second)
 		defer cancel()
-		st, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Status(ctx)
+		st, err := adminsock.NewClient(agent.AdminSocket(cfg)).Status(ctx)
 		if err != nil {
 			return fmt.Errorf("status: %w", err)
 		}
@@ -267,8 +268,8 @@ func controlCmd(verb, short, long string, load func() (config.Agent, error), std
 		// A restart waits for requests in flight and the new cell's readiness.
 		ctx, cancel := context.WithTimeout(c.Context(), cfg.Restart.DrainTimeout.D()+cfg.OpenResty.ReadyTimeout.D()+30*time.Second)
 		defer cancel()
-		st, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).Control(ctx, verb, args[0])
-		if err != nil && !supervisor.AgentAnswered(err) {
+		st, err := adminsock.NewClient(agent.AdminSocket(cfg)).Control(ctx, verb, args[0])
+		if err != nil && !adminsock.AgentAnswered(err) {
 			return fmt.Errorf("%s %s: %w", verb, args[0], err)
 		}
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/config"
 	"cellvisor/internal/cli"
@@ -44,7 +45,7 @@ included.`,
 		// The check runs -t once per cell.
 		ctx, cancel := context.WithTimeout(c.Context(), time.Duration(cfg.Slots)*30*time.Second+10*time.Second)
 		defer cancel()
-		plan, err := supervisor.NewAdminClient(agent.AdminSocket(cfg)).UpgradeRuntime(ctx, *dry)
+		plan, err := adminsock.NewClient(agent.AdminSocket(cfg)).UpgradeRuntime(ctx, *dry)
 		if err != nil {
 			return fmt.Errorf("upgrade-runtime: %w", err)
 		}

@@ -17,10 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"cellvisor/adminsock"
 	"cellvisor/agent"
 	"cellvisor/config"
-	"cellvisor/internal/testutil"
 	"cellvisor/supervisor"
+	"cellvisor/testkit/testutil"
 )
 
 // install puts src at dst as a package upgrade does: written beside it,
@@ -153,7 +154,7 @@ func TestRuntimeUpgradeAfterAgentKill(t *testing.T) {
 	testutil.Eventually(t, 60*time.Second, func() error {
 		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
 		defer scancel()
-		st, err = supervisor.FetchStatus(sctx, agent.AdminSocket(cfg))
+		st, err = adminsock.FetchStatus(sctx, agent.AdminSocket(cfg))
 		if err != nil {
 			return err
 		}
@@ -230,7 +231,7 @@ func fetchStatus(t *testing.T, cfg config.Agent) supervisor.Status {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := supervisor.FetchStatus(ctx, agent.AdminSocket(cfg))
+	st, err := adminsock.FetchStatus(ctx, agent.AdminSocket(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +285,7 @@ func TestRuntimeUpgradeNotReadyKeepsTheOldMasters(t *testing.T) {
 	testutil.Eventually(t, 60*time.Second, func() error {
 		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
 		defer scancel()
-		st, err = supervisor.FetchStatus(sctx, agent.AdminSocket(cfg))
+		st, err = adminsock.FetchStatus(sctx, agent.AdminSocket(cfg))
 		if err != nil {
 			return err
 		}

@@ -22,8 +22,8 @@ import (
 	"cellvisor/cgroup"
 	"cellvisor/config"
 	"cellvisor/domain"
-	"cellvisor/internal/testutil"
 	"cellvisor/runtime"
+	"cellvisor/testkit/testutil"
 )
 
 // The whole-process benchmarks measure what a host feels, from outside: the

@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // The snapshot files: one build per edge and sequence however many

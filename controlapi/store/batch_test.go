@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // runBatcher runs b until the test ends.

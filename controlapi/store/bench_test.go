@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // BenchmarkPublishFleet publishes one revision of a domain to a pool with

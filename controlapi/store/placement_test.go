@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"cellvisor/controlapi/adminapi"
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 func assign(t *testing.T, s *Store, edge, cell, pool string) {

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // A status report is one write: the status, the egress part and the

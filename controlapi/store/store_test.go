@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
 	"cellvisor/manifest"
+	"cellvisor/testkit/testutil"
 )
 
 // eachStore runs f against a fresh SQLite file and a fresh PostgreSQL

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 
 	"golang.org/x/sys/unix"
 )

@@ -21,7 +21,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // pki is a CA, a server certificate for 127.0.0.1 and a client one.

@@ -24,7 +24,7 @@ const module = "cellvisor/"
 // Host-side packages: they touch this host's processes, cgroups, files or
 // cells. The shared models (domain, manifest, edgeapi) must link none of them.
 var hostSide = []string{
-	"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/cgroup", "cellvisor/activation",
+	"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/adminsock", "cellvisor/cgroup", "cellvisor/activation",
 	"cellvisor/agent", "cellvisor/logbound", "cellvisor/cellapi", "cellvisor/config",
 	"cellvisor/systemd", "cellvisor/controlclient", "cellvisor/sdscope",
 }
@@ -57,6 +57,8 @@ func TestLayering(t *testing.T) {
 		{"./cmd/cellvisor-control", packaging, "the control API carries nothing of the package builder"},
 		{"./agent", controlPlane, "the agent carries no control plane"},
 		{"./cmd/cellvisor", []string{"cellvisor/internal/fakesystemd"}, "the fake systemd is for tests only"},
+		{"./cmd/cellvisor", []string{"cellvisor/testkit"}, "the test kit is for tests and the demo only"},
+		{"./cmd/cellvisor-control", []string{"cellvisor/testkit"}, "the test kit is for tests and the demo only"},
 		{"./controlclient", append([]string{"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/cgroup", "cellvisor/activation"}, controlPlane...),
 			"the control client is the agent's side of the wire only"},
 		{"./controlapi/...", []string{"cellvisor/runtime", "cellvisor/supervisor", "cellvisor/cgroup", "cellvisor/activation", "cellvisor/agent"},

@@ -1,6 +1,8 @@
 // Package procstat reads /proc/PID/stat: the fields after the process's
 // command name, which is in parentheses and may itself hold spaces and
-// parentheses. Any package may import it.
+// parentheses; and from /proc/PID/status a process's uid and pending
+// SIGKILL. A Reader reads the tree under its Root (a fixture's in tests);
+// the package's functions read /proc. Any package may import it.
 package procstat
 
 import (
@@ -12,6 +14,34 @@ import (
 	"cellvisor/internal/sysfile"
 )
 
+// DefaultRoot is where the system's /proc is.
+const DefaultRoot = "/proc"
+
+// Reader reads a /proc tree. The zero Reader reads /proc.
+type Reader struct {
+	// Root is the tree's directory, or "" for DefaultRoot.
+	Root string
+}
+
+// Path is the path of name in the tree ("net/tcp", "self/status").
+func (r Reader) Path(name string) string {
+	root := r.Root
+	if root == "" {
+		root = DefaultRoot
+	}
+	return root + "/" + name
+}
+
+// PIDPath is the path of a process's file in the tree: PIDPath(42, "stat")
+// is /proc/42/stat, and PIDPath(42, "") its directory, /proc/42.
+func (r Reader) PIDPath(pid int, name string) string {
+	p := r.Path(strconv.Itoa(pid))
+	if name != "" {
+		p += "/" + name
+	}
+	return p
+}
+
 // minFields is the fields Fields promises: through rss (field 24).
 const minFields = 24 - 2
 
@@ -19,8 +49,11 @@ const minFields = 24 - 2
 // proc(5) numbers them less 3: f[0] is the state (field 3), f[2] the
 // process group (5), f[11] and f[12] utime and stime (14, 15), f[19] the
 // start time (22), f[20] and f[21] vsize and rss (23, 24).
-func Fields(pid int) ([]string, error) {
-	path := "/proc/" + strconv.Itoa(pid) + "/stat"
+func Fields(pid int) ([]string, error) { return Reader{}.Fields(pid) }
+
+// Fields is Fields of the process pid in r's tree.
+func (r Reader) Fields(pid int) ([]string, error) {
+	path := r.PIDPath(pid, "stat")
 	b, err := sysfile.ReadFile(path, 4096)
 	if err != nil {
 		return nil, err
@@ -66,8 +99,11 @@ const pfExiting = 0x4
 // KillPending reports whether pid has a SIGKILL pending, sent to it or to
 // its thread group and not yet acted on (/proc/PID/status, SigPnd and
 // ShdPnd): it is about to exit.
-func KillPending(pid int) (bool, error) {
-	path := "/proc/" + strconv.Itoa(pid) + "/status"
+func KillPending(pid int) (bool, error) { return Reader{}.KillPending(pid) }
+
+// KillPending is KillPending of the process pid in r's tree.
+func (r Reader) KillPending(pid int) (bool, error) {
+	path := r.PIDPath(pid, "status")
 	b, err := sysfile.ReadFile(path, 64<<10)
 	if err != nil {
 		return false, err
@@ -80,8 +116,11 @@ func KillPending(pid int) (bool, error) {
 }
 
 // UID is a live process's real uid (/proc/PID/status's Uid line).
-func UID(pid int) (int, error) {
-	path := "/proc/" + strconv.Itoa(pid) + "/status"
+func UID(pid int) (int, error) { return Reader{}.UID(pid) }
+
+// UID is UID of the process pid in r's tree.
+func (r Reader) UID(pid int) (int, error) {
+	path := r.PIDPath(pid, "status")
 	b, err := sysfile.ReadFile(path, 64<<10)
 	if err != nil {
 		return 0, err

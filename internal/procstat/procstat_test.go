@@ -1,9 +1,12 @@
 package procstat
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -83,5 +86,97 @@ func TestKillPendingAndExiting(t *testing.T) {
 	}
 	if _, err := killPendingIn([]byte("ShdPnd:\tnot hex\n")); err == nil {
 		t.Error("a malformed mask was read")
+	}
+}
+
+// fixture is a /proc tree under testdata: 4242 sleeps, its title holding
+// spaces and parentheses and ") S 1 (" besides; 4243 is a zombie; 4244 is
+// exiting with a SIGKILL pending; 4245 does not exist; 4246's stat is cut
+// short and its status malformed.
+var fixture = Reader{Root: "testdata/proc"}
+
+// A Reader reads its Root's tree: the fields after a title with spaces
+// and parentheses, a zombie's state, an exiting process's flags and
+// pending SIGKILL, a uid; and errors naming the fixture's file for a pid
+// that is missing or malformed.
+func TestReaderFixture(t *testing.T) {
+	f, err := fixture.Fields(4242)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range map[int]string{0: "S", 1: "1", 2: "4242", 6: "4194560", 11: "7", 12: "3", 19: "12345", 20: "1024", 21: "56"} {
+		if f[i] != want {
+			t.Errorf("4242: f[%d] = %q, want %q (fields %q)", i, f[i], want, f)
+		}
+	}
+	if Dead(f[0]) || Exiting(f) {
+		t.Errorf("4242 reads as dead (%v) or exiting (%v)", Dead(f[0]), Exiting(f))
+	}
+	if uid, err := fixture.UID(4242); err != nil || uid != 101 {
+		t.Errorf("4242: uid %d, %v, want the real uid 101", uid, err)
+	}
+	if dying, err := fixture.KillPending(4242); err != nil || dying {
+		t.Errorf("4242: kill pending %v, %v", dying, err)
+	}
+
+	if f, err := fixture.Fields(4243); err != nil || !Dead(f[0]) || f[19] != "12400" {
+		t.Errorf("4243: %q, %v, want a zombie started at 12400", f, err)
+	}
+
+	f, err = fixture.Fields(4244)
+	if err != nil || f[0] != "R" || !Exiting(f) || f[28] != "256" {
+		t.Errorf("4244: %q, %v, want running, exiting, SIGKILL in its signal field", f, err)
+	}
+	if dying, err := fixture.KillPending(4244); err != nil || !dying {
+		t.Errorf("4244: kill pending %v, %v, want true", dying, err)
+	}
+	if uid, err := fixture.UID(4244); err != nil || uid != 0 {
+		t.Errorf("4244: uid %d, %v, want 0", uid, err)
+	}
+
+	for name, read := range map[string]func(int) error{
+		"stat":   func(pid int) error { _, err := fixture.Fields(pid); return err },
+		"status": func(pid int) error { _, err := fixture.UID(pid); return err },
+	} {
+		err := read(4245)
+		if !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "testdata/proc/4245/"+name) {
+			t.Errorf("missing pid, %s: %v, want not-exist naming testdata/proc/4245/%s", name, err, name)
+		}
+	}
+	if _, err := fixture.KillPending(4245); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("missing pid, kill pending: %v, want not-exist", err)
+	}
+
+	if f, err := fixture.Fields(4246); err == nil || !strings.Contains(err.Error(), "testdata/proc/4246/stat: malformed") {
+		t.Errorf("a stat cut short: %q, %v", f, err)
+	}
+	if _, err := fixture.UID(4246); err == nil || !strings.Contains(err.Error(), "testdata/proc/4246/status: no Uid line") {
+		t.Errorf("a status without Uid: %v", err)
+	}
+	if _, err := fixture.KillPending(4246); err == nil || !strings.Contains(err.Error(), "testdata/proc/4246/status: SigPnd") {
+		t.Errorf("a status with a malformed SigPnd: %v", err)
+	}
+}
+
+// The zero Reader reads /proc, as the package's functions do.
+func TestReaderPaths(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{Reader{}.PIDPath(42, "stat"), "/proc/42/stat"},
+		{Reader{}.PIDPath(42, ""), "/proc/42"},
+		{Reader{}.Path("net/tcp"), "/proc/net/tcp"},
+		{Reader{Root: DefaultRoot}.PIDPath(7, "status"), "/proc/7/status"},
+		{fixture.PIDPath(42, "task/42/children"), "testdata/proc/42/task/42/children"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("path %q, want %q", tc.got, tc.want)
+		}
+	}
+	mine, err := Fields(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero, err := Reader{}.Fields(os.Getpid())
+	if err != nil || zero[19] != mine[19] {
+		t.Errorf("the zero Reader: start time %v, %v; Fields: %v", zero, err, mine[19])
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"cellvisor/internal/testutil"
+	"cellvisor/testkit/testutil"
 )
 
 // A cell with ports is started holding them as the agent hands them over:

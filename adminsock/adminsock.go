@@ -1,4 +1,10 @@
-package supervisor
+// Package adminsock is the agent's admin socket: a local HTTP API over a
+// unix socket (mode 0600) that serves the supervisor's status and its cell
+// controls (drain, undrain, restart, runtime upgrade, shutdown), and the
+// client the CLI asks it with. It speaks the supervisor's types (Status,
+// SlotStatus, UpgradePlan) and maps its control errors to answers; the
+// supervisor knows nothing of it. agent and cmd/cellvisor import it.
+package adminsock
 
 import (
 	"context"
@@ -12,14 +18,16 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"cellvisor/supervisor"
 )
 
 // Controller is what the admin socket serves.
 type Controller interface {
-	LiveStatus(ctx context.Context) Status
-	Drain(ctx context.Context, cell string) (SlotStatus, error)
-	Undrain(ctx context.Context, cell string) (SlotStatus, error)
-	Restart(ctx context.Context, cell string) (SlotStatus, error)
+	LiveStatus(ctx context.Context) supervisor.Status
+	Drain(ctx context.Context, cell string) (supervisor.SlotStatus, error)
+	Undrain(ctx context.Context, cell string) (supervisor.SlotStatus, error)
+	Restart(ctx context.Context, cell string) (supervisor.SlotStatus, error)
 }
 
 // Shutdowner is what the admin socket's POST /v1/shutdown calls, when the
@@ -33,7 +41,7 @@ type Shutdowner interface {
 // calls, when the Controller implements it (cellvisor upgrade-runtime;
 // ?dry_run=1 changes nothing).
 type RuntimeUpgrader interface {
-	UpgradeRuntime(ctx context.Context, dryRun bool) (UpgradePlan, error)
+	UpgradeRuntime(ctx context.Context, dryRun bool) (supervisor.UpgradePlan, error)
 }
 
 // ShutdownAnswer is the answer to POST /v1/shutdown.
@@ -41,9 +49,9 @@ type ShutdownAnswer struct {
 	PID int `json:"pid"`
 }
 
-// AdminServer serves the agent's status and cell controls on a local unix
+// Server serves the agent's status and cell controls on a local unix
 // socket (mode 0600: whoever may open it is the agent's operator).
-type AdminServer struct {
+type Server struct {
 	srv  *http.Server
 	ln   net.Listener
 	path string
@@ -69,11 +77,11 @@ func serve(log *zap.Logger, h handlerFunc) http.HandlerFunc {
 		}
 		status := http.StatusInternalServerError
 		switch {
-		case errors.Is(err, ErrNoSlot):
+		case errors.Is(err, supervisor.ErrNoSlot):
 			status = http.StatusNotFound
-		case errors.Is(err, ErrNotRunning):
+		case errors.Is(err, supervisor.ErrNotRunning):
 			status = http.StatusConflict
-		case errors.Is(err, ErrRateLimited):
+		case errors.Is(err, supervisor.ErrRateLimited):
 			status = http.StatusTooManyRequests
 		}
 		var ae *apiError
@@ -93,9 +101,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// ListenAdmin binds the admin socket, refusing when another agent answers on
+// Listen binds the admin socket, refusing when another agent answers on
 // it and replacing a stale one. Nothing is served until Serve.
-func ListenAdmin(path string, ctl Controller, log *zap.Logger) (*AdminServer, error) {
+func Listen(path string, ctl Controller, log *zap.Logger) (*Server, error) {
 	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("admin socket %s: another agent is running", path)
@@ -114,7 +122,7 @@ func ListenAdmin(path string, ctl Controller, log *zap.Logger) (*AdminServer, er
 		writeJSON(w, http.StatusOK, ctl.LiveStatus(r.Context()))
 		return nil
 	}))
-	for verb, do := range map[string]func(context.Context, string) (SlotStatus, error){
+	for verb, do := range map[string]func(context.Context, string) (supervisor.SlotStatus, error){
 		"drain": ctl.Drain, "undrain": ctl.Undrain, "restart": ctl.Restart,
 	} {
 		mux.HandleFunc("POST /v1/cells/{cell}/"+verb, serve(log, func(w http.ResponseWriter, r *http.Request) error {
@@ -154,17 +162,17 @@ func ListenAdmin(path string, ctl Controller, log *zap.Logger) (*AdminServer, er
 		WriteTimeout: 15 * time.Minute,
 		ErrorLog:     zap.NewStdLog(log),
 	}
-	return &AdminServer{srv: srv, ln: ln, path: path}, nil
+	return &Server{srv: srv, ln: ln, path: path}, nil
 }
 
 // Close releases the socket of a server that never served.
-func (a *AdminServer) Close() {
+func (a *Server) Close() {
 	a.ln.Close()
 	_ = os.Remove(a.path)
 }
 
 // Serve serves until ctx is cancelled, then shuts down and removes the socket.
-func (a *AdminServer) Serve(ctx context.Context) error {
+func (a *Server) Serve(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- a.srv.Serve(a.ln) }()
 	select {
@@ -180,15 +188,15 @@ func (a *AdminServer) Serve(ctx context.Context) error {
 	return err
 }
 
-// AdminClient talks to a running agent over its admin socket.
-type AdminClient struct {
+// Client talks to a running agent over its admin socket.
+type Client struct {
 	socket string
 	hc     *http.Client
 }
 
-// NewAdminClient returns a client for the agent's admin socket.
-func NewAdminClient(socket string) *AdminClient {
-	return &AdminClient{socket: socket, hc: &http.Client{Transport: &http.Transport{
+// NewClient returns a client for the agent's admin socket.
+func NewClient(socket string) *Client {
+	return &Client{socket: socket, hc: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", socket)
@@ -196,7 +204,7 @@ func NewAdminClient(socket string) *AdminClient {
 	}}}
 }
 
-func (c *AdminClient) do(ctx context.Context, method, path string, out any) error {
+func (c *Client) do(ctx context.Context, method, path string, out any) error {
 	defer c.hc.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, nil)
 	if err != nil {
@@ -229,22 +237,22 @@ func AgentAnswered(err error) bool {
 }
 
 // Status asks the agent for its status.
-func (c *AdminClient) Status(ctx context.Context) (Status, error) {
-	var st Status
+func (c *Client) Status(ctx context.Context) (supervisor.Status, error) {
+	var st supervisor.Status
 	err := c.do(ctx, http.MethodGet, "/v1/status", &st)
 	return st, err
 }
 
 // Control drains, undrains or restarts a cell (verb is one of those).
-func (c *AdminClient) Control(ctx context.Context, verb, cell string) (SlotStatus, error) {
-	var st SlotStatus
+func (c *Client) Control(ctx context.Context, verb, cell string) (supervisor.SlotStatus, error) {
+	var st supervisor.SlotStatus
 	err := c.do(ctx, http.MethodPost, "/v1/cells/"+cell+"/"+verb, &st)
 	return st, err
 }
 
 // Shutdown asks the agent to stop every cell and end; it returns the
 // agent's pid once the stop is under way.
-func (c *AdminClient) Shutdown(ctx context.Context) (int, error) {
+func (c *Client) Shutdown(ctx context.Context) (int, error) {
 	var a ShutdownAnswer
 	err := c.do(ctx, http.MethodPost, "/v1/shutdown", &a)
 	return a.PID, err
@@ -252,8 +260,8 @@ func (c *AdminClient) Shutdown(ctx context.Context) (int, error) {
 
 // UpgradeRuntime asks the agent to roll its cells onto the binary now at
 // its configured path, or with dryRun what it would do.
-func (c *AdminClient) UpgradeRuntime(ctx context.Context, dryRun bool) (UpgradePlan, error) {
-	var plan UpgradePlan
+func (c *Client) UpgradeRuntime(ctx context.Context, dryRun bool) (supervisor.UpgradePlan, error) {
+	var plan supervisor.UpgradePlan
 	path := "/v1/runtime/upgrade"
 	if dryRun {
 		path += "?dry_run=1"
@@ -263,6 +271,6 @@ func (c *AdminClient) UpgradeRuntime(ctx context.Context, dryRun bool) (UpgradeP
 }
 
 // FetchStatus asks a running agent for its status over its admin socket.
-func FetchStatus(ctx context.Context, socket string) (Status, error) {
-	return NewAdminClient(socket).Status(ctx)
+func FetchStatus(ctx context.Context, socket string) (supervisor.Status, error) {
+	return NewClient(socket).Status(ctx)
 }
