@@ -39,7 +39,8 @@ import (
 // Serve runs them) or, with controlBin, as a `cellvisor-control serve`
 // child process, whose CPU and memory are then its own. Every edge behaves
 // as the agent does (loadEdge): a poll held up to 90 s and sent again at
-// once, what it brings fetched and acked, its status sent when it changed
+// once, what it brings fetched and acked (over HTTP/2, on one connection,
+// as the agent), its status sent when it changed
 // and otherwise every interval the control API assigns (5 min); a domain
 // is published to every edge every minute. Time is compressed by speedup: every interval is
 // divided by it, so the ratios hold and the request rates are speedup times
@@ -150,13 +151,12 @@ func childTarget(t testing.TB, dsn string, c loadConfig) loadTarget {
 func runFleetLoad(t testing.TB, dsn string, c loadConfig) loadResult {
 	var tg loadTarget
 	if c.controlBin != "" {
-		// Two sockets per edge (a held poll, status and acks) in each
-		// process; the child inherits the limit.
-		raiseNoFile(t, 2*c.edges+256)
+		// One socket per edge in each process; the child inherits the limit.
+		raiseNoFile(t, c.edges+256)
 		tg = childTarget(t, dsn, c)
 	} else {
-		// Both ends of every edge's two connections in this one process.
-		raiseNoFile(t, 4*c.edges+256)
+		// Both ends of every edge's connection in this one process.
+		raiseNoFile(t, 2*c.edges+256)
 		tg = inProcessTarget(t, dsn, c)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -461,14 +461,12 @@ type loadEdge struct {
 }
 
 func newLoadEdge(url string, roots *x509.CertPool, cert tls.Certificate, c loadConfig) *loadEdge {
-	var http1 http.Protocols
-	http1.SetHTTP1(true)
 	e := &loadEdge{url: url, changes: c.statusChanges, changed: make(chan struct{}, 1), speedup: c.speedup,
 		hc: &http.Client{Timeout: 3 * time.Minute, Transport: &http.Transport{
 			TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: roots, Certificates: []tls.Certificate{cert}},
-			// A held poll on one connection, status and acks on another,
-			// as the agent's client does over HTTP/1.1.
-			MaxIdleConnsPerHost: 2, Protocols: &http1}}}
+			// HTTP/2, as the agent's client: the held poll, status and acks
+			// on one connection.
+			MaxIdleConnsPerHost: 1, ForceAttemptHTTP2: true}}}
 	e.statusEvery.Store(int64(scaled(edgeapi.DefaultStatusInterval, c.speedup)))
 	return e
 }

@@ -172,6 +172,11 @@ func (b *Batcher) commit(ctx context.Context, batch []*write) {
 // database cannot serialize, or of the savepoints themselves, fails the
 // transaction.
 func (s *Store) batchTx(ctx context.Context, batch []*write) error {
+	unlock, err := s.writeLock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err

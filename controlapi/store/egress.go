@@ -37,7 +37,7 @@ var DefaultTopology = Topology{Priority: 100, CostTier: 0, Weight: 100}
 
 // SetTopology replaces an edge's topology and ranking.
 func (s *Store) SetTopology(ctx context.Context, id string, t Topology) error {
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE edges SET region = ?, zone = ?, priority = ?, cost_tier = ?, weight = ? WHERE id = ?`),
+	res, err := s.execLocked(ctx, s.q(`UPDATE edges SET region = ?, zone = ?, priority = ?, cost_tier = ?, weight = ? WHERE id = ?`),
 		t.Region, t.Zone, t.Priority, t.CostTier, t.Weight, id)
 	if err != nil {
 		return fmt.Errorf("topology of edge %s: %w", id, err)
@@ -186,7 +186,7 @@ type EgressPolicy struct {
 
 // PutEgressPolicy creates or replaces a policy.
 func (s *Store) PutEgressPolicy(ctx context.Context, p EgressPolicy) error {
-	_, err := s.db.ExecContext(ctx, s.q(`INSERT INTO egress_policies (org, class, destination, region, require_region, require_zone, updated_at)
+	_, err := s.execLocked(ctx, s.q(`INSERT INTO egress_policies (org, class, destination, region, require_region, require_zone, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (org, class) DO UPDATE SET destination = excluded.destination, region = excluded.region,
 		require_region = excluded.require_region, require_zone = excluded.require_zone, updated_at = excluded.updated_at`),
 		p.Org, p.Class, p.Destination, p.Region, p.RequireRegion, p.RequireZone, ms(p.UpdatedAt))
@@ -236,7 +236,7 @@ func (s *Store) EgressPolicies(ctx context.Context, org string) ([]EgressPolicy,
 
 // DeleteEgressPolicy removes a policy (ErrNotFound when none).
 func (s *Store) DeleteEgressPolicy(ctx context.Context, org, class string) error {
-	res, err := s.db.ExecContext(ctx, s.q(`DELETE FROM egress_policies WHERE org = ? AND class = ?`), org, class)
+	res, err := s.execLocked(ctx, s.q(`DELETE FROM egress_policies WHERE org = ? AND class = ?`), org, class)
 	if err != nil {
 		return fmt.Errorf("egress policy %s/%s: %w", org, class, err)
 	}

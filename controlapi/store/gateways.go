@@ -194,7 +194,7 @@ func (s *Store) SetFrontDoor(ctx context.Context, edgeID, service, url string) (
 // ClearFrontDoor removes the edge's front door; it reports whether there
 // was one.
 func (s *Store) ClearFrontDoor(ctx context.Context, edgeID string) (bool, error) {
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE gateways SET front_door_url = '', front_door_at = ? WHERE edge_id = ? AND front_door_url <> ''`),
+	res, err := s.execLocked(ctx, s.q(`UPDATE gateways SET front_door_url = '', front_door_at = ? WHERE edge_id = ? AND front_door_url <> ''`),
 		ms(s.Now()), edgeID)
 	if err != nil {
 		return false, fmt.Errorf("clear front door of edge %s: %w", edgeID, err)

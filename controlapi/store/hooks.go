@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"runtime"
 	"strings"
@@ -81,9 +82,20 @@ func storeMethod(fn string) (string, bool) {
 	return m, true
 }
 
+// execLocked runs one write statement outside a transaction under the
+// write lock (writeLock); query is in the database's placeholders.
+func (s *Store) execLocked(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	unlock, err := s.writeLock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return s.db.ExecContext(ctx, query, args...)
+}
+
 // exec runs one write statement outside a transaction and counts it.
 func (s *Store) exec(ctx context.Context, query string, args ...any) (int64, error) {
-	res, err := s.db.ExecContext(ctx, s.q(query), args...)
+	res, err := s.execLocked(ctx, s.q(query), args...)
 	if err != nil {
 		return 0, err
 	}

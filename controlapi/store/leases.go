@@ -108,7 +108,7 @@ func (s *Store) AcquireLease(ctx context.Context, org, class, holder string, now
 // holder must acquire again, with a new epoch.
 func (s *Store) RenewLease(ctx context.Context, org, class, holder string, epoch int64, now time.Time, ttl time.Duration) (Lease, error) {
 	now = now.UTC().Truncate(time.Millisecond)
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE egress_leases SET renewed_at = ?, expires_at = ? WHERE org = ? AND class = ? AND holder = ?
+	res, err := s.execLocked(ctx, s.q(`UPDATE egress_leases SET renewed_at = ?, expires_at = ? WHERE org = ? AND class = ? AND holder = ?
 		AND epoch = ? AND active = 1 AND expires_at > ?`), ms(now), ms(now.Add(ttl)), org, class, holder, epoch, ms(now))
 	if err != nil {
 		return Lease{}, fmt.Errorf("renew lease %s/%s for %s: %w", org, class, holder, err)
@@ -129,7 +129,7 @@ func (s *Store) RenewLease(ctx context.Context, org, class, holder string, epoch
 // ReleaseLease ends holder's lease at epoch (ErrLeaseLost when it is not
 // active any more).
 func (s *Store) ReleaseLease(ctx context.Context, org, class, holder string, epoch int64, now time.Time) error {
-	res, err := s.db.ExecContext(ctx, s.q(`UPDATE egress_leases SET active = 0, ended_at = ? WHERE org = ? AND class = ? AND holder = ?
+	res, err := s.execLocked(ctx, s.q(`UPDATE egress_leases SET active = 0, ended_at = ? WHERE org = ? AND class = ? AND holder = ?
 		AND epoch = ? AND active = 1`), ms(now), org, class, holder, epoch)
 	if err != nil {
 		return fmt.Errorf("release lease %s/%s for %s: %w", org, class, holder, err)

@@ -146,3 +146,56 @@ func TestStatusWaitsForABusyDatabase(t *testing.T) {
 		run(t, open(t, dsn), dsn)
 	})
 }
+
+// This process's SQLite writers wait for one another in the store, not in
+// SQLite's busy handler holding a connection each: with one write open and
+// more writers than the pool has connections queued behind it, a read
+// still gets a connection and answers. (Before, the queued writers held
+// every connection, sleeping in the busy handler, and the read waited for
+// the open write to end.)
+func TestQueuedWritesLeaveReadsAConnection(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "control.db"))
+	e := newEdge(t, s, "a")
+	release, inside := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		first <- s.tx(ctx(t), func(tx *sql.Tx) error {
+			close(inside)
+			<-release
+			return nil
+		})
+	}()
+	<-inside
+	queued := make(chan error, 12)
+	for range cap(queued) { // more than the pool's 8 connections
+		go func() {
+			queued <- s.tx(ctx(t), func(tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx(t), `UPDATE edges SET name = name WHERE id = ?`, e.ID)
+				return err
+			})
+		}()
+	}
+	// Every queued writer waits: in the store, or (before) in SQLite's busy
+	// handler with the pool's every connection.
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if w, st := s.writeWaiters.Load(), s.db.Stats(); w != int64(cap(queued)) && st.InUse < st.MaxOpenConnections {
+			return fmt.Errorf("%d writes waiting in the store, %d of %d connections in use", w, st.InUse, st.MaxOpenConnections)
+		}
+		return nil
+	})
+	rctx, cancel := context.WithTimeout(ctx(t), 5*time.Second)
+	defer cancel()
+	_, err := s.Edge(rctx, e.ID)
+	close(release)
+	if err != nil {
+		t.Fatalf("a read with a write open and %d queued: %v", cap(queued), err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range cap(queued) {
+		if err := <-queued; err != nil {
+			t.Errorf("a queued write: %v", err)
+		}
+	}
+}
