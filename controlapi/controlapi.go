@@ -40,6 +40,14 @@ import (
 	"cellvisor/edgeapi"
 )
 
+// DefaultPollWakeRate is the held polls a publish wakes a second: about
+// what one SQLite replica on 2 cores builds (a manifest build costs about
+// 1 ms of the one writer) with room for the acks and reports that follow
+// (BenchmarkFleetLoad, docs/control.md: at 1,000 a second, 2,000 edges'
+// acks waited 0.9 s at the median). A publish reaches 10,000 held edges
+// in 40 s.
+const DefaultPollWakeRate = 250
+
 // Options configure a Server.
 type Options struct {
 	// Store is the open database. Required.
@@ -53,8 +61,8 @@ type Options struct {
 	// names or IPs); nil means localhost, 127.0.0.1 and ::1.
 	Hostnames []string
 	// PollWakeRate is how many held polls a second a publish wakes (spread
-	// at random over len/rate seconds, so that their builds do not come at
-	// once); zero means 1000.
+	// at random over len/rate seconds, so that their builds, acks and
+	// status reports do not come at once); zero means DefaultPollWakeRate.
 	PollWakeRate int
 	// Refresh is how often the poll cache catches up with the database
 	// (changes made by other replicas); zero means 1s.
@@ -193,7 +201,7 @@ func New(ctx context.Context, o Options) (*Server, error) {
 		o.Hostnames = []string{"localhost", "127.0.0.1", "::1"}
 	}
 	if o.PollWakeRate <= 0 {
-		o.PollWakeRate = 1000
+		o.PollWakeRate = DefaultPollWakeRate
 	}
 	if o.Refresh <= 0 {
 		o.Refresh = time.Second

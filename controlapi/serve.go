@@ -51,9 +51,11 @@ type Config struct {
 	EgressLease time.Duration
 	// CertMargin is Options' (zero: DefaultCertMargin).
 	CertMargin time.Duration
-	// StatusInterval and Admission are Options' (zero: their defaults).
+	// StatusInterval, Admission and PollWakeRate are Options' (zero: their
+	// defaults).
 	StatusInterval time.Duration
 	Admission      Admission
+	PollWakeRate   int
 	// EdgeLimits bound the edge-control listener's connections (zero
 	// fields: DefaultEdgeMaxConns, DefaultEdgeMaxPending, no cap per
 	// address, DefaultEdgeHandshakeTimeout).
@@ -170,7 +172,7 @@ func Serve(ctx context.Context, c Config, ready func(Endpoints)) error {
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	srv, err := New(sctx, Options{Store: st, SealKey: key, AdminToken: token, MetricsToken: metricsToken, Hostnames: c.Hostnames, SnapshotDir: c.Data, Logger: log,
 		MoveTick: c.MoveTick, MoveReadyWithin: c.MoveReadyWithin, EgressLease: c.EgressLease, CertMargin: c.CertMargin, ACME: acme,
-		StatusInterval: c.StatusInterval, Admission: c.Admission})
+		StatusInterval: c.StatusInterval, Admission: c.Admission, PollWakeRate: c.PollWakeRate})
 	cancel()
 	if err != nil {
 		return err

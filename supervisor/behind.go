@@ -28,7 +28,7 @@ type behindState struct {
 	reason string
 }
 
-// switchTo records the switched release's sequence (c.mu held): when it
+// switchToLocked records the switched release's sequence (c.mu held): when it
 // changes, the grace for the cell to take it starts anew.
 func (c *slot) switchToLocked(seq int64) {
 	if seq != c.seq {

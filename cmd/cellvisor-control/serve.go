@@ -133,6 +133,8 @@ its variable. The systemd unit reads them from /etc/cellvisor/control.env.`,
 	f.StringVar(&c.ACMECAFile, "acme-ca-file", "", "a PEM bundle the ACME directory's certificate is verified against (a private CA); empty: the system roots")
 	f.DurationVar(&c.StatusInterval, "status-interval", edgeapi.DefaultStatusInterval,
 		fmt.Sprintf("the longest an agent goes without sending an unchanged status (changes are sent at once; the poll is the heartbeat), %s–%s", edgeapi.MinStatusInterval, edgeapi.MaxStatusInterval))
+	f.IntVar(&c.PollWakeRate, "poll-wake-rate", controlapi.DefaultPollWakeRate,
+		"held polls a publish wakes a second (spread over edges/rate seconds): higher reaches a fleet sooner, with its builds, acks and reports closer together")
 	f.Var((*admissionFlag)(&c.Admission), "edge-admission",
 		fmt.Sprintf("requests in work at once per request class on the edge-control listener, beyond which 429 (class=N,...; 1–%d each; default %s)", controlapi.MaxAdmission, controlapi.DefaultAdmission))
 	f.StringVar(&format, "log-format", "json", "log encoding: json or console (coloured on a terminal)")
