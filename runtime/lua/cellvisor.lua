@@ -385,10 +385,10 @@ local cache_check
 -- stored only while the cache has room for it: what the agent last
 -- measured the cache to hold (written to cache_used_file at each of its
 -- looks, "BYTES UNIX_MS") plus what this cell stored since (an answer's
--- Content-Length; one without counts a sixteenth of the budget), within
--- nine tenths of the budget. Past it the answer is served, not stored, and
--- counted (cache.full). With no measure yet (an agent that writes none),
--- nginx's manager alone keeps the budget.
+-- Content-Length, at least 4 KiB; one without counts a sixteenth of the
+-- budget), within nine tenths of the budget. Past it the answer is served,
+-- not stored, and counted (cache.full). With no measure yet (an agent that
+-- writes none), nginx's manager alone keeps the budget.
 local used_bytes, used_at, used_read = 0, 0, 0
 -- stored_at and stored_len are the answers stored since a second before
 -- the last measure (one being written then may not be in it), stored_sum
@@ -420,7 +420,9 @@ local function cache_room(len)
     local now = ngx.now()
     if now - used_read >= 0.05 then read_cache_use(now) end
     if used_at == 0 then return true end
-    len = len or cache_budget / 16
+    -- A file takes at least a block (and an entry's header): this also
+    -- bounds the answers counted to budget / 4 KiB.
+    len = math.max(len or cache_budget / 16, 4096)
     if used_bytes + stored_sum + len > cache_budget * 0.9 then return false end
     stored_at[#stored_at + 1], stored_len[#stored_len + 1] = now, len
     stored_sum = stored_sum + len
@@ -731,7 +733,6 @@ local function cache_key(scheme, host, path, args)
     end
     return ngx.md5_bin(scheme .. host .. path)
 end
-
 
 -- note_fill records, in the log phase of a cached route, that the cache
 -- stored a fresh answer now (fetched, not served from the cache, of a
