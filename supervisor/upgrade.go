@@ -63,8 +63,10 @@ type upgradeState struct {
 	rolled int           // cells rolled onto it so far
 }
 
-// verifyTimeout bounds one cell's -t of a new binary.
-const verifyTimeout = 30 * time.Second
+// verifyTimeout bounds one cell's -t of a new binary: a bound on a hang,
+// not a budget (a -t takes tens of milliseconds on a host, seconds on a
+// loaded emulated one, in the agent's cgroup at its CPU limit).
+const verifyTimeout = 2 * time.Minute
 
 // poolReadyTimeout bounds the wait for a pool's other cells to be ready
 // before one of its cells is rolled.
@@ -123,11 +125,13 @@ func (s *Supervisor) verify(ctx context.Context) error {
 			t.As = c.asCell
 		}
 		vctx, cancel := context.WithTimeout(ctx, verifyTimeout)
+		start := time.Now()
 		err := t.Run(vctx)
 		cancel()
 		if err != nil {
-			return fmt.Errorf("verify with %s's configuration: %w", c.spec.Name, err)
+			return fmt.Errorf("verify with %s's configuration (after %s): %w", c.spec.Name, time.Since(start).Round(time.Millisecond), err)
 		}
+		c.log.Info("new runtime verified with the cell's configuration", zap.String("binary", s.o.Binary), zap.Duration("took", time.Since(start)))
 	}
 	return nil
 }
