@@ -74,22 +74,7 @@ func TestSealedKeyOpensIntoThePoolRuntime(t *testing.T) {
 	r, k := keyedRig(t, &logs)
 	c := testcert.New(t, testcert.Options{Names: []string{tlsDomain}})
 	r.publishTLS(t, 1, c, func(fp string) manifest.SealedKey { return mustSeal(t, k.PublicKey(), edge, tlsDomain, fp, c.Key) })
-	m, err := manifest.Collect(context.Background(), r.src.Page, edge, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, done, err := r.a.verify(context.Background(), m, r.src.Artifact)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer done()
-	var got []byte
-	for _, p := range pl.slots {
-		if p != nil && p.Keys[tlsDomain] != nil {
-			got = p.Keys[tlsDomain]
-		}
-	}
-	if !bytes.Equal(got, c.Key) {
+	if got := r.verifiedKey(t); !bytes.Equal(got, c.Key) {
 		t.Fatalf("pool runtime key %q, want the certificate's", got)
 	}
 	if err := r.a.Poll(context.Background()); err != nil {
@@ -107,6 +92,28 @@ func TestSealedKeyOpensIntoThePoolRuntime(t *testing.T) {
 	}
 }
 
+// verifiedKey collects the source's manifest, verifies it (nothing is
+// activated) and returns the key its pool runtimes carry for tlsDomain,
+// nil for none.
+func (r *rig) verifiedKey(t *testing.T) []byte {
+	t.Helper()
+	m, err := manifest.Collect(context.Background(), r.src.Page, edge, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, done, err := r.a.verify(context.Background(), m, r.src.Artifact)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	for _, p := range pl.slots {
+		if p != nil && p.Keys[tlsDomain] != nil {
+			return p.Keys[tlsDomain]
+		}
+	}
+	return nil
+}
+
 // A manifest that carries the seals the last one did takes their keys as
 // they are: none is opened again; a new seal is.
 func TestSealsOpenedOnce(t *testing.T) {
@@ -118,24 +125,7 @@ func TestSealsOpenedOnce(t *testing.T) {
 		seal = mustSeal(t, k.PublicKey(), edge, tlsDomain, fp, c.Key)
 		return seal
 	})
-	verify := func() []byte {
-		t.Helper()
-		m, err := manifest.Collect(context.Background(), r.src.Page, edge, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pl, done, err := r.a.verify(context.Background(), m, r.src.Artifact)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer done()
-		for _, p := range pl.slots {
-			if p != nil && p.Keys[tlsDomain] != nil {
-				return p.Keys[tlsDomain]
-			}
-		}
-		return nil
-	}
+	verify := func() []byte { t.Helper(); return r.verifiedKey(t) }
 	if got := verify(); !bytes.Equal(got, c.Key) || r.a.opens.Load() != 1 {
 		t.Fatalf("first: key %v, %d opened", got != nil, r.a.opens.Load())
 	}

@@ -98,7 +98,14 @@ func applyAndReport(t *testing.T, c *controlclient.Client, seq int64, cells ...s
 	}
 }
 
+// routes is the routing view of a domain as cell@host:port.
 func routes(t *testing.T, e *env, domain string) []string {
+	t.Helper()
+	return routeList(t, e, domain, func(r adminapi.Route) string { return r.Cell + "@" + r.HostPort() })
+}
+
+// routeList is the routing view of a domain, each route as f writes it.
+func routeList(t *testing.T, e *env, domain string, f func(adminapi.Route) string) []string {
 	t.Helper()
 	v, err := e.admin.Routing(ctx(t), domain)
 	if err != nil {
@@ -106,7 +113,7 @@ func routes(t *testing.T, e *env, domain string) []string {
 	}
 	var out []string
 	for _, r := range v.Routes {
-		out = append(out, r.Cell+"@"+r.HostPort())
+		out = append(out, f(r))
 	}
 	return out
 }

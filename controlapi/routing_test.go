@@ -5,21 +5,14 @@ import (
 	"slices"
 	"testing"
 
+	"cellvisor/controlapi/adminapi"
 	"cellvisor/controlclient"
 )
 
 // routedAt is the routing view of a domain as edge/cell@revision.
 func routedAt(t *testing.T, e *env, domain string) []string {
 	t.Helper()
-	v, err := e.admin.Routing(ctx(t), domain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, r := range v.Routes {
-		out = append(out, fmt.Sprintf("%s/%s@%d", r.EdgeName, r.Cell, r.Revision))
-	}
-	return out
+	return routeList(t, e, domain, func(r adminapi.Route) string { return fmt.Sprintf("%s/%s@%d", r.EdgeName, r.Cell, r.Revision) })
 }
 
 // servedBy is domain show's cells of a domain as
